@@ -1,0 +1,44 @@
+"""Entry point of the `lodestar` console script.
+
+Each command group lives in its own module with a `register(subparsers)` function that adds its
+sub-commands and sets `handler` on them; a handler takes the parsed namespace and returns an exit code.
+Service modules are imported inside handlers so `lodestar --help` stays fast and light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from lodestar import __version__
+from lodestar.cli import services, up
+from lodestar.errors import LodestarError
+
+COMMAND_GROUPS = (services, up)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lodestar", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--version", action="version", version=f"lodestar {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for group in COMMAND_GROUPS:
+        group.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except LodestarError as error:
+        print(f"lodestar: error: {error.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

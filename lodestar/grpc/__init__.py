@@ -1,0 +1,1 @@
+"""gRPC helpers shared by every service: server set-up, client channels, status mapping."""

@@ -1,0 +1,148 @@
+"""Mapping between domain errors and gRPC status codes, in both directions.
+
+Servers: `RpcInterceptor` turns a raised `LodestarError` into its status code with the error's message,
+turns any other exception into INTERNAL with a generic message (the details go to the log, never to the
+caller), and logs one line per RPC. Clients: `error_from_rpc` turns an `AioRpcError` back into the
+domain error, so the gateway can answer a harness in its own dialect.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+import structlog
+
+from lodestar import errors
+
+STATUS_BY_ERROR: dict[type[errors.LodestarError], grpc.StatusCode] = {
+    errors.InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.NotFoundError: grpc.StatusCode.NOT_FOUND,
+    errors.AlreadyExistsError: grpc.StatusCode.ALREADY_EXISTS,
+    errors.FailedPreconditionError: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.UnauthenticatedError: grpc.StatusCode.UNAUTHENTICATED,
+    errors.ResourceExhaustedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.UnavailableError: grpc.StatusCode.UNAVAILABLE,
+    errors.DeadlineExceededError: grpc.StatusCode.DEADLINE_EXCEEDED,
+    errors.CancelledError: grpc.StatusCode.CANCELLED,
+    errors.UnimplementedError: grpc.StatusCode.UNIMPLEMENTED,
+}
+ERROR_BY_STATUS: dict[grpc.StatusCode, type[errors.LodestarError]] = {
+    code: error for error, code in STATUS_BY_ERROR.items()
+}
+
+# Health checks and reflection are polled constantly; their per-RPC lines are logged at debug level.
+_QUIET_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+
+def status_for(error: errors.LodestarError) -> grpc.StatusCode:
+    """The gRPC status code of a domain error (its nearest mapped base class)."""
+    for klass in type(error).__mro__:
+        if klass in STATUS_BY_ERROR:
+            return STATUS_BY_ERROR[klass]
+    return grpc.StatusCode.UNKNOWN
+
+
+def error_from_rpc(error: grpc.aio.AioRpcError) -> errors.LodestarError:
+    """The domain error for a failed call; unknown codes become UnavailableError (retryable)."""
+    klass = ERROR_BY_STATUS.get(error.code(), errors.UnavailableError)
+    return klass(error.details() or error.code().name)
+
+
+class RpcInterceptor(grpc.aio.ServerInterceptor):
+    """Maps domain errors to status codes and logs one line per RPC (method, code, duration)."""
+
+    def __init__(self, service: str) -> None:
+        self._log = structlog.get_logger(component=service)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method: str = handler_call_details.method
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._wrap_unary(method, handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                self._wrap_unary(method, handler.stream_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._wrap_stream(method, handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            self._wrap_stream(method, handler.stream_stream),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _wrap_unary(
+        self, method: str, behavior: Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
+    ) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]:
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            started = time.perf_counter()
+            try:
+                response = await behavior(request, context)
+            except BaseException as error:
+                await self._fail(method, context, error, started)
+                raise
+            self._done(method, context, started)
+            return response
+
+        return wrapped
+
+    def _wrap_stream(
+        self, method: str, behavior: Callable[[Any, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Any]]
+    ) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Any]]:
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+            started = time.perf_counter()
+            try:
+                async for response in behavior(request, context):
+                    yield response
+            except BaseException as error:
+                await self._fail(method, context, error, started)
+                raise
+            self._done(method, context, started)
+
+        return wrapped
+
+    def _done(self, method: str, context: grpc.aio.ServicerContext[Any, Any], started: float) -> None:
+        code = context.code() or grpc.StatusCode.OK
+        code_name = code.name if isinstance(code, grpc.StatusCode) else str(code)
+        log = self._log.debug if method.startswith(_QUIET_PREFIXES) else self._log.info
+        log("rpc", method=method, code=code_name, duration_ms=round((time.perf_counter() - started) * 1e3, 3))
+
+    async def _fail(
+        self,
+        method: str,
+        context: grpc.aio.ServicerContext[Any, Any],
+        error: BaseException,
+        started: float,
+    ) -> None:
+        """Log the failed RPC and abort it with the mapped status (re-raises for non-domain errors)."""
+        duration_ms = round((time.perf_counter() - started) * 1e3, 3)
+        if isinstance(error, errors.LodestarError):
+            code = status_for(error)
+            self._log.info("rpc", method=method, code=code.name, duration_ms=duration_ms, error=error.message)
+            await context.abort(code, error.message)
+        if isinstance(error, Exception) and not isinstance(error, grpc.aio.AbortError):
+            self._log.error("rpc", method=method, code="INTERNAL", duration_ms=duration_ms, exc_info=error)
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error (see server log)")
+        if isinstance(error, grpc.aio.AbortError):
+            code = context.code()
+            self._log.info("rpc", method=method, code=getattr(code, "name", str(code)), duration_ms=duration_ms)

@@ -1,0 +1,121 @@
+"""A gRPC server with the parts every lodestar service needs.
+
+`GrpcServer` serves `grpc.health.v1.Health` (NOT_SERVING until `set_serving()`), server reflection for
+every registered service, the error-mapping/logging interceptor, and a graceful drain: on SIGTERM or
+SIGINT health flips to NOT_SERVING, new RPCs are refused and in-flight ones get `drain_seconds` to finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from lodestar.grpc.errors import RpcInterceptor
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+"""Weight chunks and long sessions are large; keep the limit well above a CallRecord of 128K tokens."""
+
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),
+]
+
+
+class GrpcServer:
+    """One grpc.aio server with health, reflection, interceptors and signal-driven drain."""
+
+    def __init__(self, name: str, *, host: str = "127.0.0.1", port: int = 0, drain_seconds: float = 10.0) -> None:
+        self.name = name
+        self._address = f"{host}:{port}"
+        self._drain_seconds = drain_seconds
+        self._server = grpc.aio.server(interceptors=[RpcInterceptor(name)], options=SERVER_OPTIONS)
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        self._services: list[str] = []
+        self._stopped = asyncio.Event()
+        self._log = structlog.get_logger(component=name)
+        self.port = 0
+
+    def add_service(self, register: Callable[[Any, grpc.aio.Server], None], servicer: Any, full_name: str) -> None:
+        """Register a servicer (`add_XServicer_to_server`, the servicer, its full proto name)."""
+        register(servicer, self._server)
+        self._services.append(full_name)
+
+    @property
+    def services(self) -> list[str]:
+        return list(self._services)
+
+    async def start(self) -> int:
+        """Bind and start serving (health NOT_SERVING); returns the bound port."""
+        reflection.enable_server_reflection(
+            [*self._services, health.SERVICE_NAME, reflection.SERVICE_NAME], self._server
+        )
+        self.port = self._server.add_insecure_port(self._address)
+        if self.port == 0:
+            raise OSError(f"cannot bind gRPC port {self._address}")
+        await self.set_serving(False)
+        await self._server.start()
+        self._log.info("grpc server started", address=self._address, port=self.port, services=self._services)
+        return self.port
+
+    async def set_serving(self, serving: bool) -> None:
+        """Flip the overall ("") and per-service health status."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in ["", *self._services]:
+            await self._health.set(service, status)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain: NOT_SERVING, refuse new RPCs, give in-flight ones `grace` seconds, then cancel them."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        await self._health.enter_graceful_shutdown()
+        drain = self._drain_seconds if grace is None else grace
+        self._log.info("grpc server draining", grace_seconds=drain)
+        await self._server.stop(drain)
+        self._log.info("grpc server stopped")
+
+    async def wait_for_termination(self) -> None:
+        """Serve until SIGTERM/SIGINT (then drain) or until `stop()` is called elsewhere."""
+        loop = asyncio.get_running_loop()
+        stop_task: asyncio.Task[None] | None = None
+
+        def on_signal(signum: int) -> None:
+            nonlocal stop_task
+            self._log.info("signal received", signal=signal.Signals(signum).name)
+            if stop_task is None:
+                stop_task = asyncio.ensure_future(self.stop())
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, on_signal, signum)
+        try:
+            await self._server.wait_for_termination()
+            if stop_task is not None:
+                await stop_task
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+
+
+def service_name(file_descriptor: Any, service: str) -> str:
+    """Full proto name of `service` declared in a generated module's DESCRIPTOR."""
+    name: str = file_descriptor.services_by_name[service].full_name
+    return name
+
+
+async def serve_until_terminated(server: GrpcServer) -> None:
+    """Start `server`, report SERVING, and block until a signal has drained it."""
+    await server.start()
+    await server.set_serving(True)
+    await server.wait_for_termination()

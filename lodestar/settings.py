@@ -1,0 +1,103 @@
+"""Typed settings, one object per service, layered flags > environment > config file > defaults.
+
+Every service declares a `ServiceSettings` subclass with a `section` name. Values come from:
+
+1. command-line flags (only those the user actually gave),
+2. environment variables `LODESTAR_<SECTION>_<FIELD>` (e.g. `LODESTAR_INFERENCE_PORT=50051`),
+3. the `[<section>]` table of a TOML config file (`--config PATH` or `LODESTAR_CONFIG`),
+4. the field defaults.
+
+Settings are built once in `main()` and passed down explicitly; nothing reads the environment later.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from lodestar.errors import InvalidArgumentError
+
+ENV_PREFIX = "LODESTAR_"
+CONFIG_ENV = "LODESTAR_CONFIG"
+
+
+class ServiceSettings(BaseModel):
+    """Settings every gRPC service shares."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    section: ClassVar[str] = "service"
+
+    host: str = "127.0.0.1"
+    """Interface the gRPC server binds."""
+    port: int = 0
+    """gRPC port; 0 picks a free one (printed at start)."""
+    log_level: str = "info"
+    log_json: bool | None = None
+    """JSON log lines; unset means JSON when stderr is not a terminal."""
+    drain_seconds: float = 10.0
+    """On SIGTERM, how long in-flight RPCs may finish before they are cancelled."""
+
+
+S = TypeVar("S", bound=ServiceSettings)
+
+
+def _env_values(cls: type[ServiceSettings], env: Mapping[str, str]) -> dict[str, Any]:
+    prefix = f"{ENV_PREFIX}{cls.section.upper()}_"
+    values: dict[str, Any] = {}
+    for name in cls.model_fields:
+        raw = env.get(prefix + name.upper())
+        if raw is None:
+            continue
+        # Lists and tables come as JSON; scalars are coerced by pydantic from the string.
+        values[name] = json.loads(raw) if raw[:1] in "[{" else raw
+    return values
+
+
+def _file_values(cls: type[ServiceSettings], config_file: Path) -> dict[str, Any]:
+    try:
+        document = tomllib.loads(config_file.read_text())
+    except OSError as error:
+        raise InvalidArgumentError(f"cannot read config file {config_file}: {error.strerror}") from error
+    except tomllib.TOMLDecodeError as error:
+        raise InvalidArgumentError(f"config file {config_file} is not valid TOML: {error}") from error
+    table = document.get(cls.section, {})
+    if not isinstance(table, dict):
+        raise InvalidArgumentError(f"config file {config_file}: [{cls.section}] must be a table")
+    return table
+
+
+def load_settings(
+    cls: type[S],
+    *,
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+) -> S:
+    """Build `cls` from flags > env > config file > defaults.
+
+    `flags` holds parsed command-line values; `None` values mean "not given" and fall through.
+    `env` defaults to `os.environ`; the config file defaults to `$LODESTAR_CONFIG` when set.
+    Raises InvalidArgumentError naming the offending setting.
+    """
+    environ = os.environ if env is None else env
+    if config_file is None and environ.get(CONFIG_ENV):
+        config_file = Path(environ[CONFIG_ENV])
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        values.update(_file_values(cls, config_file))
+    values.update(_env_values(cls, environ))
+    values.update({key: value for key, value in (flags or {}).items() if value is not None})
+    try:
+        return cls.model_validate(values)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}" for item in error.errors()
+        )
+        raise InvalidArgumentError(f"invalid {cls.section} settings: {problems}") from error

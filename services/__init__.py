@@ -1,0 +1,1 @@
+"""The four lodestar services: inference, gateway, rollout and trainer (one subpackage each)."""

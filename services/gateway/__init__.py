@@ -1,0 +1,1 @@
+"""Gateway service: vendor-API HTTP proxy, session capture and the node lifecycle that runs harnesses."""

@@ -1,0 +1,34 @@
+"""Settings of a gateway node (`lodestar gateway serve`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lodestar.settings import ServiceSettings
+
+
+class GatewaySettings(ServiceSettings):
+    section = "gateway"
+
+    port: int = 50052
+    http_host: str = "127.0.0.1"
+    """Interface of the vendor-API HTTP port."""
+    http_port: int = 8080
+    """Vendor-API HTTP port (Anthropic, OpenAI Chat/Responses, Google); 0 picks a free one."""
+    inference: str = "127.0.0.1:50051"
+    """InferenceService address (host:port)."""
+    rollout: str | None = None
+    """RolloutService address; without it the node only proxies sessions opened by OpenSession."""
+    etcd: str | None = None
+    """etcd endpoint (http://host:port) for node membership."""
+    node_id: str | None = None
+    """Stable node id; defaults to hostname-pid."""
+    data_dir: Path = Path(".lodestar/gateway")
+    """Where the capture database (SQLite, WAL) lives."""
+    max_body_bytes: int = 32 * 1024 * 1024
+    """Largest accepted HTTP request body; larger ones get 413 in the dialect's shape."""
+    request_timeout_s: float = 600.0
+    """Longest one model call may take end to end."""
+
+
+SETTINGS = GatewaySettings

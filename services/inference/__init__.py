@@ -1,0 +1,1 @@
+"""Inference service: the model, tokenizer and chat template; token-faithful generation with logprobs."""

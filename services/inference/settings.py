@@ -1,0 +1,34 @@
+"""Settings of the inference service (`lodestar inference serve`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from lodestar.settings import ServiceSettings
+
+
+class InferenceSettings(ServiceSettings):
+    section = "inference"
+
+    port: int = 50051
+    backend: Literal["transformers", "vllm", "scripted"] = "transformers"
+    """Engine: transformers (embedded default, CPU or GPU), vllm (AsyncLLM) or scripted (tests/replay)."""
+    model: Path | None = None
+    """Model directory (config, weights, tokenizer with chat template)."""
+    model_name: str | None = None
+    """Name reported to clients; defaults to the model directory's name."""
+    script: Path | None = None
+    """Scripted backend: JSON file of replies, one per turn."""
+    max_new_tokens: int = 4096
+    """Server-side cap on new tokens per call (a request asking for more gets the cap)."""
+    max_batch_size: int = 16
+    """Transformers backend: most sequences decoded together."""
+    device: str = "cpu"
+    """Transformers backend: torch device ("cpu", "cuda", "cuda:1")."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    kv_cache_bytes: int = 2 * 1024**3
+    """vLLM backend: KV cache size in bytes."""
+
+
+SETTINGS = InferenceSettings

@@ -1,0 +1,1 @@
+"""Trainer service: trajectory builders, GRPO loss, optimizer steps and weight publication."""
