@@ -1,0 +1,104 @@
+"""Weight-update plumbing shared by the server and every engine: safetensors metadata and validation.
+
+`read_safetensors_meta` reads only the JSON header of a safetensors file (no tensor bytes, no torch), so
+an update can be validated before anything is loaded. `check_tensors` compares an update against the
+tensors a model expects: unknown names, shape mismatches and non-floating dtypes are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from lodestar.errors import InvalidArgumentError
+from services.inference.engine import TensorMeta
+
+FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
+"""Dtypes an update may carry; they are cast to the serving dtype."""
+
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+def read_safetensors_meta(path: Path) -> list[TensorMeta]:
+    """The tensors of one safetensors file (InvalidArgumentError when it is not one)."""
+    try:
+        with path.open("rb") as handle:
+            prefix = handle.read(8)
+            if len(prefix) != 8:
+                raise InvalidArgumentError("weights payload is not a safetensors file (too short)")
+            (header_len,) = struct.unpack("<Q", prefix)
+            if header_len > _MAX_HEADER_BYTES:
+                raise InvalidArgumentError("weights payload is not a safetensors file (bad header length)")
+            raw = handle.read(header_len)
+            handle.seek(0, 2)
+            total = handle.tell()
+    except OSError as error:
+        raise InvalidArgumentError(f"cannot read weights file {path.name}: {error.strerror}") from error
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InvalidArgumentError("weights payload is not a safetensors file (bad header)") from error
+    if not isinstance(header, dict):
+        raise InvalidArgumentError("weights payload is not a safetensors file (bad header)")
+    data_len = total - 8 - header_len
+    metas: list[TensorMeta] = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            shape = tuple(int(dim) for dim in entry["shape"])
+            dtype = str(entry["dtype"])
+            start, end = (int(offset) for offset in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise InvalidArgumentError(f"weights payload: bad safetensors entry for {name!r}") from error
+        if not 0 <= start <= end <= data_len:
+            raise InvalidArgumentError(f"weights payload is truncated (tensor {name!r} lies past the end)")
+        metas.append(TensorMeta(name=name, shape=shape, dtype=dtype))
+    return metas
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: the file itself, or the `*.safetensors` in a directory."""
+    if path.is_dir():
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise InvalidArgumentError(f"checkpoint directory {path.name} holds no .safetensors file")
+        return files
+    if path.is_file():
+        return [path]
+    raise InvalidArgumentError(f"checkpoint path {path} does not exist")
+
+
+def read_checkpoint_meta(path: Path) -> tuple[list[Path], list[TensorMeta]]:
+    """Files and tensor metadata of a safetensors file or checkpoint directory."""
+    files = safetensors_files(path)
+    metas: list[TensorMeta] = []
+    for file in files:
+        metas.extend(read_safetensors_meta(file))
+    return files, metas
+
+
+def check_tensors(expected: Mapping[str, TensorMeta], given: Sequence[TensorMeta]) -> None:
+    """Refuse an update with unknown names, wrong shapes, non-float dtypes, duplicates or no tensors."""
+    if not given:
+        raise InvalidArgumentError("weight update carries no tensors")
+    seen: set[str] = set()
+    for meta in given:
+        if meta.name in seen:
+            raise InvalidArgumentError(f"weight update names tensor {meta.name!r} twice")
+        seen.add(meta.name)
+        want = expected.get(meta.name)
+        if want is None:
+            raise InvalidArgumentError(f"weight update has unknown tensor {meta.name!r}")
+        if tuple(meta.shape) != tuple(want.shape):
+            raise InvalidArgumentError(
+                f"weight update tensor {meta.name!r} has shape {list(meta.shape)}, "
+                f"expected {list(want.shape)}"
+            )
+        if meta.dtype not in FLOAT_DTYPES:
+            raise InvalidArgumentError(
+                f"weight update tensor {meta.name!r} has dtype {meta.dtype}, "
+                f"expected one of {sorted(FLOAT_DTYPES)}"
+            )
