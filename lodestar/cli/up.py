@@ -1,10 +1,139 @@
-"""`lodestar up`: (being written) etcd plus all four services on loopback."""
+"""`lodestar up`: a local etcd and all four services as supervised processes on loopback.
+
+Starts etcd (the `etcd` binary from Debian's `etcd-server`), then inference, rollout, gateway and
+trainer, each as `python -m lodestar.cli.main <service> serve` on a free port, waits until every gRPC
+health check answers SERVING, prints the addresses, and supervises: a service that exits is restarted
+(at most `--max-restarts` times). Ctrl-C / SIGTERM stops everything (services drain first, etcd last).
+With `--check` it exits 0 right after the self-check instead of serving.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from lodestar.errors import UnavailableError
+from lodestar.local import LocalCluster, ServiceSpec, find_etcd, free_port
+
+_console = Console(stderr=True)
+
+
+def _service_specs(args: argparse.Namespace, data_dir: Path, etcd_url: str) -> list[ServiceSpec]:
+    ports = {name: free_port() for name in ("inference", "rollout", "gateway", "trainer")}
+    http_port = args.http_port or free_port()
+    inference_args = ["--backend", args.backend]
+    if args.model is not None:
+        inference_args += ["--model", str(args.model)]
+    return [
+        ServiceSpec("inference", ports["inference"], inference_args),
+        ServiceSpec(
+            "rollout",
+            ports["rollout"],
+            ["--etcd", etcd_url, "--database", str(data_dir / "rollout.sqlite")],
+        ),
+        ServiceSpec(
+            "gateway",
+            ports["gateway"],
+            [
+                "--http-port",
+                str(http_port),
+                "--inference",
+                f"127.0.0.1:{ports['inference']}",
+                "--rollout",
+                f"127.0.0.1:{ports['rollout']}",
+                "--etcd",
+                etcd_url,
+                "--data-dir",
+                str(data_dir / "gateway"),
+            ],
+            http_port=http_port,
+        ),
+        ServiceSpec(
+            "trainer",
+            ports["trainer"],
+            [
+                "--rollout",
+                f"127.0.0.1:{ports['rollout']}",
+                "--inference",
+                f"127.0.0.1:{ports['inference']}",
+                "--checkpoint-dir",
+                str(data_dir / "checkpoints"),
+            ],
+        ),
+    ]
+
+
+def _print_addresses(cluster: LocalCluster) -> None:
+    table = Table(title="lodestar is up", show_lines=False)
+    table.add_column("service")
+    table.add_column("address")
+    table.add_column("status")
+    table.add_column("log")
+    table.add_row("etcd", cluster.etcd_url, "healthy", str(cluster.etcd_log))
+    for spec in cluster.specs:
+        address = f"127.0.0.1:{spec.port}"
+        if spec.http_port:
+            address += f"  (HTTP http://127.0.0.1:{spec.http_port})"
+        table.add_row(spec.name, address, "SERVING", str(cluster.log_path(spec)))
+    _console.print(table)
+
+
+async def _up(args: argparse.Namespace) -> int:
+    data_dir: Path = args.data_dir.resolve()
+    etcd = find_etcd()
+    cluster = LocalCluster(data_dir, etcd_binary=etcd, max_restarts=args.max_restarts)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        with _console.status("starting etcd"):
+            await cluster.start_etcd(timeout=args.timeout)
+        specs = _service_specs(args, data_dir, cluster.etcd_url)
+        with _console.status("starting inference, rollout, gateway, trainer"):
+            await cluster.start_services(specs, timeout=args.timeout)
+        _print_addresses(cluster)
+        if args.check:
+            _console.print("[green]self-check passed: every service is SERVING[/green]")
+            return 0
+        _console.print("Ctrl-C stops everything.")
+        supervisor = asyncio.create_task(cluster.supervise())
+        stopper = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait({supervisor, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (supervisor, stopper):
+            task.cancel()
+        if supervisor in done and supervisor.exception() is not None:
+            raise supervisor.exception()  # type: ignore[misc]
+        return 0
+    except UnavailableError as error:
+        _console.print(f"[red]lodestar up failed: {error.message}[/red]")
+        return 1
+    finally:
+        with _console.status("stopping (services drain, then etcd)"):
+            await cluster.stop()
+
+
+def _handle(args: argparse.Namespace) -> int:
+    return asyncio.run(_up(args))
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser("up", help="run etcd and all four services locally")
-    parser.set_defaults(handler=lambda args: 1)
+    parser = subparsers.add_parser("up", help="run a local etcd and all four services on loopback")
+    parser.add_argument("--data-dir", type=Path, default=Path(".lodestar/up"), help="state and logs")
+    parser.add_argument("--backend", default="scripted", choices=["transformers", "vllm", "scripted"])
+    parser.add_argument("--model", type=Path, default=None, help="model directory for the inference service")
+    parser.add_argument("--http-port", type=int, default=0, help="gateway vendor-API port (0: free port)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each start")
+    parser.add_argument("--max-restarts", type=int, default=3, help="restarts per crashed service")
+    parser.add_argument("--check", action="store_true", help="exit after the self-check passes")
+    parser.set_defaults(handler=_handle)
+
+
+if __name__ == "__main__":
+    sys.exit(1)

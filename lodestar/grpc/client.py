@@ -53,9 +53,7 @@ class _DefaultDeadline(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.StreamUnar
     async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
         return await continuation(self._details(client_call_details), request)
 
-    async def intercept_stream_unary(
-        self, continuation: Any, client_call_details: Any, request_iterator: Any
-    ) -> Any:
+    async def intercept_stream_unary(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
         return await continuation(self._details(client_call_details), request_iterator)
 
 

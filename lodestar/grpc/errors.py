@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -33,6 +33,9 @@ STATUS_BY_ERROR: dict[type[errors.LodestarError], grpc.StatusCode] = {
 ERROR_BY_STATUS: dict[grpc.StatusCode, type[errors.LodestarError]] = {
     code: error for error, code in STATUS_BY_ERROR.items()
 }
+
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
 
 # Health checks and reflection are polled constantly; their per-RPC lines are logged at debug level.
 _QUIET_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
@@ -60,33 +63,36 @@ class RpcInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Req, _Resp] | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[_Req, _Resp] | None:
         handler = await continuation(handler_call_details)
         if handler is None:
-            return handler
+            return None
         method: str = handler_call_details.method
+        # The stubs type handler behaviours as sync callables; on an aio server they are coroutine
+        # functions (unary responses) or async generator functions (streaming responses).
+        behaviors: Any = handler
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(method, handler.unary_unary),
+                self._wrap_unary(method, behaviors.unary_unary),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_unary is not None:
             return grpc.stream_unary_rpc_method_handler(
-                self._wrap_unary(method, handler.stream_unary),
+                self._wrap_unary(method, behaviors.stream_unary),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(method, handler.unary_stream),
+                self._wrap_stream(method, behaviors.unary_stream),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         return grpc.stream_stream_rpc_method_handler(
-            self._wrap_stream(method, handler.stream_stream),
+            self._wrap_stream(method, behaviors.stream_stream),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )

@@ -69,9 +69,7 @@ class GrpcServer:
 
     async def set_serving(self, serving: bool) -> None:
         """Flip the overall ("") and per-service health status."""
-        status = (
-            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for service in ["", *self._services]:
             await self._health.set(service, status)
 

@@ -7,13 +7,11 @@ serves reflection, so clients and `grpcurl` can discover the full contract.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from google.protobuf.descriptor import ServiceDescriptor
 
 from lodestar.errors import UnimplementedError
-
-T = TypeVar("T")
 
 
 def _unary(rpc: str) -> Callable[..., Any]:
@@ -31,12 +29,11 @@ def _streaming(rpc: str) -> Callable[..., AsyncIterator[Any]]:
     return handler
 
 
-def unimplemented_servicer(base: type[T], service: ServiceDescriptor) -> T:
+def unimplemented_servicer(base: type[Any], service: ServiceDescriptor) -> Any:
     """An instance of a subclass of `base` whose every RPC raises UnimplementedError."""
     methods = {
         method.name: (_streaming if method.server_streaming else _unary)(f"{service.full_name}/{method.name}")
         for method in service.methods
     }
     klass = type(f"Unimplemented{service.name}", (base,), methods)
-    instance: T = klass()
-    return instance
+    return klass()

@@ -1,0 +1,214 @@
+"""Local processes for `lodestar up` and end-to-end tests: a throwaway etcd and supervised services.
+
+`LocalCluster` owns the child processes: it starts etcd on free loopback ports with its own data
+directory, starts each service as `python -m lodestar.cli.main <name> serve --port P ...`, waits for
+the gRPC health check to answer SERVING, restarts a service that dies (bounded), and stops everything
+in order: services first (SIGTERM, they drain), etcd last, SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from lodestar.errors import UnavailableError
+
+ETCD_PACKAGE_HINT = "install the Debian/Ubuntu package etcd-server (sudo apt-get install -y etcd-server)"
+STOP_GRACE_S = 15.0
+
+_log = structlog.get_logger(component="local")
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def find_etcd() -> str:
+    """Path of the etcd server binary, or UnavailableError naming the package to install."""
+    found = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
+    if found is None:
+        raise UnavailableError(f"etcd binary not found on PATH: {ETCD_PACKAGE_HINT}")
+    return found
+
+
+@dataclass
+class ServiceSpec:
+    """One service to run: its CLI name, gRPC port and extra `serve` flags."""
+
+    name: str
+    port: int
+    args: list[str]
+    http_port: int = 0
+    restarts: int = field(default=0, compare=False)
+
+
+async def wait_serving(address: str, timeout: float, process: asyncio.subprocess.Process | None = None) -> None:
+    """Poll the gRPC health check of `address` until SERVING; fail early if `process` exits."""
+    deadline = time.monotonic() + timeout
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if process is not None and process.returncode is not None:
+                raise UnavailableError(f"{address}: process exited with code {process.returncode}")
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            await asyncio.sleep(0.1)
+    raise UnavailableError(f"{address} did not report SERVING within {timeout:.0f} s")
+
+
+class LocalCluster:
+    """etcd plus lodestar services as child processes on loopback."""
+
+    def __init__(self, data_dir: Path, *, etcd_binary: str, max_restarts: int = 3) -> None:
+        self.data_dir = data_dir
+        self.specs: list[ServiceSpec] = []
+        self._etcd_binary = etcd_binary
+        self._max_restarts = max_restarts
+        self._etcd: asyncio.subprocess.Process | None = None
+        self._processes: dict[str, asyncio.subprocess.Process] = {}
+        self.etcd_url = ""
+        self.etcd_log = data_dir / "logs" / "etcd.log"
+        (data_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    def log_path(self, spec: ServiceSpec) -> Path:
+        return self.data_dir / "logs" / f"{spec.name}.log"
+
+    async def start_etcd(self, timeout: float = 30.0) -> None:
+        client, peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        etcd_dir = self.data_dir / "etcd"
+        shutil.rmtree(etcd_dir, ignore_errors=True)
+        argv = [
+            self._etcd_binary,
+            "--name",
+            "lodestar-up",
+            "--data-dir",
+            str(etcd_dir),
+            "--listen-client-urls",
+            self.etcd_url,
+            "--advertise-client-urls",
+            self.etcd_url,
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{peer}",
+            "--initial-cluster",
+            f"lodestar-up=http://127.0.0.1:{peer}",
+        ]
+        self._etcd = await self._spawn(argv, self.etcd_log)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._etcd.returncode is not None:
+                raise UnavailableError(f"etcd exited with code {self._etcd.returncode} (see {self.etcd_log})")
+            if await asyncio.to_thread(self._etcd_healthy):
+                _log.info("etcd healthy", url=self.etcd_url)
+                return
+            await asyncio.sleep(0.2)
+        raise UnavailableError(f"etcd did not become healthy within {timeout:.0f} s (see {self.etcd_log})")
+
+    def _etcd_healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.etcd_url}/health", timeout=1.0) as reply:
+                return bool(json.loads(reply.read()).get("health") == "true")
+        except (OSError, ValueError):
+            return False
+
+    async def start_services(self, specs: list[ServiceSpec], timeout: float = 120.0) -> None:
+        """Start every service, then wait until all report SERVING."""
+        self.specs = specs
+        for spec in specs:
+            await self._start(spec)
+        for spec in specs:
+            try:
+                await wait_serving(f"127.0.0.1:{spec.port}", timeout, self._processes[spec.name])
+            except UnavailableError as error:
+                raise UnavailableError(f"{spec.name}: {error.message} (see {self.log_path(spec)})") from error
+            _log.info("service serving", service=spec.name, port=spec.port)
+
+    async def _start(self, spec: ServiceSpec) -> None:
+        argv = [
+            sys.executable,
+            "-m",
+            "lodestar.cli.main",
+            spec.name,
+            "serve",
+            "--port",
+            str(spec.port),
+            "--log-json",
+        ]
+        self._processes[spec.name] = await self._spawn([*argv, *spec.args], self.log_path(spec))
+
+    async def _spawn(self, argv: list[str], log_path: Path) -> asyncio.subprocess.Process:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with log_path.open("ab") as log:
+            # A new session: the terminal's Ctrl-C reaches only `up`, which stops children in order.
+            return await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=env,
+                start_new_session=True,
+            )
+
+    async def supervise(self) -> None:
+        """Restart services that exit; raise UnavailableError once one exceeds its restart budget."""
+        while True:
+            waits = {asyncio.create_task(process.wait()): name for name, process in self._processes.items()}
+            done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+            for task in done:
+                spec = next(s for s in self.specs if s.name == waits[task])
+                code = task.result()
+                if spec.restarts >= self._max_restarts:
+                    raise UnavailableError(
+                        f"{spec.name} exited with code {code} {spec.restarts + 1} times (see {self.log_path(spec)})"
+                    )
+                spec.restarts += 1
+                _log.warning("service exited, restarting", service=spec.name, code=code, restart=spec.restarts)
+                await self._start(spec)
+                await wait_serving(f"127.0.0.1:{spec.port}", 120.0, self._processes[spec.name])
+
+    async def stop(self) -> None:
+        """SIGTERM services in reverse start order and wait (drain), then etcd; SIGKILL stragglers."""
+        for spec in reversed(self.specs):
+            process = self._processes.get(spec.name)
+            if process is not None:
+                await _terminate(process, spec.name)
+        if self._etcd is not None:
+            await _terminate(self._etcd, "etcd")
+
+
+async def _terminate(process: asyncio.subprocess.Process, name: str) -> None:
+    if process.returncode is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+    except TimeoutError:
+        _log.warning("process did not stop in time, killing", process=name)
+        process.kill()
+        await process.wait()
