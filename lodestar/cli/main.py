@@ -12,10 +12,10 @@ import sys
 from collections.abc import Sequence
 
 from lodestar import __version__
-from lodestar.cli import services, up
+from lodestar.cli import health, services, up
 from lodestar.errors import LodestarError
 
-COMMAND_GROUPS = (services, up)
+COMMAND_GROUPS = (services, up, health)
 
 
 def build_parser() -> argparse.ArgumentParser:
