@@ -43,7 +43,7 @@ def free_port() -> int:
 
 def find_etcd() -> str:
     """Path of the etcd server binary, or UnavailableError naming the package to install."""
-    found = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
+    found = shutil.which("etcd")
     if found is None:
         raise UnavailableError(f"etcd binary not found on PATH: {ETCD_PACKAGE_HINT}")
     return found
