@@ -1,0 +1,132 @@
+"""Fixtures shared by every test package: a real etcd server and a fresh key prefix per test.
+
+Service-specific fixtures live in tests/<service>/conftest.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ETCD_PACKAGE = "etcd-server"
+ETCD_START_TIMEOUT_S = 15.0
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the caller binds it soon after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _etcd_binary() -> str:
+    found = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
+    if found is None:
+        pytest.fail(
+            f"the etcd server binary is not installed: apt-get install -y {ETCD_PACKAGE} (`make test` installs it)",
+            pytrace=False,
+        )
+    return found
+
+
+def _healthy(client_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{client_url}/health", timeout=1.0) as reply:
+            return bool(json.loads(reply.read()).get("health") == "true")
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+
+
+def _start_etcd(binary: str, data_dir: Path, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    client_port, peer_port = free_port(), free_port()
+    client_url, peer_url = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
+    command = [
+        binary,
+        "--name=lodestar-test",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls={client_url}",
+        f"--advertise-client-urls={client_url}",
+        f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=lodestar-test={peer_url}",
+        "--initial-cluster-state=new",
+        "--logger=zap",
+        "--log-level=warn",
+    ]
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + ETCD_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            break
+        if _healthy(client_url):
+            return process, client_url
+        time.sleep(0.05)
+    _stop(process)
+    raise RuntimeError(f"etcd did not become healthy on {client_url}; log:\n{log_path.read_text()[-3000:]}")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+class EtcdServer:
+    """One etcd process on free loopback ports; `stop()` kills it (tests of etcd going away)."""
+
+    def __init__(self, root: Path) -> None:
+        binary = _etcd_binary()
+        root.mkdir(parents=True, exist_ok=True)
+        last_error: RuntimeError | None = None
+        for attempt in range(3):  # a free port can be taken between probing and binding
+            try:
+                self.process, self.endpoint = _start_etcd(binary, root / f"data-{attempt}", root / "etcd.log")
+                return
+            except RuntimeError as error:
+                last_error = error
+        raise AssertionError(str(last_error))
+
+    def stop(self) -> None:
+        _stop(self.process)
+
+
+@pytest.fixture(scope="session")
+def etcd_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real etcd on free loopback ports with a temp data dir: yields "http://127.0.0.1:PORT"."""
+    server = EtcdServer(tmp_path_factory.mktemp("etcd"))
+    try:
+        yield server.endpoint
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def private_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
+    """An etcd of this test's own, for tests that stop it (`.stop()`); prefer `etcd_endpoint` (~1 s each)."""
+    server = EtcdServer(tmp_path / "etcd")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def etcd_prefix() -> str:
+    """A key prefix no other test uses, e.g. "/test/3f2a.../"."""
+    return f"/test/{uuid.uuid4().hex}/"
