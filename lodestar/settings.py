@@ -56,7 +56,15 @@ def _env_values(cls: type[ServiceSettings], env: Mapping[str, str]) -> dict[str,
         if raw is None:
             continue
         # Lists and tables come as JSON; scalars are coerced by pydantic from the string.
-        values[name] = json.loads(raw) if raw[:1] in "[{" else raw
+        if raw[:1] in ("[", "{"):
+            try:
+                values[name] = json.loads(raw)
+            except json.JSONDecodeError as error:
+                raise InvalidArgumentError(
+                    f"invalid {cls.section} settings: {name}: {prefix}{name.upper()} is not valid JSON ({error.msg})"
+                ) from error
+        else:
+            values[name] = raw
     return values
 
 
@@ -97,7 +105,5 @@ def load_settings(
     try:
         return cls.model_validate(values)
     except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}" for item in error.errors()
-        )
+        problems = "; ".join(f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}" for item in error.errors())
         raise InvalidArgumentError(f"invalid {cls.section} settings: {problems}") from error

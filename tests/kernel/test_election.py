@@ -32,7 +32,9 @@ async def test_failover_when_the_leaders_lease_is_revoked(two_clients, etcd_pref
     await asyncio.sleep(0.5)
     assert not campaign_b.done()  # one leader at a time
     leader = await election_b.leader()
-    assert leader is not None and leader.text == "replica-a" and leader.lease_id == lease_a.id
+    assert leader is not None
+    assert leader.text == "replica-a"
+    assert leader.lease_id == lease_a.id
 
     await lease_a.revoke()  # the leader's process ends its lease (or etcd expires it)
     started = time.monotonic()
@@ -40,7 +42,8 @@ async def test_failover_when_the_leaders_lease_is_revoked(two_clients, etcd_pref
     assert time.monotonic() - started < 1.0  # a watch, not a poll
     assert leadership_b.lease is lease_b
     leader = await election_a.leader()
-    assert leader is not None and leader.text == "replica-b"
+    assert leader is not None
+    assert leader.text == "replica-b"
     await lease_b.revoke()
 
 
@@ -65,16 +68,17 @@ async def test_resign_hands_over_and_observe_follows(two_clients, etcd_prefix: s
     key = etcd_prefix + "leader"
     lease_a, lease_b = await client_a.grant_lease(10), await client_b.grant_lease(10)
     observed: list[str | None] = []
+    started_observing = asyncio.Event()
 
     async def observe() -> None:
         async for leader in Election(client_b, key).observe():
             observed.append(None if leader is None else leader.text)
+            started_observing.set()
             if len(observed) == 4:
                 return
 
     observer = asyncio.create_task(observe())
-    while not observed:  # the observer has read the (empty) key before anyone campaigns
-        await asyncio.sleep(0.01)
+    await started_observing.wait()  # the observer has read the (empty) key before anyone campaigns
     leadership_a = await Election(client_a, key).campaign(lease_a, "a")
     campaign_b = asyncio.create_task(Election(client_b, key).campaign(lease_b, "b"))
     await asyncio.sleep(0.2)
@@ -96,7 +100,8 @@ async def test_resign_never_deletes_a_successors_key(two_clients, etcd_prefix: s
     await Election(client_b, key).campaign(lease_b, "b", timeout=5)
     await stale.resign()  # a late resign from the old leader
     leader: KeyValue | None = await Election(client_a, key).leader()
-    assert leader is not None and leader.text == "b"
+    assert leader is not None
+    assert leader.text == "b"
     await lease_b.revoke()
 
 
