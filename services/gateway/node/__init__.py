@@ -1,0 +1,1 @@
+"""Gateway node: session lifecycle (INIT -> READY -> RUN -> POST), runtimes, verifiers and harness launchers."""

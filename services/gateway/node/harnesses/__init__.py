@@ -1,0 +1,66 @@
+"""Harness launchers: one small adapter per harness (config files, env, flags) and the process launcher.
+
+`make_harness(name)` returns an adapter; `Launcher.run` runs what it prepared. Harness names:
+claude-code, codex, qwen-code, gemini-cli, pi (optionally `pi:<api>`, e.g. `pi:anthropic-messages`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lodestar.errors import InvalidArgumentError
+from services.gateway.node.harnesses.base import GatewayEndpoint, Harness, Invocation, RunDirs
+from services.gateway.node.harnesses.claude_code import ClaudeCode
+from services.gateway.node.harnesses.codex import Codex
+from services.gateway.node.harnesses.command import Command
+from services.gateway.node.harnesses.gemini_cli import GeminiCli
+from services.gateway.node.harnesses.launcher import HarnessResult, Launcher
+from services.gateway.node.harnesses.pi import PI_APIS, Pi, PiApi
+from services.gateway.node.harnesses.qwen_code import QwenCode
+
+BUILTIN: dict[str, type[Harness]] = {
+    ClaudeCode.name: ClaudeCode,
+    Codex.name: Codex,
+    QwenCode.name: QwenCode,
+    GeminiCli.name: GeminiCli,
+    Pi.name: Pi,
+}
+HARNESS_NAMES: tuple[str, ...] = (*BUILTIN, *(f"pi:{api}" for api in PI_APIS))
+
+
+def make_harness(name: str, bin_dir: Path | None = None) -> Harness:
+    """The adapter for a built-in harness name (see module docstring)."""
+    base, _, variant = name.partition(":")
+    if base == Pi.name:
+        api = variant or "openai-completions"
+        if api not in PI_APIS:
+            raise InvalidArgumentError(f"unknown Pi API {api!r}; one of {', '.join(PI_APIS)}")
+        return Pi(api=_pi_api(api), bin_dir=bin_dir)
+    if variant or base not in BUILTIN:
+        raise InvalidArgumentError(f"unknown harness {name!r}; one of {', '.join(HARNESS_NAMES)}")
+    return BUILTIN[base](bin_dir)
+
+
+def _pi_api(api: str) -> PiApi:
+    for known in PI_APIS:
+        if known == api:
+            return known
+    raise InvalidArgumentError(f"unknown Pi API {api!r}")
+
+
+__all__ = [
+    "HARNESS_NAMES",
+    "ClaudeCode",
+    "Codex",
+    "Command",
+    "GatewayEndpoint",
+    "GeminiCli",
+    "Harness",
+    "HarnessResult",
+    "Invocation",
+    "Launcher",
+    "Pi",
+    "QwenCode",
+    "RunDirs",
+    "make_harness",
+]
