@@ -37,8 +37,8 @@ def _service_config(max_attempts: int) -> str:
     )
 
 
-class _DefaultDeadline(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.StreamUnaryClientInterceptor):
-    """Gives unary calls made without a timeout the channel's default one."""
+class _DefaultDeadline:
+    """Gives calls made without a timeout the channel's default one."""
 
     def __init__(self, timeout: float) -> None:
         self._timeout = timeout
@@ -50,9 +50,14 @@ class _DefaultDeadline(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.StreamUnar
             details.method, self._timeout, details.metadata, details.credentials, details.wait_for_ready
         )
 
+
+# grpc.aio files each interceptor under the FIRST call kind it implements, so one class per kind.
+class _UnaryUnaryDefaultDeadline(_DefaultDeadline, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
         return await continuation(self._details(client_call_details), request)
 
+
+class _StreamUnaryDefaultDeadline(_DefaultDeadline, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
         return await continuation(self._details(client_call_details), request_iterator)
 
@@ -67,5 +72,5 @@ def connect(target: str, *, default_timeout: float = DEFAULT_TIMEOUT_S, max_atte
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ],
-        interceptors=[_DefaultDeadline(default_timeout)],
+        interceptors=[_UnaryUnaryDefaultDeadline(default_timeout), _StreamUnaryDefaultDeadline(default_timeout)],
     )
