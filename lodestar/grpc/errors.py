@@ -8,6 +8,7 @@ domain error, so the gateway can answer a harness in its own dialect.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -85,14 +86,16 @@ class RpcInterceptor(grpc.aio.ServerInterceptor):
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
+        # Streaming behaviours are async generators, or coroutines that write with `context.write()`
+        # (grpc's own aio HealthServicer.Watch); each is wrapped in its own kind.
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(method, behaviors.unary_stream),
+                self._wrap_streaming(method, behaviors.unary_stream),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         return grpc.stream_stream_rpc_method_handler(
-            self._wrap_stream(method, behaviors.stream_stream),
+            self._wrap_streaming(method, behaviors.stream_stream),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
@@ -111,6 +114,11 @@ class RpcInterceptor(grpc.aio.ServerInterceptor):
             return response
 
         return wrapped
+
+    def _wrap_streaming(self, method: str, behavior: Any) -> Any:
+        if inspect.iscoroutinefunction(behavior):
+            return self._wrap_unary(method, behavior)
+        return self._wrap_stream(method, behavior)
 
     def _wrap_stream(
         self, method: str, behavior: Callable[[Any, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Any]]

@@ -8,6 +8,7 @@ import grpc
 import grpc.aio
 import pytest
 import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lodestar import errors
 from lodestar.grpc.errors import STATUS_BY_ERROR, error_from_rpc, status_for
@@ -135,3 +136,18 @@ async def test_unknown_status_maps_to_retryable_unavailable(channel) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await method(channel, "Unary")(b"abort:who knows", timeout=5)
     assert isinstance(error_from_rpc(caught.value), errors.UnavailableError)
+
+
+async def test_coroutine_streaming_servicer_passes_the_interceptor() -> None:
+    """grpc's aio HealthServicer.Watch writes with context.write() instead of yielding."""
+    server = build_server(FaultyService())
+    port = await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=5)
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            await server.set_serving(True)
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+            watch.cancel()
+    finally:
+        await server.stop(0)
