@@ -12,7 +12,9 @@ import signal
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
+from lodestar.errors import FailedPreconditionError
 from lodestar.logging import get_logger
 from services.gateway.node.harnesses.base import Invocation
 from services.gateway.node.harnesses.netns import (
@@ -26,6 +28,8 @@ log = get_logger("gateway.harnesses.launcher")
 
 KILL_GRACE_S = 2.0
 """Time between SIGTERM and SIGKILL of the process group."""
+POLL_S = 0.02
+"""How often the harness's exit status is checked."""
 
 
 @dataclass(frozen=True)
@@ -53,60 +57,46 @@ class Launcher:
         self.max_output_bytes = max_output_bytes
 
     async def run(self, invocation: Invocation, gateway_url: str, timeout_s: float) -> HarnessResult:
-        """Run `invocation` to completion or `timeout_s`, the harness reaching the gateway at `gateway_url`."""
+        """Run `invocation` to completion or `timeout_s`, the harness reaching the gateway at `gateway_url`.
+
+        Raises FailedPreconditionError when the binary cannot start or the namespace set-up fails.
+        """
         started = time.monotonic()
         isolated = await self.isolation.available()
-        parent_end: socket.socket | None = None
-        child_end: socket.socket | None = None
-        relay: GatewayRelay | None = None
-        argv = invocation.argv
-        pass_fds: tuple[int, ...] = ()
         host, port, addresses = gateway_address(gateway_url)
+        channel: socket.socket | None = None
+        relay: GatewayRelay | None = None
         if isolated:
-            parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            argv = self.isolation.wrap(argv, child_end.fileno(), addresses, port)
-            pass_fds = (child_end.fileno(),)
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=invocation.env,
-            cwd=invocation.cwd,
-            start_new_session=True,
-            pass_fds=pass_fds,
-        )
-        if child_end is not None:
-            child_end.close()
-        readers = [
-            asyncio.create_task(self._read(proc.stdout)),
-            asyncio.create_task(self._read(proc.stderr)),
-        ]
+            channel, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            with child_end:
+                argv = self.isolation.wrap(invocation.argv, child_end.fileno(), addresses, port)
+                proc = await self._spawn(invocation, argv, (child_end.fileno(),), channel)
+        else:
+            proc = await self._spawn(invocation, invocation.argv, (), None)
+        readers = [asyncio.create_task(self._read(proc.stdout)), asyncio.create_task(self._read(proc.stderr))]
         timed_out = False
         try:
-            if parent_end is not None:
-                listeners = await receive_listeners(parent_end, timeout_s=min(30.0, timeout_s))
+            if channel is not None:
+                try:
+                    listeners = await receive_listeners(channel, timeout_s=min(30.0, timeout_s))
+                except OSError as exc:
+                    raise FailedPreconditionError(f"{invocation.harness}: {exc}") from exc
                 relay = GatewayRelay(listeners, host, port)
                 await relay.start()
-            remaining = timeout_s - (time.monotonic() - started)
-            try:
-                await asyncio.wait_for(proc.wait(), timeout=max(remaining, 0.001))
-            except TimeoutError:
-                timed_out = True
+            timed_out = not await _exited(proc, deadline=started + timeout_s)
         finally:
             await _kill_group(proc)
-            if parent_end is not None:
-                parent_end.close()
+            if channel is not None:
+                channel.close()
             if relay is not None:
                 await relay.close()
             done, pending = await asyncio.wait(readers, timeout=KILL_GRACE_S)
             for task in pending:
                 task.cancel()
         out, err = (task.result() if task in done and not task.cancelled() else b"" for task in readers)
-        returncode = proc.returncode if proc.returncode is not None else -signal.SIGKILL
         result = HarnessResult(
             harness=invocation.harness,
-            returncode=returncode,
+            returncode=proc.returncode if proc.returncode is not None else -signal.SIGKILL,
             stdout=out.decode("utf-8", errors="replace"),
             stderr=err.decode("utf-8", errors="replace"),
             timed_out=timed_out,
@@ -124,6 +114,30 @@ class Launcher:
         )
         return result
 
+    async def _spawn(
+        self,
+        invocation: Invocation,
+        argv: list[str],
+        pass_fds: tuple[int, ...],
+        channel: socket.socket | None,
+    ) -> asyncio.subprocess.Process:
+        """Start the process in a new session (its pid is the process group id), stdin=/dev/null."""
+        try:
+            return await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=invocation.env,
+                cwd=invocation.cwd,
+                start_new_session=True,
+                pass_fds=pass_fds,
+            )
+        except OSError as exc:
+            if channel is not None:
+                channel.close()
+            raise FailedPreconditionError(f"{invocation.harness}: cannot start {argv[0]}: {exc.strerror}") from exc
+
     async def _read(self, stream: asyncio.StreamReader | None) -> bytes:
         """Read a pipe to EOF, keeping at most max_output_bytes (the rest is drained and dropped)."""
         if stream is None:
@@ -136,22 +150,34 @@ class Launcher:
         return bytes(kept)
 
 
+async def _exited(proc: asyncio.subprocess.Process, deadline: float) -> bool:
+    """Wait for the harness itself to exit (True) or the deadline (False).
+
+    Not `proc.wait()`: asyncio resolves it only once every pipe is closed too, and a background process
+    the harness left behind holds stdout open; the exit status is known (and polled here) before that.
+    """
+    while proc.returncode is None:
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(POLL_S)
+    return True
+
+
 async def _kill_group(proc: asyncio.subprocess.Process) -> None:
     """SIGTERM the process group (pgid = the harness pid), then SIGKILL what is left after a grace."""
     pgid = proc.pid
     if not _signal_group(pgid, signal.SIGTERM):
-        with contextlib.suppress(ProcessLookupError):
-            await proc.wait()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), timeout=KILL_GRACE_S)
         return
     deadline = time.monotonic() + KILL_GRACE_S
-    while time.monotonic() < deadline and _group_alive(pgid):
-        if proc.returncode is None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), timeout=0.05)
-        else:
-            await asyncio.sleep(0.05)
+    # Polled: no event reports the death of the last member of a process group.
+    while time.monotonic() < deadline and (proc.returncode is None or _group_alive(pgid)):  # noqa: ASYNC110
+        await asyncio.sleep(POLL_S)
     _signal_group(pgid, signal.SIGKILL)
-    await proc.wait()
+    # A process that left the group (setsid) may still hold the pipes: do not wait on it forever.
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(proc.wait(), timeout=KILL_GRACE_S)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> bool:
@@ -163,8 +189,23 @@ def _signal_group(pgid: int, sig: signal.Signals) -> bool:
 
 
 def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
+    """True while a non-zombie process of the group exists (zombies wait for a slow init to reap them)."""
+    proc_root = Path("/proc")
+    if not proc_root.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    for entry in proc_root.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so split after the last ')'.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False

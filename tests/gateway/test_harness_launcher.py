@@ -1,0 +1,312 @@
+"""The harness launcher and adapters, without a gateway: real processes, a real HTTP server, real namespaces.
+
+Covers what every harness run relies on: stdin=/dev/null, a clean environment with a private HOME, the
+process group killed on every exit path (normal exit, timeout, cancellation), the loopback-only network
+namespace with its relay to the gateway port (and nothing else), and each adapter's config files and
+switches from HARNESSES.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from services.gateway.node.harnesses import (
+    ClaudeCode,
+    Codex,
+    Command,
+    GatewayEndpoint,
+    GeminiCli,
+    Launcher,
+    Pi,
+    QwenCode,
+    RunDirs,
+    make_harness,
+)
+from services.gateway.node.harnesses.pi import PI_APIS
+
+PY = sys.executable
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+async def _wait_dead(pid: int, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+async def http_server():
+    """A real aiohttp server on 127.0.0.1 that streams three chunks, 50 ms apart."""
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for i in range(3):
+            await response.write(f"chunk{i};".encode())
+            await asyncio.sleep(0.05)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/stream", stream)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+def _endpoint(url: str) -> GatewayEndpoint:
+    return GatewayEndpoint(base_url=url, session_key="sk-test-session", model="tiny")
+
+
+FETCH = (
+    "import os, urllib.request\n"
+    "print(urllib.request.urlopen(os.environ['LODESTAR_GATEWAY_URL'] + '/stream', timeout=10).read().decode())\n"
+)
+
+
+async def test_isolated_run_reaches_gateway_through_relay_and_nothing_else(tmp_path, http_server):
+    launcher = Launcher(isolate_network=True)
+    if not await launcher.isolation.available():
+        pytest.skip("unshare --net is not permitted on this machine (no network namespaces)")
+    dirs = RunDirs.under(tmp_path)
+    # A second server in the host namespace only: reachable from here, not from the harness.
+    other = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    other_port = other.sockets[0].getsockname()[1]
+    probe = (
+        FETCH + "import socket\n"
+        "for addr in [('127.0.0.1', int(os.environ['OTHER_PORT'])), ('1.1.1.1', 80)]:\n"
+        "    try:\n"
+        "        socket.create_connection(addr, timeout=2).close(); print('REACHED', addr)\n"
+        "    except OSError as e:\n"
+        "        print('BLOCKED', addr[0], type(e).__name__)\n"
+    )
+    harness = Command([PY, "-c", probe], env={"OTHER_PORT": str(other_port)})
+    result = await launcher.run(harness.prepare(dirs, _endpoint(http_server), "hi"), http_server, timeout_s=30)
+    other.close()
+    assert result.isolated
+    assert result.returncode == 0, result.stderr
+    assert "chunk0;chunk1;chunk2;" in result.stdout
+    assert "REACHED" not in result.stdout
+    assert "BLOCKED 127.0.0.1" in result.stdout
+    assert "BLOCKED 1.1.1.1" in result.stdout
+
+
+async def test_without_isolation_the_run_still_works(tmp_path, http_server):
+    launcher = Launcher(isolate_network=False)
+    harness = Command([PY, "-c", FETCH])
+    result = await launcher.run(
+        harness.prepare(RunDirs.under(tmp_path), _endpoint(http_server), "hi"), http_server, timeout_s=30
+    )
+    assert not result.isolated
+    assert result.ok, result.stderr
+    assert "chunk0;chunk1;chunk2;" in result.stdout
+
+
+async def test_stdin_is_devnull_and_environment_is_clean(tmp_path, http_server, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-real-key-must-not-leak")
+    monkeypatch.setenv("LODESTAR_TEST_PARENT_ONLY", "1")
+    dirs = RunDirs.under(tmp_path)
+    script = (
+        "import os, sys, json\n"
+        "print(json.dumps({'stdin': sys.stdin.read(), 'env': dict(os.environ), 'cwd': os.getcwd()}))\n"
+    )
+    harness = Command([PY, "-c", script])
+    result = await Launcher(isolate_network=False).run(
+        harness.prepare(dirs, _endpoint(http_server), "hi"), http_server, timeout_s=30
+    )
+    seen = json.loads(result.stdout)
+    assert seen["stdin"] == ""
+    assert seen["cwd"] == str(dirs.workdir)
+    assert seen["env"]["HOME"] == str(dirs.home)
+    assert seen["env"]["TMPDIR"] == str(dirs.tmpdir)
+    assert seen["env"]["ANTHROPIC_API_KEY"] == "sk-test-session"
+    assert "LODESTAR_TEST_PARENT_ONLY" not in seen["env"]
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+async def test_timeout_kills_the_whole_process_group(tmp_path, http_server, isolate):
+    launcher = Launcher(isolate_network=isolate)
+    dirs = RunDirs.under(tmp_path)
+    harness = Command(["bash", "-c", "sleep 300 & echo $! > bg.pid; sleep 300"])
+    started = time.monotonic()
+    result = await launcher.run(harness.prepare(dirs, _endpoint(http_server), "hi"), http_server, timeout_s=1.5)
+    assert result.timed_out
+    assert not result.ok
+    assert result.returncode < 0
+    assert time.monotonic() - started < 10
+    assert await _wait_dead(int((dirs.workdir / "bg.pid").read_text()))
+
+
+async def test_normal_exit_kills_leftover_background_processes(tmp_path, http_server):
+    dirs = RunDirs.under(tmp_path)
+    harness = Command(["bash", "-c", "sleep 300 & echo $! > bg.pid; echo done"])
+    result = await Launcher(isolate_network=False).run(
+        harness.prepare(dirs, _endpoint(http_server), "hi"), http_server, timeout_s=30
+    )
+    assert result.ok
+    assert result.stdout.strip() == "done"
+    assert await _wait_dead(int((dirs.workdir / "bg.pid").read_text()))
+
+
+async def test_cancellation_kills_the_process_group(tmp_path, http_server):
+    dirs = RunDirs.under(tmp_path)
+    harness = Command(["bash", "-c", "echo $$ > main.pid; sleep 300"])
+    task = asyncio.create_task(
+        Launcher(isolate_network=False).run(
+            harness.prepare(dirs, _endpoint(http_server), "hi"), http_server, timeout_s=300
+        )
+    )
+    pid_file = dirs.workdir / "main.pid"
+    for _ in range(200):
+        if pid_file.exists() and pid_file.read_text().strip():
+            break
+        await asyncio.sleep(0.02)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await _wait_dead(int(pid_file.read_text()))
+
+
+def test_command_argv_template(tmp_path):
+    dirs = RunDirs.under(tmp_path)
+    inv = Command(["echo", "{model}", "at {base_url}: {prompt}"]).prepare(
+        dirs, _endpoint("http://127.0.0.1:9/"), "do it"
+    )
+    assert inv.argv[1:] == ["tiny", "at http://127.0.0.1:9: do it"]
+    assert Path(inv.argv[0]).name == "echo"
+
+
+# --- adapters: config files, env and argv carry every switch of HARNESSES.md -----------------------------
+
+
+def _prepare(harness, tmp_path, prompt="the prompt"):
+    return harness.prepare(RunDirs.under(tmp_path), _endpoint("http://127.0.0.1:4567"), prompt)
+
+
+def test_claude_code_switches(tmp_path):
+    inv = _prepare(ClaudeCode(), tmp_path)
+    env = inv.env
+    assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:4567"
+    assert env["ANTHROPIC_API_KEY"] == "sk-test-session"
+    assert env["ANTHROPIC_MODEL"] == "tiny"
+    for switch in (
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+        "DISABLE_TELEMETRY",
+        "DISABLE_AUTOUPDATER",
+        "DISABLE_ERROR_REPORTING",
+        "DISABLE_UPDATES",
+        "IS_SANDBOX",
+    ):
+        assert env[switch] == "1", switch
+    assert inv.argv[1:3] == ["-p", "the prompt"]
+    assert "--dangerously-skip-permissions" in inv.argv
+    assert inv.argv[inv.argv.index("--allowedTools") + 1] == "Bash"
+
+
+def test_codex_config(tmp_path):
+    inv = _prepare(Codex(), tmp_path)
+    config = tomllib.loads((Path(inv.env["CODEX_HOME"]) / "config.toml").read_text())
+    provider = config["model_providers"][config["model_provider"]]
+    assert config["model"] == "tiny"
+    assert provider["base_url"] == "http://127.0.0.1:4567/v1"
+    assert provider["wire_api"] == "responses"
+    assert inv.env[provider["env_key"]] == "sk-test-session"
+    assert config["analytics"]["enabled"] is False
+    assert config["features"]["plugins"] is False
+    assert config["check_for_update_on_startup"] is False
+    assert config["otel"]["exporter"] == "none"
+    assert inv.argv[1:3] == ["exec", "--skip-git-repo-check"]
+    assert inv.argv[inv.argv.index("-s") + 1] == "workspace-write"
+    assert inv.argv[-1] == "the prompt"
+
+
+def test_qwen_code_settings(tmp_path):
+    inv = _prepare(QwenCode(), tmp_path)
+    settings = json.loads((Path(inv.env["HOME"]) / ".qwen" / "settings.json").read_text())
+    assert settings["security"]["auth"]["selectedType"] == "openai"
+    assert settings["privacy"]["usageStatisticsEnabled"] is False
+    assert settings["telemetry"]["enabled"] is False
+    assert settings["general"]["disableAutoUpdate"] is True
+    assert settings["memory"]["enableManagedAutoMemory"] is False
+    assert inv.env["OPENAI_BASE_URL"] == "http://127.0.0.1:4567/v1"
+    assert inv.env["OPENAI_API_KEY"] == "sk-test-session"
+    assert inv.env["OPENAI_MODEL"] == "tiny"
+    assert "--yolo" in inv.argv
+    assert inv.argv[-2:] == ["-p", "the prompt"]
+
+
+def test_gemini_cli_settings(tmp_path):
+    inv = _prepare(GeminiCli(), tmp_path)
+    settings = json.loads((Path(inv.env["HOME"]) / ".gemini" / "settings.json").read_text())
+    assert settings["security"]["auth"]["selectedType"] == "gemini-api-key"
+    assert settings["privacy"]["usageStatisticsEnabled"] is False
+    assert settings["telemetry"]["enabled"] is False
+    assert settings["general"]["disableAutoUpdate"] is True
+    assert inv.env["GOOGLE_GEMINI_BASE_URL"] == "http://127.0.0.1:4567"
+    assert inv.env["GEMINI_API_KEY"] == "sk-test-session"
+    assert inv.env["GEMINI_CLI_TRUST_WORKSPACE"] == "true"
+    assert inv.argv[inv.argv.index("-m") + 1] == "tiny"
+    assert "--yolo" in inv.argv
+
+
+@pytest.mark.parametrize("api", PI_APIS)
+def test_pi_models_json(tmp_path, api):
+    inv = _prepare(Pi(api=api), tmp_path)
+    agent_dir = Path(inv.env["PI_CODING_AGENT_DIR"])
+    provider = json.loads((agent_dir / "models.json").read_text())["providers"]["lodestar"]
+    expected_base = {
+        "openai-completions": "http://127.0.0.1:4567/v1",
+        "openai-responses": "http://127.0.0.1:4567/v1",
+        "anthropic-messages": "http://127.0.0.1:4567",
+        "google-generative-ai": "http://127.0.0.1:4567/v1beta",
+    }[api]
+    assert provider["api"] == api
+    assert provider["baseUrl"] == expected_base
+    assert provider["apiKey"] == "sk-test-session"
+    assert provider["models"][0]["id"] == "tiny"
+    assert json.loads((agent_dir / "settings.json").read_text())["enableInstallTelemetry"] is False
+    assert {inv.env[k] for k in ("PI_OFFLINE", "PI_SKIP_VERSION_CHECK")} == {"1"}
+    assert inv.env["PI_TELEMETRY"] == "0"
+    assert inv.argv[inv.argv.index("--provider") + 1] == "lodestar"
+    assert inv.argv[-2:] == ["-p", "the prompt"]
+    assert make_harness(f"pi:{api}").api == api  # type: ignore[attr-defined]
+
+
+def test_unknown_harness_name_is_refused():
+    from lodestar.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="unknown harness"):
+        make_harness("cursor")
+    with pytest.raises(InvalidArgumentError, match="unknown Pi API"):
+        make_harness("pi:bedrock")
+
+
+def test_missing_binary_is_a_failed_precondition(tmp_path):
+    from lodestar.errors import FailedPreconditionError
+
+    harness = ClaudeCode(bin_dir=tmp_path)
+    assert not harness.is_installed()
+    with pytest.raises(FailedPreconditionError, match="make harnesses"):
+        harness.require_installed()
