@@ -12,10 +12,10 @@ import sys
 from collections.abc import Sequence
 
 from lodestar import __version__
-from lodestar.cli import health, services, up
+from lodestar.cli import health, model, services, up
 from lodestar.errors import LodestarError
 
-COMMAND_GROUPS = (services, up, health)
+COMMAND_GROUPS = (services, up, health, model)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,6 +29,10 @@ class InferenceSettings(ServiceSettings):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     kv_cache_bytes: int = 2 * 1024**3
     """vLLM backend: KV cache size in bytes."""
+    tool_call_format: Literal["auto", "hermes", "qwen3_coder"] = "auto"
+    """How the model writes tool calls; auto reads it from the chat template (XML `<function=` or hermes)."""
+    weights_spool_dir: Path | None = None
+    """Where streamed weight updates are written before the swap (default: /dev/shm when writable, else TMPDIR)."""
 
 
 SETTINGS = InferenceSettings

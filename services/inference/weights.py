@@ -8,11 +8,14 @@ tensors a model expects: unknown names, shape mismatches and non-floating dtypes
 from __future__ import annotations
 
 import json
+import os
 import struct
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 from lodestar.errors import InvalidArgumentError
+from lodestar.v1 import inference_pb2
 from services.inference.engine import TensorMeta
 
 FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
@@ -94,11 +97,58 @@ def check_tensors(expected: Mapping[str, TensorMeta], given: Sequence[TensorMeta
             raise InvalidArgumentError(f"weight update has unknown tensor {meta.name!r}")
         if tuple(meta.shape) != tuple(want.shape):
             raise InvalidArgumentError(
-                f"weight update tensor {meta.name!r} has shape {list(meta.shape)}, "
-                f"expected {list(want.shape)}"
+                f"weight update tensor {meta.name!r} has shape {list(meta.shape)}, expected {list(want.shape)}"
             )
         if meta.dtype not in FLOAT_DTYPES:
             raise InvalidArgumentError(
-                f"weight update tensor {meta.name!r} has dtype {meta.dtype}, "
-                f"expected one of {sorted(FLOAT_DTYPES)}"
+                f"weight update tensor {meta.name!r} has dtype {meta.dtype}, expected one of {sorted(FLOAT_DTYPES)}"
             )
+
+
+async def receive_update(
+    requests: AsyncIterator[inference_pb2.UpdateWeightsRequest], spool_dir: Path
+) -> tuple[Path, int, bool]:
+    """Read an UpdateWeights stream: (safetensors file or checkpoint path, requested version, spooled).
+
+    The stream is one `checkpoint_path`, or a `header` then `chunk`s adding up to `header.total_bytes`,
+    which are written to a file in `spool_dir` (spooled=True: the caller deletes it after the swap).
+    """
+    first = await anext(aiter(requests), None)
+    if first is None:
+        raise InvalidArgumentError("the weight update stream is empty")
+    kind = first.WhichOneof("payload")
+    if kind == "checkpoint_path":
+        if await anext(aiter(requests), None) is not None:
+            raise InvalidArgumentError("a checkpoint_path update must be the only message of the stream")
+        return Path(first.checkpoint_path), 0, False
+    if kind != "header":
+        raise InvalidArgumentError("a weight update stream starts with a header or a checkpoint_path")
+    header = first.header
+    descriptor, name = tempfile.mkstemp(dir=spool_dir, prefix="lodestar-weights-", suffix=".safetensors")
+    path = Path(name)
+    received = 0
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            async for message in requests:
+                if message.WhichOneof("payload") != "chunk":
+                    raise InvalidArgumentError("after the header, a weight update stream carries only chunks")
+                received += len(message.chunk)
+                if received > header.total_bytes:
+                    raise InvalidArgumentError(
+                        f"weight update carries more than the {header.total_bytes} bytes announced"
+                    )
+                handle.write(message.chunk)
+        if received != header.total_bytes:
+            raise InvalidArgumentError(f"weight update carried {received} of the {header.total_bytes} bytes announced")
+    except BaseException:
+        os.unlink(path)
+        raise
+    return path, header.policy_version, True
+
+
+def default_spool_dir() -> Path:
+    """/dev/shm when it is a writable directory (fastest), else the temp directory."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm
+    return Path(tempfile.gettempdir())

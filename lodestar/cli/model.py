@@ -1,0 +1,46 @@
+"""`lodestar model ...`: make model directories the inference service can serve, fully offline.
+
+- `init-tiny DIR`: the tiny random-weight Qwen3 model with a trained BPE tokenizer and a tool-capable
+  chat template (`services.inference.tiny_model`), in a few seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from lodestar.errors import AlreadyExistsError
+
+
+def _init_tiny(args: argparse.Namespace) -> int:
+    from services.inference.tiny_model import TinyModelSpec, build
+
+    directory: Path = args.directory
+    if directory.exists() and any(directory.iterdir()) and not args.force:
+        raise AlreadyExistsError(f"{directory} exists and is not empty (use --force to overwrite)")
+    started = time.perf_counter()
+    spec = TinyModelSpec(
+        head_dim=args.head_dim,
+        vocab_size=args.vocab_size,
+        context_length=args.context_length,
+        tool_call_format=args.tool_call_format,
+        seed=args.seed,
+    )
+    build(directory, spec)
+    print(f"tiny model written to {directory} in {time.perf_counter() - started:.1f}s")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    group = subparsers.add_parser("model", help="build or import models to serve")
+    commands = group.add_subparsers(dest="model_command", required=True, metavar="COMMAND")
+    tiny = commands.add_parser("init-tiny", help="build the offline tiny model (random weights, trained tokenizer)")
+    tiny.add_argument("directory", type=Path, metavar="DIR")
+    tiny.add_argument("--head-dim", type=int, default=64, help="attention head size (vLLM needs 64)")
+    tiny.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary size, special tokens included")
+    tiny.add_argument("--context-length", type=int, default=65536, help="max_position_embeddings")
+    tiny.add_argument("--tool-call-format", choices=["hermes", "qwen3_coder"], default="hermes")
+    tiny.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    tiny.add_argument("--force", action="store_true", help="write into a non-empty directory")
+    tiny.set_defaults(handler=_init_tiny)

@@ -1,0 +1,221 @@
+"""One Generate call from canonical request to streamed deltas and exactly one final event.
+
+`Generation.run(request)` validates sampling parameters, renders the prompt (token-faithful
+continuation included) with `ChatTemplate`, enforces the context length and the server's new-token cap,
+drives the engine, decodes incrementally, applies stop sequences, parses reasoning and tool calls as they
+complete, and builds the `GenerateFinal` (prompt ids, sampled ids, logprobs, finish reason, parsed
+message, usage, policy version). Closing the returned iterator (client cancellation) closes the engine
+stream, which frees the engine slot.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+
+from lodestar.errors import InvalidArgumentError
+from lodestar.logging import get_logger
+from lodestar.v1 import common_pb2, inference_pb2
+from services.inference.assistant import AssistantDelta, AssistantParser, ParsedAssistant, _partial_suffix
+from services.inference.engine import Engine, EngineRequest, SamplingOptions
+from services.inference.templates import ChatTemplate, tool_schema
+from services.inference.tokenizer import IncrementalDecoder
+from services.inference.toolcalls import ToolCallFormat
+
+_log = get_logger("inference.generate")
+
+
+def sampling_options(params: common_pb2.SamplingParams, cap: int, room: int) -> SamplingOptions:
+    """Resolve a request's sampling parameters (defaults, validation, the server cap and the room left)."""
+    temperature = params.temperature if params.HasField("temperature") else 1.0
+    top_p = params.top_p if params.HasField("top_p") else 1.0
+    top_k = params.top_k if params.HasField("top_k") else 0
+    if not temperature >= 0.0:
+        raise InvalidArgumentError(f"temperature must be >= 0, got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise InvalidArgumentError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise InvalidArgumentError(f"top_k must be >= 0, got {top_k}")
+    if params.HasField("max_tokens") and params.max_tokens == 0:
+        raise InvalidArgumentError("max_tokens must be at least 1")
+    requested = params.max_tokens if params.HasField("max_tokens") else cap
+    seed = params.seed if params.HasField("seed") else None
+    return SamplingOptions(
+        max_tokens=max(1, min(requested, cap, room)), temperature=temperature, top_p=top_p, top_k=top_k, seed=seed
+    )
+
+
+@dataclass
+class _Stops:
+    """Stop sequences over the raw decoded completion text."""
+
+    stops: tuple[str, ...]
+    matched: str = ""
+    cut: int = -1
+
+    def check(self, text: str, searched_from: int) -> bool:
+        if not self.stops:
+            return False
+        longest = max(len(stop) for stop in self.stops)
+        start = max(0, searched_from - longest)
+        hits = [(text.find(stop, start), stop) for stop in self.stops]
+        hits = [(index, stop) for index, stop in hits if index >= 0]
+        if hits:
+            self.cut, self.matched = min(hits)
+        return bool(hits)
+
+    def holdback(self, text: str) -> int:
+        return max((_partial_suffix(text, stop) for stop in self.stops), default=0)
+
+
+@dataclass
+class _CallIds:
+    ids: list[str] = field(default_factory=list)
+
+    def get(self, index: int) -> str:
+        while len(self.ids) <= index:
+            self.ids.append(f"call_{uuid.uuid4().hex[:24]}")
+        return self.ids[index]
+
+
+class Generation:
+    """Runs Generate calls against one engine with one chat template."""
+
+    def __init__(self, engine: Engine, template: ChatTemplate, fmt: ToolCallFormat, *, max_new_tokens: int) -> None:
+        self._engine = engine
+        self._template = template
+        self._fmt = fmt
+        self._cap = max_new_tokens
+
+    async def run(self, request: inference_pb2.GenerateRequest) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        started = time.perf_counter()
+        request_id = request.request_id or f"gen-{uuid.uuid4().hex[:16]}"
+        continuation = request.continuation if request.HasField("continuation") else None
+        thinking = request.enable_thinking if request.HasField("enable_thinking") else None
+        prompt = self._template.prompt(
+            request.messages, request.tools, enable_thinking=thinking, continuation=continuation
+        )
+        context = self._engine.info().context_length
+        if len(prompt.ids) >= context:
+            raise InvalidArgumentError(
+                f"the prompt has {len(prompt.ids)} tokens but the context length is {context} tokens"
+            )
+        options = sampling_options(request.sampling, self._cap, context - len(prompt.ids))
+        engine_request = EngineRequest(
+            request_id, prompt.ids, options, messages=tuple(request.messages), tools=tuple(request.tools)
+        )
+        schemas = {tool.name: tool_schema(tool) for tool in request.tools}
+        parser = AssistantParser(self._fmt, schemas, starts_in_reasoning=prompt.opens_reasoning)
+        decoder = IncrementalDecoder(self._template.tokenizer)
+        stops = _Stops(tuple(stop for stop in request.sampling.stop if stop))
+        call_ids = _CallIds()
+        ids: list[int] = []
+        logprobs: list[float] = []
+        version: int | None = None
+        engine_finish: str | None = None
+        first_token_s: float | None = None
+        steps = self._engine.generate(engine_request)
+        try:
+            async for step in steps:
+                first_token_s = first_token_s if first_token_s is not None else time.perf_counter() - started
+                version = step.policy_version if version is None else version
+                ids.extend(step.token_ids)
+                logprobs.extend(step.logprobs)
+                before = len(decoder.text)
+                decoder.add(step.token_ids)
+                if step.finish_reason is not None:
+                    decoder.flush()
+                engine_finish = step.finish_reason
+                stopped = stops.check(decoder.text, before)
+                if request.stream:
+                    if stopped or engine_finish is not None:  # settle everything: deltas add up to the final
+                        delta = parser.update(_completion_text(decoder.text, stops), final=True)
+                    else:
+                        delta = parser.update(decoder.text[: len(decoder.text) - stops.holdback(decoder.text)])
+                    yield _delta(step.token_ids, step.logprobs, delta, call_ids)
+                if stopped:
+                    break
+        finally:
+            if isinstance(steps, AsyncGenerator):  # the engine frees the request's slot on close
+                await steps.aclose()
+        parser.update(_completion_text(decoder.text, stops), final=True)
+        parsed = parser.result
+        finish = _finish_reason(engine_finish, stops.cut >= 0, parsed)
+        final = inference_pb2.GenerateFinal(
+            prompt_token_ids=prompt.ids,
+            completion_token_ids=ids,
+            completion_logprobs=logprobs,
+            finish_reason=finish,
+            message=_message(parsed, call_ids),
+            usage=common_pb2.Usage(
+                prompt_tokens=len(prompt.ids),
+                completion_tokens=len(ids),
+                continued_prompt_tokens=prompt.continued_tokens,
+            ),
+            policy_version=version or 0,
+            continuation_used=prompt.continuation_used,
+            tool_call_parse_error=parsed.parse_error,
+            matched_stop=stops.matched,
+            request_id=request_id,
+        )
+        _log.info(
+            "generate",
+            request_id=request_id,
+            prompt_tokens=len(prompt.ids),
+            completion_tokens=len(ids),
+            continued_tokens=prompt.continued_tokens,
+            finish=common_pb2.FinishReason.Name(finish),
+            policy_version=final.policy_version,
+            first_token_ms=round((first_token_s or 0.0) * 1e3, 2),
+            duration_ms=round((time.perf_counter() - started) * 1e3, 2),
+        )
+        yield inference_pb2.GenerateResponse(final=final)
+
+
+def _completion_text(text: str, stops: _Stops) -> str:
+    """The completion text the message is parsed from: cut before a matched stop sequence."""
+    return text[: stops.cut] if stops.cut >= 0 else text
+
+
+def _delta(
+    token_ids: tuple[int, ...], logprobs: tuple[float, ...], delta: AssistantDelta, call_ids: _CallIds
+) -> inference_pb2.GenerateResponse:
+    return inference_pb2.GenerateResponse(
+        delta=inference_pb2.GenerateDelta(
+            token_ids=token_ids,
+            logprobs=logprobs,
+            text=delta.text,
+            reasoning_text=delta.reasoning,
+            tool_calls=[
+                inference_pb2.ToolCallDelta(
+                    index=index, id=call_ids.get(index), name=call.name, arguments_delta=call.arguments_json
+                )
+                for index, call in delta.tool_calls
+            ],
+        )
+    )
+
+
+def _finish_reason(
+    engine_finish: str | None, stopped: bool, parsed: ParsedAssistant
+) -> common_pb2.FinishReason.ValueType:
+    if stopped:
+        return common_pb2.FINISH_REASON_STOP_SEQUENCE
+    if engine_finish == "length":
+        return common_pb2.FINISH_REASON_LENGTH
+    if parsed.tool_calls:
+        return common_pb2.FINISH_REASON_TOOL_CALLS
+    return common_pb2.FINISH_REASON_STOP
+
+
+def _message(parsed: ParsedAssistant, call_ids: _CallIds) -> common_pb2.ChatMessage:
+    message = common_pb2.ChatMessage(role=common_pb2.ROLE_ASSISTANT)
+    if parsed.reasoning:
+        message.content.add(reasoning=common_pb2.ReasoningPart(text=parsed.reasoning))
+    if parsed.text:
+        message.content.add(text=common_pb2.TextPart(text=parsed.text))
+    for index, call in enumerate(parsed.tool_calls):
+        message.tool_calls.add(id=call_ids.get(index), name=call.name, arguments_json=call.arguments_json)
+    return message

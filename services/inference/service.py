@@ -1,0 +1,122 @@
+"""The inference service's domain object: engine, tokenizer, chat template and policy versions, together.
+
+`InferenceService` answers the four RPCs with protobuf messages in and out (no grpc import): Generate via
+`Generation`, CountTokens via the chat template, UpdateWeights (one at a time: read the update, validate
+its tensors against the engine, swap, publish the version), and GetModelInfo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+from google.protobuf import timestamp_pb2
+
+from lodestar.errors import InvalidArgumentError, UnavailableError
+from lodestar.logging import get_logger
+from lodestar.v1 import common_pb2, inference_pb2
+from services.inference import engines
+from services.inference.engine import Engine, WeightUpdate
+from services.inference.generation import Generation
+from services.inference.settings import InferenceSettings
+from services.inference.templates import ChatTemplate
+from services.inference.tokenizer import TextTokenizer
+from services.inference.toolcalls import format_for
+from services.inference.weights import default_spool_dir, read_checkpoint_meta, receive_update
+
+_log = get_logger("inference")
+
+
+class InferenceService:
+    """See the module docstring."""
+
+    def __init__(self, settings: InferenceSettings, engine: Engine, template: ChatTemplate) -> None:
+        self._settings = settings
+        self._engine = engine
+        self.template = template
+        self.tool_format = format_for(settings.tool_call_format, template.tokenizer.chat_template)
+        self._generation = Generation(engine, template, self.tool_format, max_new_tokens=settings.max_new_tokens)
+        self._update_lock = asyncio.Lock()
+        self._published_at = timestamp_pb2.Timestamp()
+        self._ready = False
+
+    @classmethod
+    def create(cls, settings: InferenceSettings) -> InferenceService:
+        """Build (not start) the service for `settings` (the model directory is required)."""
+        if settings.model is None:
+            raise InvalidArgumentError("the inference service needs --model DIR (see `lodestar model init-tiny`)")
+        template = ChatTemplate(TextTokenizer.load(settings.model))
+        return cls(settings, engines.create(settings), template)
+
+    @property
+    def model_name(self) -> str:
+        if self._settings.model_name:
+            return self._settings.model_name
+        return self._settings.model.name if self._settings.model is not None else "model"
+
+    async def start(self) -> None:
+        await self._engine.start()
+        self._published_at.GetCurrentTime()
+        self._ready = True
+
+    async def close(self) -> None:
+        self._ready = False
+        await self._engine.close()
+
+    def _check_ready(self) -> None:
+        if not self._ready:
+            raise UnavailableError("the inference engine is starting")
+
+    def generate(self, request: inference_pb2.GenerateRequest) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        self._check_ready()
+        return self._generation.run(request)
+
+    async def count_tokens(self, request: inference_pb2.CountTokensRequest) -> inference_pb2.CountTokensResponse:
+        count = await asyncio.to_thread(self.template.count_tokens, request.messages, request.tools)
+        return inference_pb2.CountTokensResponse(prompt_tokens=count)
+
+    async def update_weights(
+        self, requests: AsyncIterator[inference_pb2.UpdateWeightsRequest]
+    ) -> inference_pb2.UpdateWeightsResponse:
+        self._check_ready()
+        spool = self._settings.weights_spool_dir or default_spool_dir()
+        path, requested, spooled = await receive_update(requests, spool)
+        try:
+            async with self._update_lock:
+                started = time.perf_counter()
+                files, tensors = read_checkpoint_meta(path)
+                self._engine.validate_weights(tensors)
+                current = self._engine.policy_version
+                version = requested or current + 1
+                if version <= current:
+                    raise InvalidArgumentError(
+                        f"policy version {version} is not newer than the served version {current}"
+                    )
+                update = WeightUpdate(path=path, tensors=tuple(tensors), version=version, files=tuple(files))
+                served = await self._engine.update_weights(update)
+                self._published_at.GetCurrentTime()
+                seconds = time.perf_counter() - started
+        finally:
+            if spooled:
+                await asyncio.to_thread(path.unlink, missing_ok=True)
+        _log.info("policy version published", policy_version=served, tensors=len(tensors), swap_seconds=seconds)
+        return inference_pb2.UpdateWeightsResponse(
+            policy_version=served, tensors_updated=len(tensors), swap_seconds=seconds
+        )
+
+    def model_info(self) -> inference_pb2.GetModelInfoResponse:
+        self._check_ready()
+        info = self._engine.info()
+        return inference_pb2.GetModelInfoResponse(
+            model_name=self.model_name,
+            backend=info.backend,
+            context_length=info.context_length,
+            max_new_tokens=self._settings.max_new_tokens,
+            vocab_size=info.vocab_size,
+            policy_version=common_pb2.PolicyVersion(
+                version=self._engine.policy_version, published_at=self._published_at
+            ),
+            tool_call_format=self.tool_format.name,
+            eos_token_ids=info.eos_token_ids,
+        )
