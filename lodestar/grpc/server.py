@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import grpc.aio
 import structlog
+from google.protobuf import descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -28,6 +29,30 @@ SERVER_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
 ]
+
+
+class _MethodAwarePool:
+    """The default descriptor pool, also resolving method names ("pkg.Service.Method") to their file.
+
+    protobuf's upb pool finds services and messages but not methods, so reflection answered NOT_FOUND
+    to `grpcurl describe pkg.Service.Method` (and to clients that look up a method before calling it).
+    """
+
+    def __init__(self, pool: descriptor_pool.DescriptorPool) -> None:
+        self._pool = pool
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+    def FindFileContainingSymbol(self, symbol: str) -> Any:
+        try:
+            return self._pool.FindFileContainingSymbol(symbol)
+        except KeyError:
+            service_name, _, method = symbol.rpartition(".")
+            service = self._pool.FindServiceByName(service_name)  # KeyError: not found either
+            if method not in service.methods_by_name:
+                raise
+            return service.file
 
 
 class GrpcServer:
@@ -57,7 +82,9 @@ class GrpcServer:
     async def start(self) -> int:
         """Bind and start serving (health NOT_SERVING); returns the bound port."""
         reflection.enable_server_reflection(
-            [*self._services, health.SERVICE_NAME, reflection.SERVICE_NAME], self._server
+            [*self._services, health.SERVICE_NAME, reflection.SERVICE_NAME],
+            self._server,
+            pool=_MethodAwarePool(descriptor_pool.Default()),
         )
         self.port = self._server.add_insecure_port(self._address)
         if self.port == 0:
