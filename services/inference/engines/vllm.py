@@ -4,7 +4,9 @@ The only module that imports vllm. It implements `services.inference.engine.Engi
 prompts go in as ids (no tokenizer in vLLM: templating and stop strings live above the engine), every
 sampled id comes back with its fp32 logprob under the processed distribution
 (`logprobs_mode="processed_logprobs"`: temperature, top-k, top-p applied, then log-softmax), streamed as
-DELTA outputs. Closing the generator aborts the vLLM request and frees its KV blocks.
+DELTA outputs. Closing the generator aborts the vLLM request and frees its KV blocks. Greedy requests
+(temperature 0) drop top-k/top-p, which cannot change an argmax: their logprob is the log-softmax of the
+raw logits whatever else shares the batch (vLLM filters a greedy row only inside a mixed batch).
 
 Weight updates happen in place, in the engine-core worker, through `WorkerExtension.lodestar_reload`:
 the engine writes the update (plus the current values of any member of a fused group it only partly
@@ -45,6 +47,7 @@ from services.inference.engine import (
     WeightUpdate,
 )
 from services.inference.settings import InferenceSettings
+from services.inference.tokenizer import TextTokenizer
 from services.inference.weights import check_tensors, read_checkpoint_meta, read_safetensors_meta
 
 log = get_logger("inference.vllm")
@@ -53,6 +56,8 @@ WORKER_EXTENSION = f"{__name__}.WorkerExtension"
 """Qualified name of the worker extension vLLM mixes into its worker (imported in the engine-core process)."""
 
 _FINISH: dict[str, EngineFinishReason] = {"stop": "stop", "length": "length"}
+_GREEDY_EPS = 1e-5
+"""Temperatures at or below this are greedy (vLLM's own threshold)."""
 
 
 class WorkerExtension:
@@ -91,21 +96,6 @@ class WorkerExtension:
                 if isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear"):
                     dispatch_cpu_unquantized_gemm(module, remove_weight=False)
         return count
-
-
-def _eos_token_ids(model_dir: Path, config: dict[str, Any]) -> tuple[int, ...]:
-    """End-of-turn ids: generation_config.json's eos_token_id (int or list), else config.json's."""
-    ids: list[int] = []
-    sources: list[Any] = []
-    generation = model_dir / "generation_config.json"
-    if generation.is_file():
-        sources.append(json.loads(generation.read_text()).get("eos_token_id"))
-    sources.append(config.get("eos_token_id"))
-    for source in sources:
-        for value in source if isinstance(source, list) else [source]:
-            if isinstance(value, int) and value not in ids:
-                ids.append(value)
-    return tuple(ids)
 
 
 def _group_key(name: str, packed_of: dict[str, str]) -> str:
@@ -159,7 +149,7 @@ class VllmEngine:
             backend="vllm",
             context_length=context,
             vocab_size=int(config["vocab_size"]),
-            eos_token_ids=_eos_token_ids(self._model_dir, config),
+            eos_token_ids=TextTokenizer.load(self._model_dir).eos_token_ids,
         )
         args = AsyncEngineArgs(
             model=str(self._model_dir),
@@ -222,13 +212,19 @@ class VllmEngine:
         prompt = list(request.prompt_ids)
         if len(prompt) >= info.context_length:
             raise InvalidArgumentError(f"prompt has {len(prompt)} tokens; the context length is {info.context_length}")
+        if not prompt:
+            raise InvalidArgumentError("the prompt is empty")
         sampling = request.sampling
+        greedy = sampling.temperature <= _GREEDY_EPS
         params = SamplingParams(
             n=1,
             max_tokens=max(1, min(sampling.max_tokens, info.context_length - len(prompt))),
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
+            # Greedy: vLLM skips top-k/top-p when a whole batch is greedy but applies them to a greedy row
+            # of a mixed batch, so the logprob would depend on the neighbours. Without filters (they never
+            # change an argmax) it is always the log-softmax of the raw logits.
+            temperature=0.0 if greedy else sampling.temperature,
+            top_p=1.0 if greedy else sampling.top_p,
+            top_k=0 if greedy else sampling.top_k,
             seed=sampling.seed,
             logprobs=0 if request.return_logprobs else None,
             stop_token_ids=list(info.eos_token_ids),
