@@ -1,23 +1,98 @@
-"""GatewayService server (skeleton until the gateway issue lands: every RPC answers UNIMPLEMENTED)."""
+"""A gateway node process: GatewayService (gRPC) and the vendor-API HTTP port on one event loop.
+
+`GatewayNode` wires the capture store, the session registry, the inference client, the proxy, the
+aiohttp application and the gRPC server; `serve` runs it until SIGTERM/SIGINT, then drains both ports.
+Without `--rollout` the node only proxies sessions opened through `OpenSession`; the harness-running
+lifecycle (rollout, etcd membership) is wired by the node issue.
+"""
 
 from __future__ import annotations
 
-from lodestar.grpc.server import GrpcServer, serve_until_terminated, service_name
-from lodestar.grpc.skeleton import unimplemented_servicer
+import os
+import socket
+
+from aiohttp import web
+
+from lodestar.grpc.server import GrpcServer, service_name
+from lodestar.logging import get_logger
 from lodestar.v1 import gateway_pb2, gateway_pb2_grpc
+from services.gateway.app import GatewayHttp
+from services.gateway.capture import CaptureStore
+from services.gateway.inference_client import GrpcInference
+from services.gateway.proxy import InferenceBackend, Proxy
+from services.gateway.servicer import GatewayServicer
+from services.gateway.sessions import SessionRegistry
 from services.gateway.settings import GatewaySettings
 
+_log = get_logger("gateway")
+CAPTURE_FILE = "capture.sqlite"
 
-def build_server(settings: GatewaySettings) -> GrpcServer:
-    server = GrpcServer("gateway", host=settings.host, port=settings.port, drain_seconds=settings.drain_seconds)
-    descriptor = gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"]
-    server.add_service(
-        gateway_pb2_grpc.add_GatewayServiceServicer_to_server,
-        unimplemented_servicer(gateway_pb2_grpc.GatewayServiceServicer, descriptor),
-        service_name(gateway_pb2.DESCRIPTOR, "GatewayService"),
-    )
-    return server
+
+class GatewayNode:
+    """Everything one gateway process serves."""
+
+    def __init__(self, settings: GatewaySettings, *, inference: InferenceBackend | None = None) -> None:
+        self.settings = settings
+        self.node_id = settings.node_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.inference_target = settings.inference
+        self._own_inference = inference is None
+        self.inference: InferenceBackend = inference or GrpcInference(
+            settings.inference, timeout_s=settings.request_timeout_s
+        )
+        self.store = CaptureStore(settings.data_dir / CAPTURE_FILE, synchronous=settings.capture_synchronous)
+        self.sessions = SessionRegistry(self.store)
+        self.proxy = Proxy(self.inference, self.store)
+        self.grpc = GrpcServer("gateway", host=settings.host, port=settings.port, drain_seconds=settings.drain_seconds)
+        self.grpc.add_service(
+            gateway_pb2_grpc.add_GatewayServiceServicer_to_server,
+            GatewayServicer(self, self.sessions, self.store, self.proxy),
+            service_name(gateway_pb2.DESCRIPTOR, "GatewayService"),
+        )
+        self._runner: web.AppRunner | None = None
+        self.http_port = 0
+
+    @property
+    def http_base_url(self) -> str:
+        return f"http://{self.settings.http_host}:{self.http_port}"
+
+    @property
+    def grpc_address(self) -> str:
+        return f"{self.settings.host}:{self.grpc.port}"
+
+    async def start(self) -> None:
+        """Open the store, bind both ports, report SERVING."""
+        await self.store.open()
+        await self.sessions.load()
+        http = GatewayHttp(self.proxy, self.sessions, max_body_bytes=self.settings.max_body_bytes)
+        self._runner = web.AppRunner(http.application(), handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.settings.http_host, self.settings.http_port)
+        await site.start()
+        self.http_port = self._runner.addresses[0][1]
+        await self.grpc.start()
+        await self.grpc.set_serving(True)
+        _log.info(
+            "gateway serving", node_id=self.node_id, grpc=self.grpc_address, http=self.http_base_url,
+            inference=self.inference_target, data_dir=str(self.settings.data_dir),
+        )  # fmt: skip
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain: stop taking calls, let running ones finish (up to the drain time), close the store."""
+        await self.grpc.stop(grace)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._own_inference and isinstance(self.inference, GrpcInference):
+            await self.inference.close()
+        await self.store.close()
 
 
 async def serve(settings: GatewaySettings) -> None:
-    await serve_until_terminated(build_server(settings))
+    if settings.rollout or settings.etcd:
+        _log.warning("rollout/etcd given: this build only proxies sessions opened with OpenSession")
+    node = GatewayNode(settings)
+    await node.start()
+    try:
+        await node.grpc.wait_for_termination()
+    finally:
+        await node.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from lodestar.settings import ServiceSettings
 
@@ -29,6 +30,9 @@ class GatewaySettings(ServiceSettings):
     """Largest accepted HTTP request body; larger ones get 413 in the dialect's shape."""
     request_timeout_s: float = 600.0
     """Longest one model call may take end to end."""
+    capture_synchronous: Literal["full", "normal", "off"] = "full"
+    """SQLite synchronous mode of the capture store: full = each commit is fsynced (survives power loss),
+    normal = survives a crash of the gateway process only."""
 
 
 SETTINGS = GatewaySettings

@@ -1,0 +1,77 @@
+"""GatewayService over gRPC (thin transport): sessions and captured calls of this node."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import grpc.aio
+
+from lodestar.errors import InvalidArgumentError
+from lodestar.v1 import gateway_pb2, gateway_pb2_grpc
+from services.gateway.capture import CaptureStore
+from services.gateway.proxy import Proxy
+from services.gateway.sessions import SessionRegistry
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class NodeInfo(Protocol):
+    node_id: str
+    inference_target: str
+
+    @property
+    def http_base_url(self) -> str: ...
+
+
+def _public(session: gateway_pb2.Session) -> gateway_pb2.Session:
+    """A session without its key (only OpenSession returns the key)."""
+    copy = gateway_pb2.Session()
+    copy.CopyFrom(session)
+    copy.session_key = ""
+    return copy
+
+
+def _session_id(value: str) -> str:
+    if not value:
+        raise InvalidArgumentError("session_id is required")
+    return value
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
+    def __init__(self, node: NodeInfo, sessions: SessionRegistry, store: CaptureStore, proxy: Proxy) -> None:
+        self._node = node
+        self._sessions = sessions
+        self._store = store
+        self._proxy = proxy
+
+    async def OpenSession(
+        self, request: gateway_pb2.OpenSessionRequest, context: Context
+    ) -> gateway_pb2.OpenSessionResponse:
+        entry = await self._sessions.open(run_id=request.run_id, labels=dict(request.labels))
+        return gateway_pb2.OpenSessionResponse(session=entry.session, http_base_url=self._node.http_base_url)
+
+    async def CloseSession(
+        self, request: gateway_pb2.CloseSessionRequest, context: Context
+    ) -> gateway_pb2.CloseSessionResponse:
+        entry = await self._sessions.close(_session_id(request.session_id))
+        self._proxy.chains.drop(entry.session_id)
+        return gateway_pb2.CloseSessionResponse(session=_public(entry.session))
+
+    async def GetSession(
+        self, request: gateway_pb2.GetSessionRequest, context: Context
+    ) -> gateway_pb2.GetSessionResponse:
+        entry = self._sessions.get(_session_id(request.session_id))
+        calls = await self._store.calls(entry.session_id)
+        return gateway_pb2.GetSessionResponse(session=_public(entry.session), calls=calls)
+
+    async def GetNodeStatus(
+        self, request: gateway_pb2.GetNodeStatusRequest, context: Context
+    ) -> gateway_pb2.GetNodeStatusResponse:
+        return gateway_pb2.GetNodeStatusResponse(
+            node_id=self._node.node_id,
+            http_base_url=self._node.http_base_url,
+            inference_target=self._node.inference_target,
+            capacity=0,
+            open_sessions=self._sessions.open_count,
+            calls_captured=self._proxy.calls_captured,
+        )

@@ -1,0 +1,114 @@
+"""Sessions of a gateway node: the API key a harness sends IS the session key.
+
+Sessions are created only by `open` (GatewayService.OpenSession, or the node lifecycle), persisted in the
+capture store before the key is handed out, and reloaded on restart. An unknown, missing or closed key is
+refused with UnauthenticatedError (401 in the caller's dialect).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from lodestar.errors import NotFoundError, UnauthenticatedError
+from lodestar.v1 import gateway_pb2
+from services.gateway.capture import CaptureStore
+
+KEY_PREFIX = "lsk-"
+
+
+@dataclass
+class SessionEntry:
+    """A session and its capture counter."""
+
+    session: gateway_pb2.Session
+    next_sequence: int = 0
+
+    @property
+    def session_id(self) -> str:
+        return self.session.session_id
+
+    @property
+    def is_open(self) -> bool:
+        return self.session.state == gateway_pb2.SESSION_STATE_OPEN
+
+    def take_sequence(self) -> int:
+        """The next sequence number (calls are numbered in the order they are captured)."""
+        sequence = self.next_sequence
+        self.next_sequence += 1
+        self.session.call_count = self.next_sequence
+        return sequence
+
+
+def timestamp_now() -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromNanoseconds(time.time_ns())
+    return stamp
+
+
+class SessionRegistry:
+    """All sessions of this node, by id and by key."""
+
+    def __init__(self, store: CaptureStore) -> None:
+        self._store = store
+        self._by_id: dict[str, SessionEntry] = {}
+        self._by_key: dict[str, SessionEntry] = {}
+
+    async def load(self) -> None:
+        for session, count in await self._store.sessions():
+            session.call_count = count
+            self._index(SessionEntry(session, count))
+
+    def _index(self, entry: SessionEntry) -> None:
+        self._by_id[entry.session_id] = entry
+        self._by_key[entry.session.session_key] = entry
+
+    async def open(self, *, run_id: str = "", labels: Mapping[str, str] | None = None) -> SessionEntry:
+        session = gateway_pb2.Session(
+            session_id=f"ses_{secrets.token_hex(8)}",
+            session_key=KEY_PREFIX + secrets.token_urlsafe(24),
+            state=gateway_pb2.SESSION_STATE_OPEN,
+            run_id=run_id,
+            labels=dict(labels or {}),
+            opened_at=timestamp_now(),
+        )
+        await self._store.put_session(session)
+        entry = SessionEntry(session)
+        self._index(entry)
+        return entry
+
+    async def close(self, session_id: str) -> SessionEntry:
+        entry = self.get(session_id)
+        if entry.is_open:
+            closed = gateway_pb2.Session()
+            closed.CopyFrom(entry.session)
+            closed.state = gateway_pb2.SESSION_STATE_CLOSED
+            closed.closed_at.CopyFrom(timestamp_now())
+            await self._store.put_session(closed)
+            entry.session = closed
+        return entry
+
+    def get(self, session_id: str) -> SessionEntry:
+        entry = self._by_id.get(session_id)
+        if entry is None:
+            raise NotFoundError(f"unknown session {session_id!r}")
+        return entry
+
+    def authenticate(self, key: str | None) -> SessionEntry:
+        """The open session whose key this is."""
+        if not key:
+            raise UnauthenticatedError("missing API key: send the lodestar session key as the API key")
+        entry = self._by_key.get(key)
+        if entry is None:
+            raise UnauthenticatedError("invalid API key: not a session key of this gateway")
+        if not entry.is_open:
+            raise UnauthenticatedError(f"session {entry.session_id} is closed")
+        return entry
+
+    @property
+    def open_count(self) -> int:
+        return sum(1 for entry in self._by_id.values() if entry.is_open)
