@@ -170,12 +170,12 @@ class EtcdClient:
             await lease.stop_keepalive("client closed")
         await self._client.close()
 
-    def _error(self, error: BaseException, what: str) -> errors.LodestarError:
+    def _error(self, error: BaseException, what: str, timeout: float | None = None) -> errors.LodestarError:
         if isinstance(error, errors.LodestarError):
             return error
         where = f"etcd {self.endpoint} ({what})"
         if isinstance(error, TimeoutError | aetcd.WatchTimeoutError | aetcd.ConnectionTimeoutError):
-            return errors.UnavailableError(f"{where}: no answer within {self.timeout:g} s")
+            return errors.UnavailableError(f"{where}: no answer within {timeout or self.timeout:g} s")
         if isinstance(error, aetcd.RevisionCompactedError):
             return WatchCompactedError(f"{where}: {error}", error.compacted_revision)
         cause = error.__cause__ if isinstance(error, aetcd.ClientError) else error
@@ -186,11 +186,12 @@ class EtcdClient:
 
     async def _call(self, what: str, operation: Awaitable[T], timeout: float | None = None) -> T:
         """Await one client operation under the timeout, mapping its failures to lodestar errors."""
+        limit = self.timeout if timeout is None else timeout
         try:
-            async with asyncio.timeout(self.timeout if timeout is None else timeout):
+            async with asyncio.timeout(limit):
                 return await operation
         except (aetcd.ClientError, grpc.aio.AioRpcError, TimeoutError) as error:
-            raise self._error(error, what) from error
+            raise self._error(error, what, limit) from error
 
     async def ping(self) -> str:
         """The server's version; UnavailableError when etcd does not answer."""
@@ -243,7 +244,7 @@ class EtcdClient:
         )
         if succeeded:
             response = responses[0]
-            header = (response.response_put or response.response_delete_range).header
+            header = getattr(response, response.WhichOneof("response")).header
             return TxnResult(succeeded=True, current=None, revision=int(header.revision))
         found = responses[0] if responses else []
         if not found:
@@ -299,8 +300,9 @@ class EtcdClient:
         """A new lease of `ttl` seconds (etcd may raise it to its minimum), kept alive unless told not to."""
         if ttl < 1:
             raise errors.InvalidArgumentError(f"lease ttl must be at least 1 s, got {ttl}")
+        requested_at = time.monotonic()
         raw = await self._call("grant lease", self._client.lease(ttl))
-        lease = Lease(self, int(raw.id), int(raw.ttl))
+        lease = Lease(self, int(raw.id), int(raw.ttl), expires_at=requested_at + int(raw.ttl))
         if keepalive:
             lease.start_keepalive()
         return lease
@@ -387,14 +389,19 @@ class Watch:
 
 
 class Lease:
-    """A granted lease. One background task refreshes it every TTL/3; when refreshes keep failing for a
-    whole TTL, or etcd reports it expired, the lease is *lost*: `is_lost` turns true and `wait_lost()`
-    returns the reason. Keys put with a lost lease are gone (or about to be)."""
+    """A granted lease. One background task refreshes it every TTL/3. When no refresh has been answered
+    by the time etcd could expire it, or etcd reports it gone, the lease is *lost*: `is_lost` turns true
+    and `wait_lost()` returns why. Keys put with a lost lease are gone (or about to be), so an owner
+    must stop acting on them. `stop_keepalive()`, `revoke()` and closing the client also mark it lost.
+    As an async context manager it is revoked on exit."""
 
-    def __init__(self, client: EtcdClient, lease_id: int, ttl: int) -> None:
+    def __init__(self, client: EtcdClient, lease_id: int, ttl: int, *, expires_at: float) -> None:
         self._client = client
         self.id = lease_id
         self.ttl = ttl
+        # When etcd may expire it at the earliest: a TTL after the last answered request was *sent*,
+        # so this side never believes in a lease that etcd has already ended.
+        self._expires_at = expires_at
         self._lost = asyncio.Event()
         self._reason = ""
         self._task: asyncio.Task[None] | None = None
@@ -416,6 +423,7 @@ class Lease:
         return self._reason
 
     def _mark_lost(self, reason: str, *, deliberate: bool = False) -> None:
+        self._client._leases.discard(self)
         if not self._lost.is_set():
             self._reason = reason
             self._lost.set()
@@ -454,17 +462,19 @@ class Lease:
 
     async def _keepalive(self) -> None:
         interval = max(self.ttl / 3, 0.1)
-        last_ok = time.monotonic()
-        delay = interval
+        delay, last_error = interval, ""
         while True:
             await asyncio.sleep(delay)
+            sent_at = time.monotonic()
+            if sent_at >= self._expires_at:
+                self._mark_lost(f"no keepalive answer within its {self.ttl} s TTL: {last_error}")
+                return
+            timeout = min(self._client.timeout, interval, self._expires_at - sent_at)
             try:
-                remaining = await self._client._refresh(self.id, timeout=min(self._client.timeout, interval))
+                remaining = await self._client._refresh(self.id, timeout=timeout)
             except errors.LodestarError as error:
-                if time.monotonic() - last_ok >= self.ttl:
-                    self._mark_lost(f"no keepalive answer for {self.ttl} s: {error.message}")
-                    return
-                delay = min(interval, 0.5)
+                last_error = error.message
+                delay = min(0.5, max(self._expires_at - time.monotonic(), 0.0))
                 continue
             except Exception as error:  # a bug must not leave an unrefreshed lease that looks alive
                 self._mark_lost(f"keepalive crashed: {type(error).__name__}")
@@ -472,7 +482,7 @@ class Lease:
             if remaining <= 0:
                 self._mark_lost("expired (etcd no longer knows it)")
                 return
-            last_ok, delay = time.monotonic(), interval
+            self._expires_at, delay = sent_at + remaining, interval
 
 
 __all__ = [

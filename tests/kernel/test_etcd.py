@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 
 import pytest
@@ -58,7 +59,12 @@ async def test_lease_keys_survive_with_keepalive_and_vanish_without(etcd: EtcdCl
     await etcd.put(etcd_prefix + "dropped", "x", lease=dropped)
     assert (await etcd.get(etcd_prefix + "kept")).lease_id == kept.id  # type: ignore[union-attr]
 
+    started_before, _ = keepalive_streams(etcd.endpoint)
     await asyncio.sleep(kept.ttl + 1.5)  # well past the TTL: only the refreshed lease holds its key
+    started_after, handled_after = keepalive_streams(etcd.endpoint)
+    refreshes = started_after - started_before
+    assert 3 <= refreshes <= 8  # about every TTL/3, not a flood
+    assert started_after - handled_after <= 1  # each refresh's stream was closed (one may be in flight)
     assert await etcd.get(etcd_prefix + "kept") is not None
     assert await etcd.get(etcd_prefix + "dropped") is None
     assert not kept.is_lost
@@ -67,6 +73,22 @@ async def test_lease_keys_survive_with_keepalive_and_vanish_without(etcd: EtcdCl
     assert kept.is_lost
     waited = await eventually(lambda: _absent(etcd, etcd_prefix + "kept"), timeout=kept.ttl + 2.5)
     assert waited > 0.5  # it expired by TTL, not at once
+
+
+def keepalive_streams(endpoint: str) -> tuple[int, int]:
+    """LeaseKeepAlive streams etcd has started and finished so far (from its Prometheus metrics)."""
+    with urllib.request.urlopen(f"{endpoint}/metrics", timeout=5) as reply:
+        metrics = reply.read().decode()
+    started = handled = 0
+    for line in metrics.splitlines():
+        if 'grpc_method="LeaseKeepAlive"' not in line or line.startswith("#"):
+            continue
+        value = int(float(line.rsplit(" ", 1)[1]))
+        if line.startswith("grpc_server_started_total"):
+            started += value
+        elif line.startswith("grpc_server_handled_total"):
+            handled += value
+    return started, handled
 
 
 async def _absent(etcd: EtcdClient, key: str) -> bool:
@@ -102,7 +124,9 @@ async def test_keepalive_reports_loss_when_etcd_goes_away(private_etcd) -> None:
         started = time.monotonic()
         reason = await asyncio.wait_for(lease.wait_lost(), timeout=lease.ttl + 2)
         assert "no keepalive answer" in reason
-        assert lease.ttl - 0.5 <= time.monotonic() - started <= lease.ttl + 1.5
+        # Declared a TTL after the last answered refresh was sent (up to TTL/3 before etcd went away):
+        # never later than etcd itself could have expired it.
+        assert lease.ttl * 2 / 3 - 0.2 <= time.monotonic() - started <= lease.ttl + 0.3
 
 
 async def collect(watch, count: int) -> list[WatchEvent]:
@@ -233,7 +257,9 @@ async def test_compare_and_swap_and_delete(etcd: EtcdClient, etcd_prefix: str) -
     assert swapped.revision > current.mod_revision
 
     assert not (await etcd.compare_and_delete(key, expected_value="v2")).succeeded
-    assert (await etcd.compare_and_delete(key, expected_value="v3")).succeeded
+    deleted = await etcd.compare_and_delete(key, expected_value="v3")
+    assert deleted.succeeded
+    assert deleted.revision > swapped.revision
     assert await etcd.get(key) is None
 
     with pytest.raises(errors.InvalidArgumentError, match="exactly one"):
