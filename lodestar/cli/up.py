@@ -27,9 +27,7 @@ _console = Console(stderr=True)
 def _service_specs(args: argparse.Namespace, data_dir: Path, etcd_url: str) -> list[ServiceSpec]:
     ports = {name: free_port() for name in ("inference", "rollout", "gateway", "trainer")}
     http_port = args.http_port or free_port()
-    inference_args = ["--backend", args.backend]
-    if args.model is not None:
-        inference_args += ["--model", str(args.model)]
+    inference_args = ["--backend", args.backend, "--model", str(args.model or data_dir / "tiny-model")]
     return [
         ServiceSpec("inference", ports["inference"], inference_args),
         ServiceSpec(
@@ -69,6 +67,27 @@ def _service_specs(args: argparse.Namespace, data_dir: Path, etcd_url: str) -> l
     ]
 
 
+async def _ensure_tiny_model(directory: Path) -> None:
+    """Build the offline tiny model once (`lodestar model init-tiny`), so `up` needs no model to start."""
+    if (directory / "config.json").exists():
+        return
+    with _console.status(f"building the tiny model into {directory}"):
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "lodestar.cli.main",
+            "model",
+            "init-tiny",
+            "--force",
+            str(directory),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        output, _ = await asyncio.wait_for(process.communicate(), timeout=300)
+    if process.returncode != 0:
+        raise UnavailableError(f"building the tiny model failed: {output.decode(errors='replace')[-2000:]}")
+
+
 def _print_addresses(cluster: LocalCluster) -> None:
     table = Table(title="lodestar is up", show_lines=False)
     table.add_column("service")
@@ -93,6 +112,8 @@ async def _up(args: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
+        if args.model is None:
+            await _ensure_tiny_model(data_dir / "tiny-model")
         with _console.status("starting etcd"):
             await cluster.start_etcd(timeout=args.timeout)
         specs = _service_specs(args, data_dir, cluster.etcd_url)
@@ -126,14 +147,12 @@ def _handle(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("up", help="run a local etcd and all four services on loopback")
     parser.add_argument("--data-dir", type=Path, default=Path(".lodestar/up"), help="state and logs")
-    parser.add_argument("--backend", default="scripted", choices=["transformers", "vllm", "scripted"])
-    parser.add_argument("--model", type=Path, default=None, help="model directory for the inference service")
+    parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm", "scripted"])
+    parser.add_argument(
+        "--model", type=Path, default=None, help="model directory to serve (default: build the offline tiny model)"
+    )
     parser.add_argument("--http-port", type=int, default=0, help="gateway vendor-API port (0: free port)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each start")
     parser.add_argument("--max-restarts", type=int, default=3, help="restarts per crashed service")
     parser.add_argument("--check", action="store_true", help="exit after the self-check passes")
     parser.set_defaults(handler=_handle)
-
-
-if __name__ == "__main__":
-    sys.exit(1)
