@@ -137,6 +137,14 @@ class Generation:
                     yield _delta(step.token_ids, step.logprobs, delta, call_ids)
                 if stopped:
                     break
+        except BaseException as error:  # client gone (CancelledError / GeneratorExit) or engine failure
+            _log.info(
+                "generate cancelled",
+                request_id=request_id,
+                completion_tokens=len(ids),
+                reason=type(error).__name__,
+            )
+            raise
         finally:
             if isinstance(steps, AsyncGenerator):  # the engine frees the request's slot on close
                 await steps.aclose()
