@@ -10,6 +10,7 @@ are returned only when `thinkingConfig.includeThoughts` is set, as the Gemini AP
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,6 @@ from services.gateway.dialects.base import JsonObject, Route
 from services.gateway.dialects.common import (
     arguments_object,
     arguments_text,
-    encode_reasoning,
     image_from_base64,
     image_from_url,
     tool_definition,
@@ -111,7 +111,7 @@ def response_parts(message: common_pb2.ChatMessage, include_thoughts: bool) -> l
 
 def _call_part(call_id: str, name: str, arguments: str) -> JsonObject:
     return {"functionCall": {"id": call_id, "name": name, "args": arguments_object(arguments)},
-            "thoughtSignature": encode_reasoning(call_id)}  # fmt: skip
+            "thoughtSignature": base64.b64encode(call_id.encode()).decode()}  # fmt: skip
 
 
 def _usage(final: inference_pb2.GenerateFinal) -> JsonObject:
