@@ -39,7 +39,7 @@ async def test_failover_when_the_leaders_lease_is_revoked(two_clients, etcd_pref
     await lease_a.revoke()  # the leader's process ends its lease (or etcd expires it)
     started = time.monotonic()
     leadership_b = await asyncio.wait_for(campaign_b, timeout=5)
-    assert time.monotonic() - started < 1.0  # a watch, not a poll
+    assert time.monotonic() - started < 2.0  # woken by the watch, well before any TTL
     assert leadership_b.lease is lease_b
     leader = await election_a.leader()
     assert leader is not None

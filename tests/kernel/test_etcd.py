@@ -126,7 +126,7 @@ async def test_keepalive_reports_loss_when_etcd_goes_away(private_etcd) -> None:
         assert "no keepalive answer" in reason
         # Declared a TTL after the last answered refresh was sent (up to TTL/3 before etcd went away):
         # never later than etcd itself could have expired it.
-        assert lease.ttl * 2 / 3 - 0.2 <= time.monotonic() - started <= lease.ttl + 0.3
+        assert lease.ttl * 2 / 3 - 0.2 <= time.monotonic() - started <= lease.ttl + 1.0
 
 
 async def collect(watch, count: int) -> list[WatchEvent]:
