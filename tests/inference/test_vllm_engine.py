@@ -10,7 +10,8 @@ transformers teacher-forcing pass with the same weights:
 - a request in flight during an update finishes on the old weights and reports the old version; one
   submitted during the swap starts on the new version;
 - a greedy request with top-p set returns the raw log-softmax logprob even alone in the batch;
-- cancelling (aclose) frees the request inside vLLM; a bad update is refused and changes nothing;
+- cancelling (aclose) frees the request inside vLLM; a bad update is refused and changes nothing; a
+  reload that fails half-way is rolled back to the weights served before it;
 - close() with a request running ends it with UNAVAILABLE and removes the /dev/shm spool.
 """
 
@@ -109,6 +110,12 @@ async def probe(model: Path, work: Path) -> dict[str, Any]:
     out["bad_errors"] = errors
     out["after_bad"] = await _collect(engine, "after-bad", 24, **SAMPLED)
     out["version_after_bad"] = engine.policy_version
+    try:  # a reload that fails half-way (bypassing validation) is rolled back to the current weights
+        await engine._reload(work / "half.safetensors")
+        out["half_error"] = "none"
+    except Exception as error:
+        out["half_error"] = f"{type(error).__name__}: {error}"
+    out["after_half"] = await _collect(engine, "after-half", 24, **SAMPLED)
 
     running = engine.generate(EngineRequest("closing", tuple(PROMPT), SamplingOptions(max_tokens=30000, seed=4)))
     await running.__anext__()
@@ -176,6 +183,8 @@ def test_vllm_engine_inprocess(tmp_path: Path) -> None:
     }
     save_file({k: v.contiguous() for k, v in partial.items()}, str(tmp_path / "partial.safetensors"))
     save_file({"model.norm.weight": torch.ones(65)}, str(tmp_path / "bad.safetensors"))
+    half = {"model.embed_tokens.weight": state["model.embed_tokens.weight"] * -1.0, "model.norm.weight": torch.ones(65)}
+    save_file(half, str(tmp_path / "half.safetensors"))
 
     result_file = tmp_path / "probe.json"
     run = subprocess.run(
@@ -204,10 +213,11 @@ def test_vllm_engine_inprocess(tmp_path: Path) -> None:
             model.get_parameter(name).copy_(tensor)
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     assert got["swap_version"] == 5
-    for phase in ("late", "after", "after_bad"):
+    for phase in ("late", "after", "after_bad", "after_half"):
         assert got[phase]["versions"] == [5], phase
         assert _max_diff(got[phase]["logprobs"], _teacher(model, got[phase]["ids"], temperature, top_p, top_k)) < 1e-4
-    assert got["after"]["ids"] == got["after_bad"]["ids"]
+    assert got["after"]["ids"] == got["after_bad"]["ids"] == got["after_half"]["ids"]
+    assert got["half_error"].startswith("InvalidArgumentError"), got["half_error"]
     assert got["after"]["ids"] != got["before"]["ids"]
 
     assert len(got["bad_errors"]) == 2
