@@ -86,16 +86,40 @@ class WorkerExtension:
                     yield name, handle.get_tensor(name)
 
         worker: Any = self
-        worker.reload_weights(weights_iterator=tensors())
-        if current_platform.is_cpu():
-            # The CPU build computes logits with a gemm prepared from the embedding weights at load time;
-            # with tied embeddings the reload leaves it on the old values unless it is prepared again.
-            from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+        model = self.model_runner.get_model()
+        try:
+            worker.reload_weights(weights_iterator=tensors())
+        except Exception:
+            _abandon_reload(model, self.model_runner.vllm_config.model_config)
+            raise
+        finally:
+            if current_platform.is_cpu():
+                # The CPU build computes logits with a gemm prepared from the embedding weights at load
+                # time; with tied embeddings a reload leaves it on the old values unless prepared again.
+                from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
-            for module in self.model_runner.get_model().modules():
-                if isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear"):
-                    dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+                for module in model.modules():
+                    if isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear"):
+                        dispatch_cpu_unquantized_gemm(module, remove_weight=False)
         return count
+
+
+def _abandon_reload(model: Any, model_config: Any) -> None:
+    """After a reload failed half-way: put every layer not fully reloaded back on its kernel tensors.
+
+    vLLM's layerwise reload moves each layer to the meta device until all its weights arrived; an
+    exception leaves those layers there and the next forward pass kills the engine. Dropping their
+    buffered loads and finalizing restores their previous tensors (layers already reloaded keep the new
+    values: the caller then reloads the current weights in full).
+    """
+    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO, finalize_layerwise_reload
+
+    for layer in model.modules():
+        info = LAYERWISE_INFO.get(layer)
+        if info is not None and info.can_load():
+            info.loaded_weights = []
+            info.load_numel = 0
+    finalize_layerwise_reload(model, model_config)
 
 
 def _group_key(name: str, packed_of: dict[str, str]) -> str:
@@ -205,6 +229,7 @@ class VllmEngine:
         from vllm.inputs import tokens_input
         from vllm.outputs import RequestOutput
         from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.exceptions import EngineDeadError
 
         info = self.info()
         if self._closed or self._llm is None:
@@ -251,7 +276,11 @@ class VllmEngine:
         finished = False
         try:
             while not finished:
-                out = queue.get_nowait() or await queue.get()
+                try:
+                    out = queue.get_nowait() or await queue.get()
+                except EngineDeadError as error:
+                    finished = True  # nothing left to abort
+                    raise UnavailableError("the vllm engine died; restart the inference server") from error
                 if not isinstance(out, RequestOutput):
                     continue
                 finished = out.finished
@@ -325,7 +354,9 @@ class VllmEngine:
                 await self._llm.collective_rpc("lodestar_reload", kwargs={"path": str(restore)})
             finally:
                 restore.unlink(missing_ok=True)
-            raise InvalidArgumentError(f"weight update could not be loaded ({error}); weights unchanged") from error
+            raise InvalidArgumentError(
+                "vLLM could not load the weight update; the previous weights keep serving"
+            ) from error
 
     def _write_reload_file(self, update: WeightUpdate, path: Path) -> list[str]:
         """Write the update plus the rest of every fused group it touches; return the names written."""
