@@ -12,10 +12,10 @@ import sys
 from collections.abc import Sequence
 
 from lodestar import __version__
-from lodestar.cli import health, model, services, up
+from lodestar.cli import health, model, services, session, up
 from lodestar.errors import LodestarError
 
-COMMAND_GROUPS = (services, up, health, model)
+COMMAND_GROUPS = (services, up, health, model, session)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -133,8 +133,14 @@ class GatewayStack:
         if self._channel is not None:
             self._channel.close()
             self._channel = None
-        self.node = GatewayNode(self.node.settings)
-        self._run(self.node.start())
+        settings = self.node.settings
+
+        async def start() -> GatewayNode:
+            node = GatewayNode(settings)  # grpc.aio servers must be built on the loop that runs them
+            await node.start()
+            return node
+
+        self.node = self._run(start())
 
     # Addresses -----------------------------------------------------------------------------------------
 

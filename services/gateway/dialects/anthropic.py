@@ -98,9 +98,9 @@ class AnthropicMessages:
 
     def error(self, error: LodestarError) -> tuple[int, JsonObject]:
         status = http_status(error)
+        kind = _ERROR_TYPES.get(status, "api_error")
         if status == 503:
             status = 529  # Anthropic's "overloaded": Claude Code and the SDK retry it
-        kind = _ERROR_TYPES.get(status, "api_error")
         return status, {"type": "error", "error": {"type": kind, "message": error.message}}
 
 

@@ -65,8 +65,11 @@ class GoogleGenerateContent:
     name = "google"
 
     def parse(self, body: Any, route: Route, *, count_tokens: bool = False) -> CanonicalRequest:
-        body = camel(f.expect_object(body, "body"))
-        f.check_fields(body, FIELDS)
+        raw = f.expect_object(body, "body")
+        for key in raw:
+            if _camel_key(key) not in FIELDS:
+                raise f.fail(key, "unknown field (not part of this API)")
+        body = camel(raw)
         if (nested := body.get("generateContentRequest")) is not None:  # countTokens wraps the request
             body = camel(f.expect_object(nested, "generateContentRequest"))
         model = (route.model or f.string(body, "model") or "").removeprefix("models/")

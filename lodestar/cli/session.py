@@ -1,0 +1,100 @@
+"""`lodestar session {open,close,show} --gateway HOST:PORT`: sessions of a gateway node.
+
+`open` prints the session key (the API key a harness must send) on stdout — alone, so scripts can do
+`KEY=$(lodestar session open --gateway ...)` — and the session id and the vendor-API base URL on stderr
+(`--json` prints all of it as one JSON object instead). `close` refuses the key from then on; `show`
+prints the session and a one-line summary of each captured call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import grpc
+
+from lodestar.errors import InvalidArgumentError
+from lodestar.grpc.errors import error_from_rpc
+from lodestar.v1 import gateway_pb2, gateway_pb2_grpc
+
+
+def _labels(pairs: list[str]) -> dict[str, str]:
+    labels = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InvalidArgumentError(f"--label takes KEY=VALUE, got {pair!r}")
+        labels[key] = value
+    return labels
+
+
+def _stub(args: argparse.Namespace) -> tuple[grpc.Channel, gateway_pb2_grpc.GatewayServiceStub]:
+    channel = grpc.insecure_channel(args.gateway)
+    return channel, gateway_pb2_grpc.GatewayServiceStub(channel)
+
+
+def _open(args: argparse.Namespace) -> int:
+    request = gateway_pb2.OpenSessionRequest(run_id=args.run_id, labels=_labels(args.label))
+    channel, stub = _stub(args)
+    with channel:
+        try:
+            reply = stub.OpenSession(request, timeout=args.timeout)
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None  # type: ignore[arg-type]
+    session = reply.session
+    if args.json:
+        print(json.dumps({"session_id": session.session_id, "session_key": session.session_key,
+                          "http_base_url": reply.http_base_url}))  # fmt: skip
+    else:
+        print(session.session_key)
+        print(f"session {session.session_id} open; vendor API at {reply.http_base_url}", file=sys.stderr)
+    return 0
+
+
+def _close(args: argparse.Namespace) -> int:
+    channel, stub = _stub(args)
+    with channel:
+        try:
+            reply = stub.CloseSession(gateway_pb2.CloseSessionRequest(session_id=args.session_id), timeout=args.timeout)
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None  # type: ignore[arg-type]
+    print(f"session {reply.session.session_id} closed after {reply.session.call_count} calls")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    channel, stub = _stub(args)
+    with channel:
+        try:
+            reply = stub.GetSession(gateway_pb2.GetSessionRequest(session_id=args.session_id), timeout=args.timeout)
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None  # type: ignore[arg-type]
+    session = reply.session
+    state = gateway_pb2.SessionState.Name(session.state).removeprefix("SESSION_STATE_").lower()
+    print(f"session {session.session_id} ({state}), {len(reply.calls)} calls")
+    for call in reply.calls:
+        print(
+            f"  #{call.sequence} prompt={len(call.prompt_token_ids)} sampled={len(call.completion_token_ids)} "
+            f"continued_from={call.continued_from_sequence} policy={call.policy_version}"
+        )
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    group = subparsers.add_parser("session", help="open, close or inspect gateway sessions")
+    commands = group.add_subparsers(dest="session_command", required=True, metavar="COMMAND")
+    opener = commands.add_parser("open", help="open a session and print its key (the harness's API key)")
+    opener.add_argument("--run-id", default="", help="run to file the session under")
+    opener.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="label (repeatable)")
+    opener.add_argument("--json", action="store_true", help="print id, key and base URL as JSON")
+    opener.set_defaults(handler=_open)
+    closer = commands.add_parser("close", help="close a session (its key is refused from then on)")
+    closer.add_argument("session_id")
+    closer.set_defaults(handler=_close)
+    shower = commands.add_parser("show", help="print a session and its captured calls")
+    shower.add_argument("session_id")
+    shower.set_defaults(handler=_show)
+    for command in (opener, closer, shower):
+        command.add_argument("--gateway", required=True, metavar="HOST:PORT", help="GatewayService address")
+        command.add_argument("--timeout", type=float, default=10.0)
