@@ -284,7 +284,7 @@ def test_pi_models_json(tmp_path, api):
     }[api]
     assert provider["api"] == api
     assert provider["baseUrl"] == expected_base
-    assert provider["apiKey"] == "sk-test-session"
+    assert inv.env[provider["apiKey"]] == "sk-test-session"
     assert provider["models"][0]["id"] == "tiny"
     assert json.loads((agent_dir / "settings.json").read_text())["enableInstallTelemetry"] is False
     assert {inv.env[k] for k in ("PI_OFFLINE", "PI_SKIP_VERSION_CHECK")} == {"1"}

@@ -2,7 +2,8 @@
 
 One adapter per API: `openai-completions` and `openai-responses` (base URL .../v1),
 `anthropic-messages` (base URL without /v1: the SDK appends it), `google-generative-ai` (.../v1beta).
-A bad stream fails SILENTLY (rc 0, no output): check stdout and the captured calls. Its shell tool is
+The session key travels in an environment variable named by
+`apiKey`. A bad stream fails SILENTLY (rc 0, no output): check stdout and the captured calls. Its shell tool is
 `bash`.
 """
 
@@ -21,6 +22,9 @@ PI_APIS: tuple[PiApi, ...] = (
     "google-generative-ai",
 )
 PROVIDER = "lodestar"
+KEY_VARIABLE = "LODESTAR_SESSION_KEY"
+"""models.json names this variable instead of holding the key: Pi resolves an `apiKey` as a shell command
+when it starts with "!", else as an environment variable name, else as a literal."""
 
 _BASE_PATH: dict[PiApi, str] = {
     "openai-completions": "/v1",
@@ -36,7 +40,7 @@ def models_json(endpoint: GatewayEndpoint, api: PiApi) -> dict[str, object]:
             PROVIDER: {
                 "baseUrl": endpoint.root + _BASE_PATH[api],
                 "api": api,
-                "apiKey": endpoint.session_key,
+                "apiKey": KEY_VARIABLE,
                 "models": [{"id": endpoint.model, "reasoning": False, "input": ["text"]}],
             }
         }
@@ -63,6 +67,7 @@ class Pi(Harness):
                 "PI_SKIP_VERSION_CHECK": "1",
                 "PI_TELEMETRY": "0",
                 "PI_CODING_AGENT_DIR": str(agent_dir),
+                KEY_VARIABLE: endpoint.session_key,
             },
         )
         argv = [str(self.binary), "--provider", PROVIDER, "--model", endpoint.model, "-p", prompt]
