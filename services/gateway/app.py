@@ -240,6 +240,8 @@ class GatewayHttp:
                     await response.write(chunk)
         except LodestarError as error:
             await response.write(renderer.error(error))
+        except ConnectionResetError:
+            return response, None  # the client went away; closing `events` cancels the generation
         except Exception:
             _log.exception("unhandled error while streaming", path=request.path)
             await response.write(renderer.error(InternalError("internal error in the gateway (see its log)")))
