@@ -124,6 +124,28 @@ async def test_without_isolation_the_run_still_works(tmp_path, http_server):
     assert "chunk0;chunk1;chunk2;" in result.stdout
 
 
+async def test_unusable_unshare_falls_back_to_a_plain_run(tmp_path, http_server, monkeypatch):
+    launcher = Launcher(isolate_network=True)
+    monkeypatch.setattr(launcher.isolation, "unshare_argv", lambda: ["false", "--"])
+    harness = Command([PY, "-c", FETCH])
+    result = await launcher.run(
+        harness.prepare(RunDirs.under(tmp_path), _endpoint(http_server), "hi"), http_server, timeout_s=30
+    )
+    assert not result.isolated
+    assert result.ok, result.stderr
+    assert "chunk0;chunk1;chunk2;" in result.stdout
+
+
+async def test_missing_program_is_a_failed_precondition(tmp_path, http_server):
+    from lodestar.errors import FailedPreconditionError
+
+    harness = Command([str(tmp_path / "no-such-harness")])
+    with pytest.raises(FailedPreconditionError, match="cannot start"):
+        await Launcher(isolate_network=False).run(
+            harness.prepare(RunDirs.under(tmp_path), _endpoint(http_server), "hi"), http_server, timeout_s=30
+        )
+
+
 async def test_stdin_is_devnull_and_environment_is_clean(tmp_path, http_server, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-real-key-must-not-leak")
     monkeypatch.setenv("LODESTAR_TEST_PARENT_ONLY", "1")
