@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,10 +153,3 @@ def _path_with_node(bin_dir: Path) -> str:
 def toml_string(value: str) -> str:
     """A TOML basic string (JSON string escapes are valid TOML basic-string escapes)."""
     return json.dumps(value)
-
-
-def argv_of(binary: Path, *args: str | Sequence[str]) -> list[str]:
-    out = [str(binary)]
-    for arg in args:
-        out.extend([arg] if isinstance(arg, str) else list(arg))
-    return out

@@ -33,8 +33,6 @@ def config_toml(endpoint: GatewayEndpoint) -> str:
             f"base_url = {toml_string(endpoint.root + '/v1')}",
             f'env_key = "{KEY_VARIABLE}"',
             'wire_api = "responses"',
-            "request_max_retries = 1",
-            "stream_max_retries = 1",
             "",
             "[analytics]",
             "enabled = false",
