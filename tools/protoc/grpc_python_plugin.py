@@ -9,8 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from google.protobuf.compiler import plugin_pb2
 from google.protobuf import descriptor_pb2
+from google.protobuf.compiler import plugin_pb2
 from grpc_tools import protoc
 
 
@@ -20,9 +20,7 @@ def main() -> None:
     response.supported_features = plugin_pb2.CodeGeneratorResponse.FEATURE_PROTO3_OPTIONAL
     with tempfile.TemporaryDirectory() as tmp:
         descriptor_set = Path(tmp) / "set.pb"
-        descriptor_set.write_bytes(
-            descriptor_pb2.FileDescriptorSet(file=request.proto_file).SerializeToString()
-        )
+        descriptor_set.write_bytes(descriptor_pb2.FileDescriptorSet(file=request.proto_file).SerializeToString())
         out = Path(tmp) / "out"
         out.mkdir()
         args = ["protoc", f"--descriptor_set_in={descriptor_set}", f"--grpc_python_out={out}"]
