@@ -10,6 +10,7 @@ stream, which frees the engine slot.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -94,8 +95,13 @@ class Generation:
         request_id = request.request_id or f"gen-{uuid.uuid4().hex[:16]}"
         continuation = request.continuation if request.HasField("continuation") else None
         thinking = request.enable_thinking if request.HasField("enable_thinking") else None
-        prompt = self._template.prompt(
-            request.messages, request.tools, enable_thinking=thinking, continuation=continuation
+        # Rendering and tokenizing a long harness prompt takes milliseconds: keep the event loop free.
+        prompt = await asyncio.to_thread(
+            self._template.prompt,
+            request.messages,
+            request.tools,
+            enable_thinking=thinking,
+            continuation=continuation,
         )
         context = self._engine.info().context_length
         if len(prompt.ids) >= context:

@@ -144,6 +144,18 @@ async def test_concurrent_requests_are_each_exact(stub, teacher) -> None:
         assert (expected - torch.tensor(list(final.completion_logprobs))).abs().max().item() < 1e-4
 
 
+async def test_long_seeded_prompt(stub, teacher) -> None:
+    """Harness prompts are thousands of tokens (longer than one prefill chunk) and may carry a seed."""
+    text = "class Handler(Base):\n    value = compute(item, 3)\n" * 400
+    params = sampling(temperature=1.0, seed=17, max_tokens=6)
+    final = (await collect(stub, request([user(text)], sampling=params))).final
+    assert len(final.prompt_token_ids) > 4096
+    expected = teacher_logprobs(
+        teacher, final.prompt_token_ids, final.completion_token_ids, temperature=1.0, top_k=0, top_p=1.0
+    )
+    assert (expected - torch.tensor(list(final.completion_logprobs))).abs().max().item() < 1e-4
+
+
 async def test_same_seed_same_tokens(stub) -> None:
     make = lambda: request([user("Repeat after me.")], sampling=sampling(temperature=1.0, seed=1234, max_tokens=16))  # noqa: E731
     first, second = (await collect(stub, make())).final, (await collect(stub, make())).final

@@ -1,0 +1,205 @@
+"""Inference benchmark: tokens/s at concurrency 1 and 16, time to first token, cost of logprob capture.
+
+For each backend (transformers in .venv; vllm when .venv-vllm exists) on the offline tiny model:
+- through a real `lodestar inference serve` subprocess over gRPC: generated tokens/s at concurrency 1 and
+  16 (streaming, 128 new tokens per request) and time to first token for a short (~30 tokens) and a long
+  (~8,000 tokens) prompt;
+- in process, on the engine itself (the server always captures logprobs): tokens/s at concurrency 16
+  with logprob capture on vs off. For vllm this part runs under .venv-vllm's python (`--engine-only`).
+
+Every figure is the median of `--repeats` runs. `--write-docs` replaces the "Inference" section of
+docs/benchmarks.md with the table. Usage: `.venv/bin/python bench/inference.py [--backends transformers]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+NEW_TOKENS = 128
+SECTION = "## Inference"
+
+
+def user(text: str):
+    from lodestar.v1 import common_pb2
+
+    return common_pb2.ChatMessage(
+        role=common_pb2.ROLE_USER, content=[common_pb2.ContentPart(text=common_pb2.TextPart(text=text))]
+    )
+
+
+async def one_call(stub, text: str, seed: int, max_tokens: int) -> tuple[int, float]:
+    """(tokens generated, seconds to the first delta) of one streaming Generate."""
+    from lodestar.v1 import common_pb2, inference_pb2
+
+    request = inference_pb2.GenerateRequest(
+        messages=[user(text)], stream=True, sampling=common_pb2.SamplingParams(seed=seed, max_tokens=max_tokens)
+    )
+    started = time.perf_counter()
+    first = None
+    tokens = 0
+    async for response in stub.Generate(request, timeout=600):
+        if response.WhichOneof("event") == "delta":
+            first = first if first is not None else time.perf_counter() - started
+        else:
+            tokens = len(response.final.completion_token_ids)
+    return tokens, first or 0.0
+
+
+async def server_figures(address: str, repeats: int) -> dict[str, float]:
+    import grpc.aio
+
+    from lodestar.v1 import inference_pb2_grpc
+
+    figures: dict[str, list[float]] = {"tps_c1": [], "tps_c16": [], "ttft_short_ms": [], "ttft_8k_ms": []}
+    long_prompt = "def handler(event, context):\n    return process(event)\n" * 500
+    async with grpc.aio.insecure_channel(address, options=[("grpc.max_receive_message_length", 1 << 28)]) as channel:
+        stub = inference_pb2_grpc.InferenceServiceStub(channel)
+        await one_call(stub, "warm up", 0, 8)
+        for repeat in range(repeats):
+            started = time.perf_counter()
+            tokens, _ = await one_call(stub, "Write a long story.", repeat, NEW_TOKENS)
+            figures["tps_c1"].append(tokens / (time.perf_counter() - started))
+            started = time.perf_counter()
+            results = await asyncio.gather(
+                *(one_call(stub, f"Story {i}.", 100 * repeat + i, NEW_TOKENS) for i in range(16))
+            )
+            figures["tps_c16"].append(sum(t for t, _ in results) / (time.perf_counter() - started))
+            figures["ttft_short_ms"].append(
+                (await one_call(stub, "Hello there, how are you today?", repeat, 1))[1] * 1e3
+            )
+            figures["ttft_8k_ms"].append((await one_call(stub, long_prompt + str(repeat), repeat, 1))[1] * 1e3)
+    return {name: statistics.median(values) for name, values in figures.items()}
+
+
+async def engine_figures(backend: str, model_dir: Path, repeats: int) -> dict[str, float]:
+    from services.inference import engines
+    from services.inference.engine import EngineRequest, SamplingOptions
+    from services.inference.settings import InferenceSettings
+
+    settings = InferenceSettings(backend=backend, model=model_dir, kv_cache_bytes=512 * 1024**2)
+    engine = engines.create(settings)
+    await engine.start()
+
+    async def run(i: int, logprobs: bool) -> int:
+        request = EngineRequest(
+            f"b{i}", (5, 6, 7, 8 + i), SamplingOptions(max_tokens=NEW_TOKENS, seed=i), return_logprobs=logprobs
+        )
+        return sum([len(step.token_ids) async for step in engine.generate(request)])
+
+    figures: dict[str, list[float]] = {"tps_c16_logprobs_on": [], "tps_c16_logprobs_off": []}
+    try:
+        await asyncio.gather(*(run(i, True) for i in range(4)))
+        for _ in range(repeats):
+            for logprobs in (True, False):
+                started = time.perf_counter()
+                tokens = sum(await asyncio.gather(*(run(i, logprobs) for i in range(16))))
+                key = "tps_c16_logprobs_on" if logprobs else "tps_c16_logprobs_off"
+                figures[key].append(tokens / (time.perf_counter() - started))
+    finally:
+        await engine.close()
+    return {name: statistics.median(values) for name, values in figures.items()}
+
+
+def measure_backend(backend: str, model_dir: Path, repeats: int) -> dict[str, float]:
+    from tests.inference.conftest import PYTHONS, serve_inference
+
+    with (
+        tempfile.TemporaryDirectory() as logs,
+        serve_inference(
+            backend, model_dir, Path(logs), "--max-new-tokens", "4096", "--kv-cache-bytes", str(512 * 1024**2)
+        ) as server,
+    ):
+        figures = asyncio.run(server_figures(server.address, repeats))
+    command = [
+        str(PYTHONS[backend]),
+        str(Path(__file__).resolve()),
+        "--engine-only",
+        backend,
+        "--model",
+        str(model_dir),
+        "--repeats",
+        str(repeats),
+    ]
+    engine = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1800, check=True)
+    figures.update(json.loads(engine.stdout.strip().splitlines()[-1]))
+    return figures
+
+
+def table(results: dict[str, dict[str, float]]) -> str:
+    header = (
+        "| backend | tok/s c=1 | tok/s c=16 | TTFT ~30-token prompt | TTFT ~8K-token prompt "
+        "| engine tok/s c=16, logprobs on | off | capture cost |"
+    )
+    lines = [header, "|---|---|---|---|---|---|---|---|"]
+    for backend, f in results.items():
+        cost = 1 - f["tps_c16_logprobs_on"] / f["tps_c16_logprobs_off"]
+        lines.append(
+            f"| {backend} | {f['tps_c1']:.0f} | {f['tps_c16']:.0f} "
+            f"| {f['ttft_short_ms']:.0f} ms | {f['ttft_8k_ms']:.0f} ms "
+            f"| {f['tps_c16_logprobs_on']:.0f} | {f['tps_c16_logprobs_off']:.0f} | {cost:+.1%} |"
+        )
+    return "\n".join(lines)
+
+
+def write_docs(text: str, repeats: int) -> None:
+    path = REPO / "docs" / "benchmarks.md"
+    doc = path.read_text() if path.exists() else "# Benchmarks\n"
+    section = (
+        f"{SECTION}\n\n`bench/inference.py` on the tiny model (Qwen3, hidden 64, 2 layers, 4096 vocab, fp32 CPU), "
+        f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, medians of {repeats} runs; "
+        f"{NEW_TOKENS} new tokens per request, streaming over gRPC to a `lodestar inference serve` subprocess "
+        "(columns 2-5); engine-level, in process (columns 6-8).\n\n"
+        f"{text}\n"
+    )
+    start = doc.find(SECTION)
+    if start < 0:
+        doc = doc.rstrip() + "\n\n" + section
+    else:
+        end = doc.find("\n## ", start + len(SECTION))
+        doc = doc[:start] + section + (doc[end + 1 :] if end >= 0 else "")
+    path.write_text(doc)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--backends", nargs="*", default=None, help="default: transformers, and vllm when .venv-vllm exists"
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", type=Path, default=None, help="model directory (default: build the tiny model)")
+    parser.add_argument("--engine-only", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--write-docs", action="store_true")
+    args = parser.parse_args()
+    if args.engine_only:
+        print(json.dumps(asyncio.run(engine_figures(args.engine_only, args.model, args.repeats))))
+        return
+    from tests.inference.conftest import PYTHONS
+
+    backends = args.backends or ["transformers", *(["vllm"] if PYTHONS["vllm"].exists() else [])]
+    with tempfile.TemporaryDirectory() as scratch:
+        model_dir = args.model
+        if model_dir is None:
+            from services.inference.tiny_model import build
+
+            model_dir = build(Path(scratch) / "tiny")
+        results = {backend: measure_backend(backend, model_dir, args.repeats) for backend in backends}
+    text = table(results)
+    print(text)
+    if args.write_docs:
+        write_docs(text, args.repeats)
+
+
+if __name__ == "__main__":
+    main()
