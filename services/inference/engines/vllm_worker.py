@@ -10,8 +10,12 @@ vLLM (by name), never by the server process except for that name.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
+
+_QUIET = ("layerwise", "inplace")
+"""vLLM reload modules whose warnings are noise for a partial update."""
 
 
 class WorkerExtension:
@@ -41,12 +45,20 @@ class WorkerExtension:
 
         worker: Any = self
         model = self.model_runner.get_model()
+        # A partial update leaves most layers untouched on purpose; vLLM warns "Failed to load weights" for
+        # each of them and lists them as "not loaded from checkpoint". Quiet those two loggers meanwhile.
+        quiet = [logging.getLogger(f"vllm.model_executor.model_loader.reload.{name}") for name in _QUIET]
+        levels = [logger.level for logger in quiet]
+        for logger in quiet:
+            logger.setLevel(logging.ERROR)
         try:
             worker.reload_weights(weights_iterator=tensors())
         except Exception:
             _abandon_reload(model, self.model_runner.vllm_config.model_config)
             raise
         finally:
+            for logger, level in zip(quiet, levels, strict=True):
+                logger.setLevel(level)
             if current_platform.is_cpu():
                 # The CPU build computes logits with a gemm prepared from the embedding weights at load
                 # time; with tied embeddings a reload leaves it on the old values unless prepared again.
