@@ -289,8 +289,10 @@ class VllmEngine:
                     await self._submitted.wait_for(lambda: self._submitting == 0)
                 # Not pause_generation(mode="wait"): it leaves requests still queued in vLLM's scheduler
                 # (capacity, preemption) queued through the swap, so they would run on the new weights.
-                while self._llm.get_num_unfinished_requests() > 0:  # noqa: ASYNC110 (vLLM state, no event)
-                    await asyncio.sleep(_DRAIN_POLL_S)
+                while self._llm is not None and self._llm.get_num_unfinished_requests() > 0:  # noqa: ASYNC110
+                    await asyncio.sleep(_DRAIN_POLL_S)  # (vLLM's own state: there is no event to wait on)
+                if self._llm is None or self._closed:
+                    raise UnavailableError("the vllm engine closed during the weight update")
                 try:
                     await self._reload(path)
                     self._version = update.version
