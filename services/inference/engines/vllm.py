@@ -94,7 +94,7 @@ class VllmEngine:
         """Where the current value of every checkpoint tensor lives (model files, then update files)."""
         self._packed_of: dict[str, str] = {}
         self._shm = Path()
-        """Directory of the reload files (made by start(): the spool dir setting, else /dev/shm, else TMPDIR)."""
+        """Directory of the reload files, made at the first update in the spool dir setting, else /dev/shm."""
         self._gate = asyncio.Event()
         self._gate.set()
         self._submitting = 0
@@ -112,8 +112,6 @@ class VllmEngine:
         started = time.perf_counter()
         if "VLLM_CPU_KVCACHE_SPACE" in os.environ:
             log.warning("VLLM_CPU_KVCACHE_SPACE is set and overrides --kv-cache-bytes on the CPU build")
-        spool = self._settings.weights_spool_dir
-        self._shm = Path(tempfile.mkdtemp(prefix="lodestar-vllm-", dir=str(spool) if spool else _shm_root()))
         config = json.loads((self._model_dir / "config.json").read_text())
         files, metas = read_checkpoint_meta(self._model_dir)
         for file in files:
@@ -281,6 +279,10 @@ class VllmEngine:
         self.validate_weights(update.tensors)
         async with self._update_lock:
             started = time.perf_counter()
+            if not self._shm.name.startswith("lodestar-vllm-"):  # first update: make the spool dir
+                spool = self._settings.weights_spool_dir
+                root = str(spool) if spool else _shm_root()
+                self._shm = Path(tempfile.mkdtemp(prefix="lodestar-vllm-", dir=root))
             path = self._shm / f"v{update.version}-{uuid.uuid4().hex[:6]}.safetensors"
             names = await asyncio.to_thread(self._write_reload_file, update, path)
             self._gate.clear()
