@@ -9,7 +9,6 @@ shape; nothing escapes as an HTML page or a bare 500.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -63,7 +62,7 @@ def dialect_for_path(path: str) -> DialectAdapter:
 
 
 def json_response(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=sse.dumps(body).encode(errors="replace"), status=status, content_type="application/json")
+    return web.Response(body=sse.dump_bytes(body), status=status, content_type="application/json")
 
 
 def error_response(dialect: DialectAdapter, error: LodestarError) -> web.Response:
@@ -150,7 +149,7 @@ class GatewayHttp:
         session = self._sessions.authenticate(api_key(request))
         body = await self._read_body(request)
         try:
-            decoded = json.loads(body)
+            decoded = sse.loads(body)
         except (ValueError, RecursionError) as error:
             raise InvalidArgumentError(f"body: malformed JSON ({_json_problem(error)})") from None
         try:
@@ -189,7 +188,7 @@ class GatewayHttp:
             failed = error_response(dialect, error)
             log.info("call", status=failed.status, error=error.message, duration_ms=_ms(started))
             return failed
-        log = log.bind(session_id=session.session_id, stream=parsed.stream)
+        log = log.bind(session_id=session.session_id, stream=parsed.stream, parse_ms=_ms(started))
         response_id = new_id(_RESPONSE_PREFIX[dialect.name])
         events = self._proxy.call(session, parsed, body, response_id=response_id)
         response: web.StreamResponse
@@ -198,7 +197,10 @@ class GatewayHttp:
                 response, result = await self._stream(request, dialect, parsed, events, response_id)
             else:
                 response, result = await self._collect(dialect, parsed, events)
-        log.info("call", status=response.status, duration_ms=_ms(started), sequence=getattr(result, "sequence", None))
+        details = (
+            {"sequence": result.sequence, **{k: round(v, 3) for k, v in result.timings_ms.items()}} if result else {}
+        )
+        log.info("call", status=response.status, duration_ms=_ms(started), **details)
         return response
 
     async def _collect(
@@ -270,7 +272,7 @@ def _render(renderer: StreamRenderer, event: inference_pb2.GenerateDelta | CallR
 def _json_problem(error: BaseException) -> str:
     if isinstance(error, RecursionError):
         return "nested too deeply"
-    if isinstance(error, json.JSONDecodeError):
+    if isinstance(error, sse.JSONDecodeError):
         return f"{error.msg} at line {error.lineno} column {error.colno}"
     return "not UTF-8 JSON text"
 

@@ -46,6 +46,8 @@ class CallResult:
     created: int
     sequence: int
     """Sequence number of the CallRecord this call was captured as."""
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    """Where the call's time went (for the request log line): prepare, inference, capture."""
 
     @property
     def reasoning_text(self) -> str:

@@ -2,8 +2,12 @@
 
 All database work runs on one dedicated thread with one connection, so the event loop never blocks on
 disk. `append` returns only after the record is committed (group commit: records that arrive while a
-commit is in flight are written together in the next transaction, one fsync for all of them). With
-`synchronous=FULL` (the default) a committed record survives a crash of the process or the machine.
+commit is in flight are written together in the next transaction, one fsync for all of them).
+Durability is SQLite's `synchronous` mode: `normal` (the default) — a committed record survives any crash
+of the gateway process (the WAL is written before `append` returns; SIGKILL-tested); the last commits
+can be lost only if the operating system itself dies, which also kills the harness run they belong to
+(rollout retries such a session). `full` — every commit is also fsynced (survives power loss; costs an
+fsync, ~5 ms on the development VMs, shared by all records of a group commit).
 """
 
 from __future__ import annotations
@@ -15,9 +19,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal, TypeVar
 
+from lodestar.errors import UnavailableError
+from lodestar.logging import get_logger
 from lodestar.v1 import common_pb2, gateway_pb2
 
 Synchronous = Literal["full", "normal", "off"]
+_Operation = tuple[str, str, common_pb2.CallRecord | Callable[[], common_pb2.CallRecord] | None]
+CHECKPOINT_BYTES = 32 * 1024 * 1024
+"""Checkpoint the WAL after about this much new data."""
+_log = get_logger("gateway.capture")
 T = TypeVar("T")
 
 _SCHEMA = """
@@ -26,25 +36,33 @@ CREATE TABLE IF NOT EXISTS sessions (
     session_key TEXT NOT NULL UNIQUE,
     record BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS requests (
+    call_id TEXT PRIMARY KEY,
+    record BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS calls (
     session_id TEXT NOT NULL,
     sequence INTEGER NOT NULL,
+    call_id TEXT NOT NULL UNIQUE,
     record BLOB NOT NULL,
     PRIMARY KEY (session_id, sequence)
-) WITHOUT ROWID;
+);
 """
 
 
 class CaptureStore:
     """Sessions and captured calls of one gateway node."""
 
-    def __init__(self, path: Path, *, synchronous: Synchronous = "full") -> None:
+    def __init__(self, path: Path, *, synchronous: Synchronous = "normal") -> None:
         self.path = path
         self._synchronous = synchronous
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capture-store")
         self._db: sqlite3.Connection | None = None
-        self._pending: list[tuple[common_pb2.CallRecord, asyncio.Future[None]]] = []
+        self._pending: list[tuple[_Operation, asyncio.Future[None]]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._checkpointer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capture-checkpoint")
+        self._checkpointing: asyncio.Future[None] | None = None
+        self._wal_bytes = 0
 
     async def open(self) -> None:
         await self._run(self._open)
@@ -52,7 +70,9 @@ class CaptureStore:
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA page_size=16384")  # records are 10s-100s of KB: bigger pages write them faster
         db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run on their own thread (`_checkpoint`)
         db.execute(f"PRAGMA synchronous={self._synchronous.upper()}")
         db.execute("PRAGMA busy_timeout=5000")
         db.executescript(_SCHEMA)
@@ -61,10 +81,13 @@ class CaptureStore:
     async def close(self) -> None:
         if self._flusher is not None:
             await asyncio.shield(self._flusher)
+        if self._checkpointing is not None:
+            await self._checkpointing
         if self._db is not None:
             await self._run(self._db.close)
             self._db = None
         self._executor.shutdown(wait=True)
+        self._checkpointer.shutdown(wait=True)
 
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -108,11 +131,30 @@ class CaptureStore:
         )
 
     # Calls ---------------------------------------------------------------------------------------------
+    #
+    # A CallRecord is written in two halves that together serialize to the whole record (protobuf merges
+    # concatenated messages): the request half (original body, canonical messages, tools, sampling) while
+    # inference is still generating, and the result half (token ids, logprobs, completion, sequence) when
+    # the final arrives. Only the small result half is on the response's critical path; both are committed
+    # before `append` returns. A request half whose call is never answered is discarded.
 
-    async def append(self, record: common_pb2.CallRecord) -> None:
-        """Write one record; returns once it is committed. The caller must not modify it afterwards."""
+    async def begin(self, call_id: str, request_half: Callable[[], common_pb2.CallRecord]) -> None:
+        """Write the request half of a call, built by `request_half()` on the writer thread (committed on
+        return; the caller need not wait right away). What it reads must not change afterwards."""
+        await self._submit(("begin", call_id, request_half))
+
+    async def append(self, call_id: str, result_half: common_pb2.CallRecord) -> None:
+        """Write the result half (with `session_id` and `sequence`); returns once the whole record is
+        committed. `begin(call_id, ...)` must have been submitted first. Records are never modified after."""
+        await self._submit(("append", call_id, result_half))
+
+    async def discard(self, call_id: str) -> None:
+        """Drop the request half of a call that was not answered."""
+        await self._submit(("discard", call_id, None))
+
+    async def _submit(self, operation: _Operation) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append((record, future))
+        self._pending.append((operation, future))
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush())
         await future
@@ -122,24 +164,53 @@ class CaptureStore:
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:
-                    await self._run(self._write, [record for record, _ in batch])
+                    await self._run(self._write, [operation for operation, _ in batch])
                 except Exception as error:  # a disk error fails exactly the calls of this batch
+                    _log.error("capture write failed", error=str(error))
+                    failure = UnavailableError(f"the capture store cannot write ({error}); retry")
                     for _, future in batch:
                         if not future.done():
-                            future.set_exception(error)
+                            future.set_exception(failure)
                 else:
                     for _, future in batch:
                         if not future.done():
                             future.set_result(None)
+            if self._wal_bytes > CHECKPOINT_BYTES and self._checkpointing is None:
+                self._wal_bytes = 0
+                loop = asyncio.get_running_loop()
+                self._checkpointing = loop.run_in_executor(self._checkpointer, self._checkpoint)
+                self._checkpointing.add_done_callback(self._checkpoint_done)
         finally:
             self._flusher = None
 
-    def _write(self, records: list[common_pb2.CallRecord]) -> None:
+    def _checkpoint(self) -> None:
+        """Copy the WAL into the database on a second connection, concurrently with new commits (a
+        checkpoint inside a commit would stall that call's response)."""
+        with sqlite3.connect(self.path, isolation_level=None) as db:
+            db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    def _checkpoint_done(self, future: asyncio.Future[None]) -> None:
+        self._checkpointing = None
+        if not future.cancelled() and future.exception() is not None:
+            _log.warning("capture checkpoint failed", error=str(future.exception()))
+
+    def _write(self, operations: list[_Operation]) -> None:
+        """One transaction (one commit, one fsync under synchronous=full) for a batch, in order."""
         db = self._conn()
-        rows = [(r.session_id, r.sequence, r.SerializeToString()) for r in records]
         db.execute("BEGIN IMMEDIATE")
         try:
-            db.executemany("INSERT INTO calls (session_id, sequence, record) VALUES (?, ?, ?)", rows)
+            for kind, call_id, record in operations:
+                if kind == "begin" and callable(record):
+                    blob = record().SerializeToString()
+                    db.execute("INSERT INTO requests (call_id, record) VALUES (?, ?)", (call_id, blob))
+                    self._wal_bytes += len(blob)
+                elif kind == "append" and isinstance(record, common_pb2.CallRecord):
+                    blob = record.SerializeToString()
+                    db.execute("INSERT INTO calls (session_id, sequence, call_id, record) VALUES (?, ?, ?, ?)",
+                               (record.session_id, record.sequence, call_id, blob))  # fmt: skip
+                    self._wal_bytes += len(blob)
+                elif kind == "discard":
+                    db.execute("DELETE FROM requests WHERE call_id = ?", (call_id,))
         except BaseException:
             db.execute("ROLLBACK")
             raise
@@ -147,17 +218,21 @@ class CaptureStore:
 
     async def calls(self, session_id: str) -> list[common_pb2.CallRecord]:
         """The session's records in sequence order."""
-        blobs: list[tuple[bytes]] = await self._run(self._calls, session_id)
+        rows: list[tuple[bytes, bytes]] = await self._run(self._calls, session_id)
         out = []
-        for (blob,) in blobs:
+        for request_half, result_half in rows:
             record = common_pb2.CallRecord()
-            record.ParseFromString(blob)
+            record.ParseFromString(request_half + result_half)
             out.append(record)
         return out
 
-    def _calls(self, session_id: str) -> list[tuple[bytes]]:
+    def _calls(self, session_id: str) -> list[tuple[bytes, bytes]]:
         return (
             self._conn()
-            .execute("SELECT record FROM calls WHERE session_id = ? ORDER BY sequence", (session_id,))
+            .execute(
+                "SELECT r.record, c.record FROM calls c JOIN requests r ON r.call_id = c.call_id "
+                "WHERE c.session_id = ? ORDER BY c.sequence",
+                (session_id,),
+            )
             .fetchall()
         )

@@ -15,15 +15,11 @@ reasoning (Gemini CLI drops earlier `thought` parts); when reasoning is re-sent 
 from __future__ import annotations
 
 import hashlib
-import json
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lodestar.v1 import common_pb2
-
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-_sorted_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode
+from lodestar.v1 import common_pb2, inference_pb2
+from services.gateway.sse import dump_bytes, dumps_sorted, loads
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,12 +36,12 @@ class MessageKey:
 
 
 def _digest(value: object) -> bytes:
-    return hashlib.blake2b(_dumps(value).encode(), digest_size=16).digest()
+    return hashlib.blake2b(dump_bytes(value), digest_size=16).digest()
 
 
 def _arguments(arguments_json: str) -> str:
     try:
-        return _sorted_dumps(json.loads(arguments_json))
+        return dumps_sorted(loads(arguments_json))
     except ValueError:
         return arguments_json.strip()
 
@@ -84,12 +80,10 @@ def context_key(tools: Sequence[common_pb2.ToolDefinition]) -> bytes:
     byte-identical within a run). The thinking switch only shapes the new generation prompt."""
     hasher = hashlib.blake2b(digest_size=16)
     for tool in tools:
-        schema = (
-            tool.parameters_json
-            if tool.WhichOneof("parameters") != "parameters_schema"
-            else str(tool.parameters_schema)
-        )
-        hasher.update(_dumps([tool.name, tool.description, schema]).encode())
+        # ToolDefinition has no map fields unless a Struct schema is used: plain serialization is stable.
+        data = tool.SerializeToString(deterministic=tool.WhichOneof("parameters") == "parameters_schema")
+        hasher.update(len(data).to_bytes(8, "little"))
+        hasher.update(data)
     return hasher.digest()
 
 
@@ -101,8 +95,8 @@ class ChainLink:
     context: bytes
     keys: list[MessageKey]
     """Keys of the covered messages: the request's messages, then the assistant message it produced."""
-    token_ids: array[int]
-    """Prompt ids followed by sampled ids, exactly."""
+    continuation: inference_pb2.Continuation
+    """Prompt ids followed by sampled ids, exactly, covering `len(keys)` messages (ready to send)."""
 
 
 @dataclass(frozen=True, slots=True)

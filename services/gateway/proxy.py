@@ -9,19 +9,17 @@ lose it (the write is shielded). The new chain link is registered once the recor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from array import array
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Protocol
-
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from lodestar.errors import UnavailableError
 from lodestar.logging import get_logger
 from lodestar.v1 import common_pb2, inference_pb2
 from services.gateway.canonical import CallResult, CanonicalRequest, new_id, now_seconds
 from services.gateway.capture import CaptureStore
-from services.gateway.continuation import ChainIndex, ChainLink, MessageKey, PrefixMiss, context_key, message_keys
+from services.gateway.continuation import ChainIndex, ChainLink, PrefixMiss, context_key, message_keys
 from services.gateway.sessions import SessionEntry, timestamp_now
 
 _log = get_logger("gateway.proxy")
@@ -47,6 +45,7 @@ class Proxy:
         self._store = store
         self._chains = chains or ChainIndex()
         self.calls_captured = 0
+        self._background: set[asyncio.Future[None]] = set()
         self.chain_breaks = 0
 
     @property
@@ -58,71 +57,92 @@ class Proxy:
     ) -> AsyncGenerator[inference_pb2.GenerateDelta | CallResult, None]:
         if not self._chains.has(session.session_id):
             await self._load_chains(session.session_id)
-        started = timestamp_now()
         clock = time.perf_counter()
         keys = message_keys(request.messages)
         context = context_key(request.tools)
         generate = self._generate_request(request, response_id)
         found = self._chains.find(session.session_id, context, keys)
         if isinstance(found, ChainLink):
-            generate.continuation.token_ids.extend(found.token_ids)
-            generate.continuation.message_count = len(found.keys)
+            generate.continuation.CopyFrom(found.continuation)
         elif isinstance(found, PrefixMiss):
             self.chain_breaks += 1
             _log.info("new chain", session_id=session.session_id, closest_sequence=found.sequence,
                       first_difference=found.first_difference, reason=found.reason)  # fmt: skip
-        call_ids: dict[int, str] = {}
-        first_token_ms = 0.0
-        async for event in self._inference.generate(generate):
-            kind = event.WhichOneof("event")
-            if kind == "delta":
-                if not first_token_ms:
-                    first_token_ms = (time.perf_counter() - clock) * 1e3
-                for call in event.delta.tool_calls:
-                    if call.id or call.index not in call_ids:
-                        call.id = call_ids.setdefault(call.index, call.id or new_id("call_"))
-                yield event.delta
-            elif kind == "final":
-                if not first_token_ms:
-                    first_token_ms = (time.perf_counter() - clock) * 1e3
+        started_at = timestamp_now()
+
+        def request_half() -> common_pb2.CallRecord:  # built and written on the store's thread, while generating
+            return common_pb2.CallRecord(
+                session_id=session.session_id, dialect=request.dialect, messages=generate.messages,
+                original_request_json=original_body.decode("utf-8", errors="replace"), tools=generate.tools,
+                sampling=generate.sampling, started_at=started_at,
+            )  # fmt: skip
+
+        begun = asyncio.ensure_future(self._store.begin(response_id, request_half))
+        answered = False
+        try:
+            call_ids: dict[int, str] = {}
+            sent = time.perf_counter()
+            first_token_ms = 0.0
+            async for event in self._inference.generate(generate):
+                first_token_ms = first_token_ms or (time.perf_counter() - sent) * 1e3
+                if event.WhichOneof("event") == "delta":
+                    for call in event.delta.tool_calls:
+                        if call.id or call.index not in call_ids:
+                            call.id = call_ids.setdefault(call.index, call.id or new_id("call_"))
+                    yield event.delta
+                    continue
+                arrived = time.perf_counter()
                 final = event.final
                 completion = _completion(final.message, call_ids)
                 continued = found.sequence if isinstance(found, ChainLink) and final.continuation_used else -1
-                record = common_pb2.CallRecord(
-                    session_id=session.session_id, dialect=request.dialect,
-                    original_request_json=original_body.decode("utf-8", errors="replace"),
-                    messages=generate.messages, tools=generate.tools, sampling=generate.sampling,
-                    prompt_token_ids=final.prompt_token_ids, completion_token_ids=final.completion_token_ids,
-                    completion_logprobs=final.completion_logprobs, finish_reason=final.finish_reason,
-                    completion=completion, policy_version=final.policy_version, usage=final.usage,
-                    continued_from_sequence=continued, started_at=started, first_token_ms=first_token_ms,
+                result_half = common_pb2.CallRecord(
+                    session_id=session.session_id, prompt_token_ids=final.prompt_token_ids,
+                    completion_token_ids=final.completion_token_ids, completion_logprobs=final.completion_logprobs,
+                    finish_reason=final.finish_reason, completion=completion, policy_version=final.policy_version,
+                    usage=final.usage, continued_from_sequence=continued, first_token_ms=first_token_ms,
                 )  # fmt: skip
                 link_keys = [*keys, *message_keys([completion])]
-                sequence = await asyncio.shield(self._capture(session, record, context, link_keys))
-                yield CallResult(final, completion, response_id, now_seconds(), sequence)
+                link = ChainLink(-1, context, link_keys, _continuation(result_half, len(link_keys)))
+                await begun
+                sequence = await asyncio.shield(self._capture(session, response_id, result_half, link))
+                answered = True
+                timings = {"prepare_ms": (sent - clock) * 1e3, "inference_ms": (arrived - sent) * 1e3,
+                           "capture_ms": (time.perf_counter() - arrived) * 1e3}  # fmt: skip
+                yield CallResult(final, completion, response_id, now_seconds(), sequence, timings)
                 return
-        raise UnavailableError("inference ended the stream without a final result")
+            raise UnavailableError("inference ended the stream without a final result")
+        finally:
+            if not answered:
+                self._discard(begun, response_id)
 
     async def _capture(
-        self, session: SessionEntry, record: common_pb2.CallRecord, context: bytes, keys: list[MessageKey]
+        self, session: SessionEntry, call_id: str, result_half: common_pb2.CallRecord, link: ChainLink
     ) -> int:
-        record.sequence = session.take_sequence()
-        record.finished_at.CopyFrom(_now())
-        await self._store.append(record)
+        result_half.sequence = link.sequence = session.take_sequence()
+        result_half.finished_at.CopyFrom(timestamp_now())
+        await self._store.append(call_id, result_half)
         self.calls_captured += 1
-        token_ids = array("I", record.prompt_token_ids)
-        token_ids.extend(record.completion_token_ids)
-        self._chains.add(session.session_id, ChainLink(record.sequence, context, keys, token_ids))
-        return record.sequence
+        self._chains.add(session.session_id, link)
+        return result_half.sequence
+
+    def _discard(self, begun: asyncio.Future[None], call_id: str) -> None:
+        """Drop the request half of an unanswered call (in the background: the caller may be cancelled)."""
+
+        async def discard() -> None:
+            with contextlib.suppress(Exception):
+                await begun
+            await self._store.discard(call_id)
+
+        task = asyncio.ensure_future(discard())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _load_chains(self, session_id: str) -> None:
         """Rebuild a session's chain links from its captured records (after a restart)."""
         links = []
         for record in await self._store.calls(session_id):
-            token_ids = array("I", record.prompt_token_ids)
-            token_ids.extend(record.completion_token_ids)
             keys = message_keys([*record.messages, record.completion])
-            links.append(ChainLink(record.sequence, context_key(record.tools), keys, token_ids))
+            links.append(ChainLink(record.sequence, context_key(record.tools), keys, _continuation(record, len(keys))))
         if not self._chains.has(session_id):
             self._chains.load(session_id, links)
 
@@ -154,5 +174,8 @@ def _completion(message: common_pb2.ChatMessage, call_ids: dict[int, str]) -> co
     return completion
 
 
-def _now() -> Timestamp:
-    return timestamp_now()
+def _continuation(record: common_pb2.CallRecord, covered: int) -> inference_pb2.Continuation:
+    """Prompt + sampled ids of a captured call, covering its `covered` messages (request + completion)."""
+    continuation = inference_pb2.Continuation(token_ids=record.prompt_token_ids, message_count=covered)
+    continuation.token_ids.extend(record.completion_token_ids)
+    return continuation

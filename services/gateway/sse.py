@@ -1,26 +1,42 @@
-"""Server-sent-event framing shared by the dialects (bytes in, bytes out; no I/O)."""
+"""JSON and server-sent-event framing shared by the dialects (bytes in, bytes out; no I/O).
+
+JSON goes through orjson: compact, UTF-8, several times faster than the stdlib on the 100 KB bodies
+harnesses send (the gateway's per-call overhead budget is about a millisecond).
+"""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+import orjson
+
+loads = orjson.loads
+JSONDecodeError = orjson.JSONDecodeError
+
+
+def dump_bytes(value: Any) -> bytes:
+    """Compact UTF-8 JSON."""
+    return orjson.dumps(value)
 
 
 def dumps(value: Any) -> str:
-    """Compact JSON text (UTF-8 safe, no ASCII escaping)."""
-    return _dumps(value)
+    """Compact JSON text."""
+    return orjson.dumps(value).decode()
+
+
+def dumps_sorted(value: Any) -> str:
+    """Compact JSON text with object keys sorted (canonical form for comparisons)."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def event(name: str, payload: Any) -> bytes:
     """One `event:` + `data:` SSE frame (Anthropic and OpenAI Responses style)."""
-    return f"event: {name}\ndata: {_dumps(payload)}\n\n".encode()
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
 def data(payload: Any) -> bytes:
     """One `data:` SSE frame (OpenAI Chat and Google style)."""
-    return f"data: {_dumps(payload)}\n\n".encode()
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 DONE = b"data: [DONE]\n\n"

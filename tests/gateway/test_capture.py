@@ -24,12 +24,17 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _rows(database: Path, session_id: str) -> list[common_pb2.CallRecord]:
+    """Records read straight from the SQLite file (request half + result half of each call)."""
     with sqlite3.connect(database) as db:
-        blobs = db.execute("SELECT record FROM calls WHERE session_id = ? ORDER BY sequence", (session_id,)).fetchall()
+        rows = db.execute(
+            "SELECT r.record, c.record FROM calls c JOIN requests r ON r.call_id = c.call_id "
+            "WHERE c.session_id = ? ORDER BY c.sequence",
+            (session_id,),
+        ).fetchall()
     records = []
-    for (blob,) in blobs:
+    for request_half, result_half in rows:
         record = common_pb2.CallRecord()
-        record.ParseFromString(blob)
+        record.ParseFromString(request_half + result_half)
         records.append(record)
     return records
 

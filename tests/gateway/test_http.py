@@ -5,12 +5,14 @@ cancellation on disconnect."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 
 import grpc
 import pytest
 
 from lodestar.v1 import gateway_pb2
+from services.gateway.server import CAPTURE_FILE
 from tests.gateway.cases import COUNT, STREAM_PATHS, VALID, error_message, streaming
 from tests.gateway.conftest import StackFactory
 from tests.gateway.http import post, request, sse
@@ -261,3 +263,11 @@ def test_client_disconnect_cancels_generation(gateway_stack: GatewayStack, sessi
     assert finished, "generation was not stopped"
     assert finished[0] - started < 3.0  # the full reply would take ~10 s
     assert gateway_stack.calls(session.session_id) == []  # not answered, not captured
+    database = gateway_stack.data_dir / "gateway" / CAPTURE_FILE
+    while time.perf_counter() < deadline:  # and its request half, written during generation, is dropped
+        with sqlite3.connect(database) as db:
+            if db.execute("SELECT COUNT(*) FROM requests").fetchone()[0] == 0:
+                break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the unanswered call's request half was not discarded")

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from typing import Any
 
 from lodestar.v1 import common_pb2
 from services.gateway.dialects.fields import JsonObject, fail, type_name
-from services.gateway.sse import dumps
+from services.gateway.sse import dumps, loads
 
 
 def tool_definition(name: Any, description: Any, schema: Any, path: str) -> common_pb2.ToolDefinition:
@@ -46,7 +45,7 @@ def arguments_string(value: Any, path: str) -> str:
 def arguments_object(arguments_json: str) -> JsonObject:
     """Arguments JSON text as an object for dialects that send objects (invalid text -> {})."""
     try:
-        value = json.loads(arguments_json) if arguments_json else {}
+        value = loads(arguments_json) if arguments_json else {}
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {"value": value}

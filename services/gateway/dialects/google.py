@@ -176,7 +176,7 @@ class GoogleStream:
             return sse.data(body)
         prefix = b"" if self._first else b",\r\n"
         self._first = False
-        return prefix + sse.dumps(body).encode()
+        return prefix + sse.dump_bytes(body)
 
 
 def _system(raw: Any) -> list[common_pb2.ChatMessage]:
