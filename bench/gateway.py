@@ -339,7 +339,7 @@ def write_docs(text: str, result: dict[str, Any]) -> None:
         "scripted engine answering at once (3 tokens): direct `InferenceService.Generate` vs the same call "
         "through `POST /v1/messages` of a `lodestar gateway serve` process, which also commits the CallRecord "
         "to SQLite before answering (`normal`: survives a gateway crash; `full`: also fsynced).\n\n"
-        f"{text}\n\n{NOTES}\n"
+        f"{text}\n\n{notes(result)}\n"
     )
     start = doc.find(SECTION)
     if start < 0:
@@ -350,7 +350,28 @@ def write_docs(text: str, result: dict[str, Any]) -> None:
     path.write_text(doc)
 
 
-NOTES = ""  # filled in by hand after a run: what dominates the added latency
+def notes(result: dict[str, Any]) -> str:
+    """What the table says about the 1 ms target, from this run's numbers."""
+    s, timings = result["series"], result.get("breakdown") or {}
+    added = statistics.median(g - d for d, g in zip(s["direct"], s["normal"], strict=True)) * 1e3
+    handler = timings.get("duration_ms", 0.0) - timings.get("inference_ms", 0.0)
+    verdict = "met" if added < 1.0 else "missed"
+    return (
+        f"Target (p50 overhead under 1 ms): **{verdict}** — {added:.1f} ms with the default capture mode. "
+        f"Inside the gateway's handler {handler:.1f} ms: parsing the 96 KB body and normalizing it "
+        f"({timings.get('parse_ms', 0):.2f} ms: orjson decode, 24 tool schemas re-encoded as canonical JSON), "
+        f"preparing the call ({timings.get('prepare_ms', 0):.2f} ms: a digest of every message for the "
+        f"continuation lookup, the GenerateRequest), and the durable capture after the final "
+        f"({timings.get('capture_ms', 0):.2f} ms: serializing the ~22K prompt ids of the result half and the "
+        "SQLite commit; the 200 KB request half is written while inference runs, off the critical path). The "
+        "rest is outside the handler: aiohttp receiving the 96 KB body and sending the reply, and the extra "
+        "gRPC hop (the gateway re-sends the 80 KB request to inference and decodes the final with its prompt "
+        "ids). `full` durability adds one fsync per commit (concurrent calls share it through group commit). "
+        "Time to first byte pays parsing, preparation and the hop, not the capture (it happens after the last "
+        "token). Throughput at concurrency 32 is bounded by the scripted engine rendering the 24-tool chat "
+        "template for every call, on the same 2 shared cores as the gateway and the clients; all figures are "
+        "from a noisy shared VM."
+    )
 
 
 def main() -> None:
@@ -400,6 +421,7 @@ def main() -> None:
         result["breakdown"] = breakdown(logs / "gateway-normal.log")
     text = table(result)
     print(text)
+    print(notes(result))
     if args.write_docs:
         write_docs(text, result)
 
