@@ -224,7 +224,7 @@ def test_stream_event_sequences(gateway_stack: GatewayStack, session: OpenedSess
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_tokens_are_streamed_as_generated(gateway_stack: GatewayStack, session: OpenedSession, dialect: str) -> None:
-    gateway_stack.set_script({"token_delay_s": 0.1, "replies": [{"text": "one two three four five six"}]})
+    gateway_stack.set_script({"token_delay_s": 0.1, "replies": [{"text": "one two three four five six seven eight nine ten eleven twelve"}]})
     _, body = VALID[dialect]
     events = list(sse(gateway_stack.http_base_url, STREAM_PATHS[dialect], streaming(dialect, body), key=session.key))
     content = [e for e in events if "two" in e.data or "one" in e.data]
