@@ -11,7 +11,7 @@ import time
 import grpc
 import pytest
 
-from lodestar.v1 import gateway_pb2
+from lodestar.v1 import common_pb2, gateway_pb2
 from services.gateway.server import CAPTURE_FILE
 from tests.gateway.cases import COUNT, STREAM_PATHS, VALID, error_message, streaming
 from tests.gateway.conftest import StackFactory
@@ -224,7 +224,8 @@ def test_stream_event_sequences(gateway_stack: GatewayStack, session: OpenedSess
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_tokens_are_streamed_as_generated(gateway_stack: GatewayStack, session: OpenedSession, dialect: str) -> None:
-    gateway_stack.set_script({"token_delay_s": 0.1, "replies": [{"text": "one two three four five six seven eight nine ten eleven twelve"}]})
+    words = "one two three four five six seven eight nine ten eleven twelve"
+    gateway_stack.set_script({"token_delay_s": 0.1, "replies": [{"text": words}]})
     _, body = VALID[dialect]
     events = list(sse(gateway_stack.http_base_url, STREAM_PATHS[dialect], streaming(dialect, body), key=session.key))
     content = [e for e in events if "two" in e.data or "one" in e.data]
@@ -271,3 +272,26 @@ def test_client_disconnect_cancels_generation(gateway_stack: GatewayStack, sessi
         time.sleep(0.05)
     else:
         raise AssertionError("the unanswered call's request half was not discarded")
+
+
+def test_max_tokens_stop_reasons(gateway_stack: GatewayStack, session: OpenedSession) -> None:
+    gateway_stack.set_script({"replies": [{"text": "a long answer that will not fit in three tokens at all"}]})
+    base, key = gateway_stack.http_base_url, session.key
+    messages = [{"role": "user", "content": "hi"}]
+    anthropic = post(base, "/v1/messages", {"model": "m", "max_tokens": 3, "messages": messages}, key=key).json()
+    assert anthropic["stop_reason"] == "max_tokens"
+    assert anthropic["usage"]["output_tokens"] == 3
+    chat = post(base, "/v1/chat/completions", {"model": "m", "max_tokens": 3, "messages": messages}, key=key).json()
+    assert chat["choices"][0]["finish_reason"] == "length"
+    events = list(
+        sse(base, "/v1/responses", {"model": "m", "max_output_tokens": 3, "input": "hi", "stream": True}, key=key)
+    )
+    assert events[-1].event == "response.completed"
+    assert events[-1].json()["response"]["status"] == "incomplete"
+    assert events[-1].json()["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+    google = {"contents": [{"parts": [{"text": "hi"}]}], "generationConfig": {"maxOutputTokens": 3}}
+    reply = post(base, "/v1beta/models/m:generateContent", google, key=key).json()
+    assert reply["candidates"][0]["finishReason"] == "MAX_TOKENS"
+    calls = gateway_stack.calls(session.session_id)
+    assert all(call.finish_reason == common_pb2.FINISH_REASON_LENGTH for call in calls)
+    assert all(len(call.completion_token_ids) == 3 for call in calls)

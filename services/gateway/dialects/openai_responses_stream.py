@@ -2,7 +2,8 @@
 
 Stream: response.created, response.in_progress, then per output item output_item.added, its part /
 delta / done events (reasoning summary, output_text, function_call_arguments or custom_tool_call_input),
-output_item.done, and finally response.completed (response.incomplete when max_output_tokens was hit).
+output_item.done, and finally response.completed (always: its response has status "incomplete" when
+max_output_tokens cut the answer short; Codex fails a stream that lacks response.completed).
 Every event carries an increasing `sequence_number`.
 """
 
@@ -166,8 +167,10 @@ class ResponsesStream:
         body = response_object(
             self._request, self._context, self._response_id, self._created, self._items, result.final
         )
-        name = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
-        return out + self._event(name, response=body)
+        # Always `response.completed` (its response says "incomplete" when max_output_tokens cut it short):
+        # Codex treats a stream without it as a failure and retries, and a truncated answer is a legitimate
+        # outcome of a training run, to be returned to the harness.
+        return out + self._event("response.completed", response=body)
 
     def error(self, error: LodestarError) -> bytes:
         body = response_object(self._request, self._context, self._response_id, self._created, self._items, None)
