@@ -104,8 +104,8 @@ class Proxy:
                 link_keys = [*keys, *message_keys([completion])]
                 link = ChainLink(-1, context, link_keys, _continuation(result_half, len(link_keys)))
                 await begun
+                answered = True  # from here the record is completed even if this call is cancelled (shield)
                 sequence = await asyncio.shield(self._capture(session, response_id, result_half, link))
-                answered = True
                 timings = {"prepare_ms": (sent - clock) * 1e3, "inference_ms": (arrived - sent) * 1e3,
                            "capture_ms": (time.perf_counter() - arrived) * 1e3}  # fmt: skip
                 yield CallResult(final, completion, response_id, now_seconds(), sequence, timings)
