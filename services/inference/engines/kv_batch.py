@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 
 def _layers(cache: Any) -> list[Any]:
@@ -87,5 +88,67 @@ class PaddedBatch:
         self.lengths = [length + 1 for length in self.lengths]
 
 
+class GrowableLayer(DynamicLayer):  # type: ignore[no-untyped-call]
+    """A full-attention cache layer that appends in place into spare capacity (amortized O(1) per token).
+
+    transformers' `DynamicLayer` concatenates the whole cache on every decode step, which dominates decode
+    time at long contexts. Here `keys`/`values` are views of larger buffers; when something outside
+    (`PaddedBatch`) replaces `keys`/`values`, the new tensors become the buffers.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._key_buffer: torch.Tensor | None = None
+        self._value_buffer: torch.Tensor | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self.keys, self.values = key_states, value_states
+            self._key_buffer, self._value_buffer = key_states, value_states
+            return key_states, value_states
+        keys: torch.Tensor = self.keys  # type: ignore[assignment]
+        values: torch.Tensor = self.values  # type: ignore[assignment]
+        length = int(keys.shape[-2])
+        needed = length + int(key_states.shape[-2])
+        key_buffer, value_buffer = self._key_buffer, self._value_buffer
+        if (
+            key_buffer is None
+            or value_buffer is None
+            or not (self._owns(keys, key_buffer) and self._owns(values, value_buffer))
+        ):
+            key_buffer, value_buffer = keys, values  # replaced from outside: adopt
+        if needed > key_buffer.shape[-2]:
+            capacity = max(needed, 2 * length, 64)
+            key_buffer, value_buffer = _grown(keys, capacity), _grown(values, capacity)
+        key_buffer[..., length:needed, :] = key_states
+        value_buffer[..., length:needed, :] = value_states
+        self._key_buffer, self._value_buffer = key_buffer, value_buffer
+        self.keys = key_buffer[..., :needed, :]
+        self.values = value_buffer[..., :needed, :]
+        return self.keys, self.values
+
+    @staticmethod
+    def _owns(view: torch.Tensor, buffer: torch.Tensor) -> bool:
+        return (
+            view.data_ptr() == buffer.data_ptr()
+            and view.shape[:-2] == buffer.shape[:-2]
+            and view.stride() == buffer.stride()
+        )
+
+
+def _grown(tensor: torch.Tensor, capacity: int) -> torch.Tensor:
+    shape = list(tensor.shape)
+    shape[-2] = capacity
+    buffer = tensor.new_empty(shape)
+    buffer[..., : tensor.shape[-2], :] = tensor
+    return buffer
+
+
 def new_cache(config: Any) -> Any:
-    return DynamicCache(config=config)
+    """An empty cache whose layers grow in place (full-attention models)."""
+    cache = DynamicCache(config=config)
+    cache.layers = [GrowableLayer() for _ in cache.layers]
+    return cache
