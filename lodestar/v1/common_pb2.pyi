@@ -574,7 +574,9 @@ class CallRecord(_message.Message):
     session_id: _builtins.str
     """Session this call belongs to."""
     sequence: _builtins.int
-    """0-based order of the call within the session (by arrival)."""
+    """0-based order of the call within the session, by completion: contiguous over the answered calls
+    (a call that got no answer has no record).
+    """
     dialect: Global___Dialect.ValueType
     original_request_json: _builtins.str
     """The HTTP request body as received (UTF-8 JSON)."""

@@ -310,6 +310,7 @@ class GetNodeStatusResponse(_message.Message):
     OPEN_SESSIONS_FIELD_NUMBER: _builtins.int
     STAGE_COUNTS_FIELD_NUMBER: _builtins.int
     CALLS_CAPTURED_FIELD_NUMBER: _builtins.int
+    CHAIN_BREAKS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     """Stable id of this node (also its etcd membership key)."""
     http_base_url: _builtins.str
@@ -322,6 +323,10 @@ class GetNodeStatusResponse(_message.Message):
     """Sessions currently open on this node."""
     calls_captured: _builtins.int
     """Calls captured since the node started."""
+    chain_breaks: _builtins.int
+    """Calls whose request did not extend any earlier call of their session although the session had
+    earlier calls (a new token chain started; each is also logged with the reason).
+    """
     @_builtins.property
     def stage_counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Sessions per lifecycle stage (INIT, READY, RUN, POST) when the node runs harnesses."""
@@ -336,10 +341,11 @@ class GetNodeStatusResponse(_message.Message):
         open_sessions: _builtins.int = ...,
         stage_counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         calls_captured: _builtins.int = ...,
+        chain_breaks: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls_captured", b"calls_captured", "capacity", b"capacity", "http_base_url", b"http_base_url", "inference_target", b"inference_target", "node_id", b"node_id", "open_sessions", b"open_sessions", "stage_counts", b"stage_counts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls_captured", b"calls_captured", "capacity", b"capacity", "chain_breaks", b"chain_breaks", "http_base_url", b"http_base_url", "inference_target", b"inference_target", "node_id", b"node_id", "open_sessions", b"open_sessions", "stage_counts", b"stage_counts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

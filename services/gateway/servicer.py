@@ -74,4 +74,5 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             capacity=0,
             open_sessions=self._sessions.open_count,
             calls_captured=self._proxy.calls_captured,
+            chain_breaks=self._proxy.chain_breaks,
         )

@@ -144,7 +144,10 @@ def test_longest_prefix_not_last_call(gateway_stack: GatewayStack, session: Open
         chain_a[2],
         {"role": "user", "content": "x"},
     ]
+    breaks_before = gateway_stack.stub().GetNodeStatus(gateway_pb2.GetNodeStatusRequest()).chain_breaks
     _chat(gateway_stack, key, edited)  # call 5: an earlier message changed -> a new chain
+    breaks_after = gateway_stack.stub().GetNodeStatus(gateway_pb2.GetNodeStatusRequest()).chain_breaks
+    assert breaks_after == breaks_before + 1  # the break is counted, not silent
     calls = gateway_stack.calls(session.session_id)
     assert [c.continued_from_sequence for c in calls] == [-1, -1, 0, 1, 2, -1]
     assert_chain_extends([calls[0], calls[2], calls[4]])
