@@ -29,6 +29,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 NEW_TOKENS = 128
+NOTES = """
+- Logprob capture: the transformers engine computes the processed log-softmax to sample anyway, so "off"
+  only skips copying one float per token (the difference is noise); vLLM skips its logprob gather.
+- TTFT ~8K: every repeat uses a fresh prompt (no prefix-cache hit). Prefill is not chunked on either
+  backend: a long prefill holds the engine, and the transformers engine pauses the batch's decoding while
+  it runs.
+- Through the server, c=16 is below the engine-level figure: every token is one gRPC message on each of
+  16 streams, and the benchmark client shares the same 2 cores.
+- The 2 cores are shared with other work, so absolute numbers move by +-30% between runs.
+"""
 SECTION = "## Inference: transformers vs vLLM through the server (bench/inference.py)"
 
 
@@ -163,7 +173,7 @@ def write_docs(text: str, repeats: int) -> None:
         f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, medians of {repeats} runs; "
         f"{NEW_TOKENS} new tokens per request, streaming over gRPC to a `lodestar inference serve` subprocess "
         "(columns 2-5); engine-level, in process (columns 6-8).\n\n"
-        f"{text}\n"
+        f"{text}\n{NOTES}"
     )
     start = doc.find(SECTION + "\n")  # the whole heading line: other sections start with "## Inference" too
     if start < 0:

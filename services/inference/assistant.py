@@ -9,6 +9,7 @@ Layout understood (Qwen3 style): an optional reasoning block at the start (`<thi
 reasoning from the first token when the prompt already opened `<think>`), then answer text interleaved
 with `<tool_call>...</tool_call>` blocks. A block whose body does not parse in the model's tool-call
 format, or that is still open when generation ends, is kept as answer text and flags `parse_error`.
+With `parse_tool_calls=False` (the request's tool_choice is "none") all of it is answer text.
 """
 
 from __future__ import annotations
@@ -66,8 +67,16 @@ def _stable(text: str, markers: tuple[str, ...], final: bool) -> str:
 class AssistantParser:
     """Incremental parser of one generation (see the module docstring)."""
 
-    def __init__(self, fmt: ToolCallFormat, schemas: ToolSchemas, *, starts_in_reasoning: bool = False) -> None:
+    def __init__(
+        self,
+        fmt: ToolCallFormat,
+        schemas: ToolSchemas,
+        *,
+        starts_in_reasoning: bool = False,
+        parse_tool_calls: bool = True,
+    ) -> None:
         self._fmt = fmt
+        self._parse_tool_calls = parse_tool_calls
         self._schemas = schemas
         self._starts_in_reasoning = starts_in_reasoning
         self._sent_reasoning = 0
@@ -109,6 +118,9 @@ class AssistantParser:
         reasoning, rest = self._split_reasoning(text, final)
         parsed = ParsedAssistant(reasoning=reasoning)
         if rest is None:
+            return parsed
+        if not self._parse_tool_calls:  # tool_choice "none": markup is plain text, never a call
+            parsed.text = _stable(rest.lstrip(), (), final)
             return parsed
         pieces: list[str] = []
         position = 0

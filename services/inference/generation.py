@@ -113,7 +113,12 @@ class Generation:
             request_id, prompt.ids, options, messages=tuple(request.messages), tools=tuple(request.tools)
         )
         schemas = {tool.name: tool_schema(tool) for tool in request.tools}
-        parser = AssistantParser(self._fmt, schemas, starts_in_reasoning=prompt.opens_reasoning)
+        parser = AssistantParser(
+            self._fmt,
+            schemas,
+            starts_in_reasoning=prompt.opens_reasoning,
+            parse_tool_calls=request.tool_choice.mode != common_pb2.TOOL_CHOICE_MODE_NONE,
+        )
         decoder = IncrementalDecoder(self._template.tokenizer)
         stops = _Stops(tuple(stop for stop in request.sampling.stop if stop))
         call_ids = _CallIds()

@@ -169,8 +169,26 @@ async def test_scripted_server_drives_a_tool_loop(tiny_model_dir: Path, tmp_path
             assert second.continuation_used
             assert second.finish_reason == common_pb2.FINISH_REASON_STOP
             assert second.message.content[0].text.text == "There is one file."
+            none = common_pb2.ToolChoice(mode=common_pb2.TOOL_CHOICE_MODE_NONE)
+            plain = (
+                await collect(stub, inference_pb2.GenerateRequest(messages=messages[:1], tools=tools, tool_choice=none))
+            ).final
+            assert not plain.message.tool_calls
+            assert plain.finish_reason == common_pb2.FINISH_REASON_STOP
+            assert "<tool_call>" in plain.message.content[-1].text.text
             info = await stub.GetModelInfo(inference_pb2.GetModelInfoRequest())
             assert (info.backend, info.max_new_tokens) == ("scripted", 64)
+            body = json.dumps({"messages": [{"role": "ROLE_USER", "content": [{"text": {"text": "hi"}}]}]})
+            grpcurl = [str(REPO / ".venv" / "bin" / "grpcurl"), "-plaintext", "-d", body, server.address]
+            reply = await asyncio.to_thread(
+                subprocess.run,
+                [*grpcurl, "lodestar.v1.InferenceService/Generate"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert reply.returncode == 0, reply.stderr
+            assert json.loads(reply.stdout)["final"]["finishReason"] == "FINISH_REASON_TOOL_CALLS"
             count = await stub.CountTokens(inference_pb2.CountTokensRequest(messages=messages, tools=tools))
             assert count.prompt_tokens == len(second.prompt_token_ids)
 

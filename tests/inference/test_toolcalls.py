@@ -171,3 +171,14 @@ def test_template_renders_calls_exactly_as_the_model_writes_them(tmp_path: Path,
     assert parsed.result.reasoning == "r"
     assert parsed.result.text == "t"
     assert json.loads(parsed.result.tool_calls[0].arguments_json) == {"path": "a.py", "line": 3}
+
+
+def test_tool_choice_none_keeps_markup_as_text() -> None:
+    parser = AssistantParser(HermesFormat(), SCHEMAS, parse_tool_calls=False)
+    streamed = "".join(parser.update(REPLY[:cut]).text for cut in range(0, len(REPLY), 7))
+    streamed += parser.update(REPLY, final=True).text
+    assert parser.result.reasoning == "plan: list files"
+    assert parser.result.text == streamed
+    assert parser.result.text.startswith("Let me look.\n<tool_call>")
+    assert not parser.result.tool_calls
+    assert not parser.result.parse_error
