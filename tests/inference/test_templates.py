@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import common_pb2, inference_pb2
@@ -195,3 +197,18 @@ def test_incremental_decoder_never_splits_characters(tiny_tokenizer: TextTokeniz
     pieces.append(decoder.flush())
     assert "".join(pieces) == text
     assert all("\ufffd" not in piece for piece in pieces)
+
+
+_PIECE_TEXT = st.lists(st.sampled_from([*'ab \n{}":é日<|>_', "im_end", "tool"]), max_size=12).map("".join)
+_SPECIAL = st.sampled_from(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "\n", ""])
+
+
+@settings(max_examples=150, deadline=None)
+@given(pieces=st.lists(st.tuples(_SPECIAL, _PIECE_TEXT), max_size=8))
+def test_segmented_cached_encoding_equals_whole_encoding(
+    tiny_tokenizer: TextTokenizer, pieces: list[tuple[str, str]]
+) -> None:
+    text = "".join(special + body for special, body in pieces)
+    assert tiny_tokenizer.segments is not None
+    assert tiny_tokenizer.encode(text) == tiny_tokenizer._encode(text)
+    assert tiny_tokenizer.encode(text) == tiny_tokenizer._encode(text)  # the second time from the cache
