@@ -109,8 +109,12 @@ class Generation:
                 f"the prompt has {len(prompt.ids)} tokens but the context length is {context} tokens"
             )
         options = sampling_options(request.sampling, self._cap, context - len(prompt.ids))
-        engine_request = EngineRequest(
-            request_id, prompt.ids, options, messages=tuple(request.messages), tools=tuple(request.tools)
+        engine_request = EngineRequest(  # engine ids stay unique even when a client reuses its request_id
+            f"{request_id}#{uuid.uuid4().hex[:8]}",
+            prompt.ids,
+            options,
+            messages=tuple(request.messages),
+            tools=tuple(request.tools),
         )
         schemas = {tool.name: tool_schema(tool) for tool in request.tools}
         parser = AssistantParser(

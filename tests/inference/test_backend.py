@@ -134,7 +134,10 @@ async def test_concurrent_requests_are_each_exact(stub, teacher) -> None:
     params = [sampling(temperature=1.0, seed=seed, max_tokens=8 + seed) for seed in range(8)]
     prompts = [[user(f"Question number {i}: " + "why? " * i)] for i in range(8)]
     outs = await asyncio.gather(
-        *(collect(stub, request(m, sampling=p, stream=True)) for m, p in zip(prompts, params, strict=True))
+        *(
+            collect(stub, request(m, sampling=p, stream=True, request_id="same-id"))
+            for m, p in zip(prompts, params, strict=True)
+        )
     )
     for out in outs:
         final = out.final
