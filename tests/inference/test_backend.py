@@ -117,7 +117,8 @@ async def test_non_streaming_sends_only_the_final(stub) -> None:
 
 
 @pytest.mark.parametrize(
-    ("temperature", "top_k", "top_p"), [(1.0, 0, 1.0), (0.7, 50, 0.9), (0.0, 0, 1.0), (1.3, 20, 0.8)]
+    ("temperature", "top_k", "top_p"),
+    [(1.0, 0, 1.0), (0.7, 50, 0.9), (0.0, 0, 1.0), (0.0, 5, 0.5), (1.3, 20, 0.8)],
 )
 async def test_logprobs_equal_teacher_forcing(stub, teacher, temperature: float, top_k: int, top_p: float) -> None:
     params = sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=11, max_tokens=24)
