@@ -19,7 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lodestar.v1 import common_pb2, inference_pb2
+from services.gateway.digest_cache import DigestCache
 from services.gateway.sse import dump_bytes, dumps_sorted, loads
+
+_MESSAGE_KEYS: DigestCache[MessageKey] = DigestCache(64 * 1024 * 1024)
+_CONTEXT_KEYS: DigestCache[bytes] = DigestCache(16 * 1024 * 1024)
+"""Memos of the digests below by the exact serialized input (earlier messages and the tools repeat every
+call of a session)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +70,11 @@ def _parts(parts: Sequence[common_pb2.ContentPart]) -> tuple[list[object], list[
 
 
 def message_key(message: common_pb2.ChatMessage) -> MessageKey:
+    """The message's digests, memoized by its serialization (ChatMessage has no map fields: stable)."""
+    return _MESSAGE_KEYS.get(message.SerializeToString(), lambda: _message_key(message))
+
+
+def _message_key(message: common_pb2.ChatMessage) -> MessageKey:
     visible, reasoning = _parts(message.content)
     calls = [[call.name, _arguments(call.arguments_json)] for call in message.tool_calls]
     result = _parts(message.tool_result.content)[0] if message.role == common_pb2.ROLE_TOOL else None
@@ -78,10 +89,14 @@ def message_keys(messages: Sequence[common_pb2.ChatMessage]) -> list[MessageKey]
 def context_key(tools: Sequence[common_pb2.ToolDefinition]) -> bytes:
     """Digest of what else shapes the covered prompt: the tools (as sent; harnesses keep them
     byte-identical within a run). The thinking switch only shapes the new generation prompt."""
+    # ToolDefinition has no map fields unless a Struct schema is used: plain serialization is stable.
+    key = tuple(tool.SerializeToString(deterministic=tool.HasField("parameters_schema")) for tool in tools)
+    return _CONTEXT_KEYS.get(key, lambda: _context_digest(key))
+
+
+def _context_digest(serialized: tuple[bytes, ...]) -> bytes:
     hasher = hashlib.blake2b(digest_size=16)
-    for tool in tools:
-        # ToolDefinition has no map fields unless a Struct schema is used: plain serialization is stable.
-        data = tool.SerializeToString(deterministic=tool.WhichOneof("parameters") == "parameters_schema")
+    for data in serialized:
         hasher.update(len(data).to_bytes(8, "little"))
         hasher.update(data)
     return hasher.digest()
