@@ -24,7 +24,7 @@ from lodestar.logging import get_logger
 from lodestar.v1 import common_pb2, gateway_pb2
 
 Synchronous = Literal["full", "normal", "off"]
-_Operation = tuple[str, str, common_pb2.CallRecord | Callable[[], common_pb2.CallRecord] | None, bytes]
+_Operation = tuple[str, str, common_pb2.CallRecord | Callable[[], common_pb2.CallRecord] | None]
 CHECKPOINT_BYTES = 32 * 1024 * 1024
 """Checkpoint the WAL after about this much new data."""
 _log = get_logger("gateway.capture")
@@ -141,17 +141,16 @@ class CaptureStore:
     async def begin(self, call_id: str, request_half: Callable[[], common_pb2.CallRecord]) -> None:
         """Write the request half of a call, built by `request_half()` on the writer thread (committed on
         return; the caller need not wait right away). What it reads must not change afterwards."""
-        await self._submit(("begin", call_id, request_half, b""))
+        await self._submit(("begin", call_id, request_half))
 
-    async def append(self, call_id: str, result_half: common_pb2.CallRecord, *, prefix: bytes = b"") -> None:
+    async def append(self, call_id: str, result_half: common_pb2.CallRecord) -> None:
         """Write the result half (with `session_id` and `sequence`); returns once the whole record is
-        committed. `prefix`: already-serialized fields of the result half, stored in front of it. `begin(call_id,
-        ...)` must have been submitted first. Records are never modified after."""
-        await self._submit(("append", call_id, result_half, prefix))
+        committed. `begin(call_id, ...)` must have been submitted first. Records are never modified after."""
+        await self._submit(("append", call_id, result_half))
 
     async def discard(self, call_id: str) -> None:
         """Drop the request half of a call that was not answered."""
-        await self._submit(("discard", call_id, None, b""))
+        await self._submit(("discard", call_id, None))
 
     async def _submit(self, operation: _Operation) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -200,13 +199,13 @@ class CaptureStore:
         db = self._conn()
         db.execute("BEGIN IMMEDIATE")
         try:
-            for kind, call_id, record, prefix in operations:
+            for kind, call_id, record in operations:
                 if kind == "begin" and callable(record):
                     blob = record().SerializeToString()
                     db.execute("INSERT INTO requests (call_id, record) VALUES (?, ?)", (call_id, blob))
                     self._wal_bytes += len(blob)
                 elif kind == "append" and isinstance(record, common_pb2.CallRecord):
-                    blob = prefix + record.SerializeToString()
+                    blob = record.SerializeToString()
                     db.execute("INSERT INTO calls (session_id, sequence, call_id, record) VALUES (?, ?, ?, ?)",
                                (record.session_id, record.sequence, call_id, blob))  # fmt: skip
                     self._wal_bytes += len(blob)

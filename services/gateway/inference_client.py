@@ -16,7 +16,6 @@ from lodestar.errors import InvalidArgumentError, LodestarError, UnavailableErro
 from lodestar.grpc.client import connect
 from lodestar.grpc.errors import error_from_rpc
 from lodestar.v1 import inference_pb2, inference_pb2_grpc
-from services.gateway.wire import WireFinal, decode_response
 
 
 class GrpcInference:
@@ -27,20 +26,13 @@ class GrpcInference:
         self._timeout = timeout_s
         self._channel = connect(target, default_timeout=30.0)
         self._stub = inference_pb2_grpc.InferenceServiceStub(self._channel)
-        self._generate = self._channel.unary_stream(
-            "/lodestar.v1.InferenceService/Generate",
-            request_serializer=inference_pb2.GenerateRequest.SerializeToString,
-            response_deserializer=decode_response,  # keeps a final's packed prompt ids for the capture
-        )
         self._info: inference_pb2.GetModelInfoResponse | None = None
 
     async def close(self) -> None:
         await self._channel.close()
 
-    async def generate(
-        self, request: inference_pb2.GenerateRequest
-    ) -> AsyncIterator[inference_pb2.GenerateResponse | WireFinal]:
-        call = self._generate(request, timeout=self._timeout)
+    async def generate(self, request: inference_pb2.GenerateRequest) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        call = self._stub.Generate(request, timeout=self._timeout)
         try:
             async for response in call:
                 yield response

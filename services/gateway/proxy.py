@@ -21,7 +21,6 @@ from services.gateway.canonical import CallResult, CanonicalRequest, new_id, now
 from services.gateway.capture import CaptureStore
 from services.gateway.continuation import ChainIndex, ChainLink, PrefixMiss, context_key, message_keys
 from services.gateway.sessions import SessionEntry, timestamp_now
-from services.gateway.wire import RECORD_PROMPT_IDS, WireFinal, frame_len_field
 
 _log = get_logger("gateway.proxy")
 
@@ -29,11 +28,8 @@ _log = get_logger("gateway.proxy")
 class InferenceBackend(Protocol):
     """What the gateway needs from InferenceService (the gRPC adapter implements it)."""
 
-    def generate(
-        self, request: inference_pb2.GenerateRequest
-    ) -> AsyncIterator[inference_pb2.GenerateResponse | WireFinal]:
-        """Stream deltas then one final (plain, or with its prompt ids' wire bytes); raises LodestarError
-        (UnavailableError when unreachable)."""
+    def generate(self, request: inference_pb2.GenerateRequest) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        """Stream deltas then one final; raises LodestarError (UnavailableError when unreachable)."""
         ...
 
     async def count_tokens(self, request: inference_pb2.CountTokensRequest) -> int: ...
@@ -87,10 +83,8 @@ class Proxy:
             call_ids: dict[int, str] = {}
             sent = time.perf_counter()
             first_token_ms = 0.0
-            async for received in self._inference.generate(generate):
+            async for event in self._inference.generate(generate):
                 first_token_ms = first_token_ms or (time.perf_counter() - sent) * 1e3
-                event, packed_ids = (received.response, received.packed_prompt_ids) if isinstance(
-                    received, WireFinal) else (received, None)  # fmt: skip
                 if event.WhichOneof("event") == "delta":
                     for call in event.delta.tool_calls:
                         if call.id or call.index not in call_ids:
@@ -102,21 +96,16 @@ class Proxy:
                 completion = _completion(final.message, call_ids)
                 continued = found.sequence if isinstance(found, ChainLink) and final.continuation_used else -1
                 result_half = common_pb2.CallRecord(
-                    session_id=session.session_id, completion_token_ids=final.completion_token_ids,
-                    completion_logprobs=final.completion_logprobs,
+                    session_id=session.session_id, prompt_token_ids=final.prompt_token_ids,
+                    completion_token_ids=final.completion_token_ids, completion_logprobs=final.completion_logprobs,
                     finish_reason=final.finish_reason, completion=completion, policy_version=final.policy_version,
                     usage=final.usage, continued_from_sequence=continued, first_token_ms=first_token_ms,
                 )  # fmt: skip
-                if packed_ids is None:  # re-encoded into the record
-                    result_half.prompt_token_ids.extend(final.prompt_token_ids)
-                    ids_field = b""
-                else:  # the bytes inference sent, framed as the record's field (no re-encoding)
-                    ids_field = frame_len_field(RECORD_PROMPT_IDS, packed_ids)
                 link_keys = [*keys, *message_keys([completion])]
-                link = ChainLink(-1, context, link_keys, _continuation(final, len(link_keys)))
+                link = ChainLink(-1, context, link_keys, _continuation(result_half, len(link_keys)))
                 await begun
                 answered = True  # from here the record is completed even if this call is cancelled (shield)
-                sequence = await asyncio.shield(self._capture(session, response_id, result_half, ids_field, link))
+                sequence = await asyncio.shield(self._capture(session, response_id, result_half, link))
                 timings = {"prepare_ms": (sent - clock) * 1e3, "inference_ms": (arrived - sent) * 1e3,
                            "capture_ms": (time.perf_counter() - arrived) * 1e3}  # fmt: skip
                 yield CallResult(final, completion, response_id, now_seconds(), sequence, timings)
@@ -127,11 +116,11 @@ class Proxy:
                 self._discard(begun, response_id)
 
     async def _capture(
-        self, session: SessionEntry, call_id: str, result_half: common_pb2.CallRecord, prefix: bytes, link: ChainLink
+        self, session: SessionEntry, call_id: str, result_half: common_pb2.CallRecord, link: ChainLink
     ) -> int:
         result_half.sequence = link.sequence = session.take_sequence()
         result_half.finished_at.CopyFrom(timestamp_now())
-        await self._store.append(call_id, result_half, prefix=prefix)
+        await self._store.append(call_id, result_half)
         self.calls_captured += 1
         self._chains.add(session.session_id, link)
         return result_half.sequence
@@ -185,9 +174,7 @@ def _completion(message: common_pb2.ChatMessage, call_ids: dict[int, str]) -> co
     return completion
 
 
-def _continuation(
-    record: common_pb2.CallRecord | inference_pb2.GenerateFinal, covered: int
-) -> inference_pb2.Continuation:
+def _continuation(record: common_pb2.CallRecord, covered: int) -> inference_pb2.Continuation:
     """Prompt + sampled ids of a captured call, covering its `covered` messages (request + completion)."""
     continuation = inference_pb2.Continuation(token_ids=record.prompt_token_ids, message_count=covered)
     continuation.token_ids.extend(record.completion_token_ids)
