@@ -19,7 +19,7 @@ COMMAND_GROUPS = (services, up, health, model, session)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lodestar", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(prog="lodestar", description="lodestar: train unmodified coding agents with GRPO.")
     parser.add_argument("--version", action="version", version=f"lodestar {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in COMMAND_GROUPS:
