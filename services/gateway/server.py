@@ -2,14 +2,18 @@
 
 `GatewayNode` wires the capture store, the session registry, the inference client, the proxy, the
 aiohttp application and the gRPC server; `serve` runs it until SIGTERM/SIGINT, then drains both ports.
-Without `--rollout` the node only proxies sessions opened through `OpenSession`; the harness-running
-lifecycle (rollout, etcd membership) is wired by the node issue.
+With `--etcd` the node registers itself in etcd (`membership.py`) while it serves; etcd being down
+does not stop it serving. Without `--rollout` the node only proxies sessions opened through
+`OpenSession`; the harness-running lifecycle (pulling sessions from rollout) is wired by the node issue.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import socket
+from datetime import UTC, datetime
 
 from aiohttp import web
 
@@ -19,6 +23,7 @@ from lodestar.v1 import gateway_pb2, gateway_pb2_grpc
 from services.gateway.app import GatewayHttp
 from services.gateway.capture import CaptureStore
 from services.gateway.inference_client import GrpcInference
+from services.gateway.membership import Membership, NodeRecord
 from services.gateway.proxy import InferenceBackend, Proxy
 from services.gateway.servicer import GatewayServicer
 from services.gateway.sessions import SessionRegistry
@@ -50,6 +55,7 @@ class GatewayNode:
         )
         self._runner: web.AppRunner | None = None
         self.http_port = 0
+        self.membership: Membership | None = None
 
     @property
     def http_base_url(self) -> str:
@@ -75,9 +81,26 @@ class GatewayNode:
             "gateway serving", node_id=self.node_id, grpc=self.grpc_address, http=self.http_base_url,
             inference=self.inference_target, data_dir=str(self.settings.data_dir),
         )  # fmt: skip
+        if self.settings.etcd:
+            self.membership = Membership(
+                self.settings.etcd, self.node_record(), ttl=self.settings.etcd_lease_ttl_s,
+                prefix=self.settings.etcd_prefix,
+            )  # fmt: skip
+            self.membership.start()
+
+    def node_record(self) -> NodeRecord:
+        """What this node announces in etcd (capacity stays 0 until the node lifecycle runs harnesses)."""
+        return NodeRecord(
+            node_id=self.node_id, grpc_address=self.grpc_address, http_base_url=self.http_base_url,
+            inference=self.inference_target, capacity=0, started_at=datetime.now(UTC),
+        )  # fmt: skip
 
     async def stop(self, grace: float | None = None) -> None:
-        """Drain: stop taking calls, let running ones finish (up to the drain time), close the store."""
+        """Leave etcd (the node key is deleted at once), then drain: stop taking calls, let running ones
+        finish (up to the drain time), close the store."""
+        if self.membership is not None:
+            await self.membership.stop()
+            self.membership = None
         await self.grpc.stop(grace)
         if self._runner is not None:
             await self._runner.cleanup()
@@ -88,11 +111,25 @@ class GatewayNode:
 
 
 async def serve(settings: GatewaySettings) -> None:
-    if settings.rollout or settings.etcd:
-        _log.warning("rollout/etcd given: this build only proxies sessions opened with OpenSession")
+    if settings.rollout:
+        _log.warning("--rollout given but not implemented until the node issue: this build only proxies "
+                     "sessions opened with OpenSession and pulls none from rollout")  # fmt: skip
     node = GatewayNode(settings)
     await node.start()
+    # Our own signal handling (not GrpcServer.wait_for_termination): on SIGTERM the node must leave etcd
+    # before draining, or rollout would keep handing it work for the whole drain.
+    loop = asyncio.get_running_loop()
+    terminate = asyncio.Event()
+
+    def on_signal(signum: int) -> None:
+        _log.info("signal received", signal=signal.Signals(signum).name)
+        terminate.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
     try:
-        await node.grpc.wait_for_termination()
+        await terminate.wait()
     finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
         await node.stop()

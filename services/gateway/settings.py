@@ -21,7 +21,11 @@ class GatewaySettings(ServiceSettings):
     rollout: str | None = None
     """RolloutService address; without it the node only proxies sessions opened by OpenSession."""
     etcd: str | None = None
-    """etcd endpoint (http://host:port) for node membership."""
+    """etcd endpoint (http://host:port) for node membership; without it the node is not registered."""
+    etcd_prefix: str = "/lodestar/"
+    """Root of lodestar's etcd keys; the node registers as <prefix>nodes/<node_id>."""
+    etcd_lease_ttl_s: int = 10
+    """TTL of the node's etcd lease: a node that dies or is cut off vanishes from etcd after it."""
     node_id: str | None = None
     """Stable node id; defaults to hostname-pid."""
     data_dir: Path = Path(".lodestar/gateway")
