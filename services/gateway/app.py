@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -192,11 +193,16 @@ class GatewayHttp:
         response_id = new_id(_RESPONSE_PREFIX[dialect.name])
         events = self._proxy.call(session, parsed, body, response_id=response_id)
         response: web.StreamResponse
+        failure: _Failure | None = None
         async with contextlib.aclosing(events):
             if parsed.stream:
-                response, result = await self._stream(request, dialect, parsed, events, response_id)
+                response, result, failure = await self._stream(request, dialect, parsed, events, response_id)
             else:
                 response, result = await self._collect(dialect, parsed, events)
+        if failure is not None:  # one line: the harness got a 200 whose stream ends in the dialect's error event
+            log.warning("call failed mid-stream", status=response.status, response_id=response_id, error=failure.error,
+                        error_kind=failure.kind, events_sent=failure.events_sent, duration_ms=_ms(started))  # fmt: skip
+            return response
         details = (
             {"sequence": result.sequence, **{k: round(v, 3) for k, v in result.timings_ms.items()}} if result else {}
         )
@@ -221,34 +227,46 @@ class GatewayHttp:
         parsed: CanonicalRequest,
         events: AsyncIterator[Any],
         response_id: str,
-    ) -> tuple[web.StreamResponse, CallResult | None]:
+    ) -> tuple[web.StreamResponse, CallResult | None, _Failure | None]:
+        """Stream the call. A failure after the response started (headers sent, status 200) ends the stream
+        with the dialect's in-stream error event (never a normal terminator, so no SDK or harness mistakes
+        the partial answer for a complete one); the unanswered call leaves no CallRecord (see `Proxy`)."""
         renderer = dialect.stream(parsed)
         iterator = aiter(events)
         try:
             first = await anext(iterator)  # errors before the first token still get a proper status
         except LodestarError as error:
-            return error_response(dialect, error), None
+            return error_response(dialect, error), None, None
         response = web.StreamResponse(headers={"Content-Type": renderer.content_type, "Cache-Control": "no-cache"})
         await response.prepare(request)
         result: CallResult | None = None
+        failure: LodestarError | None = None
+        sent = 0
         try:
             chunk = renderer.start(response_id, now_seconds()) + _render(renderer, first)
             result = first if isinstance(first, CallResult) else None
             await response.write(chunk)
+            sent += 1
             async for event in iterator:
                 if isinstance(event, CallResult):
                     result = event
                 if chunk := _render(renderer, event):
                     await response.write(chunk)
+                    sent += 1
         except LodestarError as error:
-            await response.write(renderer.error(error))
+            failure = error
         except ConnectionResetError:
-            return response, None  # the client went away; closing `events` cancels the generation
+            return response, None, None  # the client went away; closing `events` cancels the generation
         except Exception:
             _log.exception("unhandled error while streaming", path=request.path)
-            await response.write(renderer.error(InternalError("internal error in the gateway (see its log)")))
-        await response.write_eof()
-        return response, result
+            failure = InternalError("internal error in the gateway (see its log)")
+        with contextlib.suppress(ConnectionResetError):  # a client gone at this point needs no terminator
+            if failure is not None:
+                await response.write(renderer.error(failure))
+            await response.write_eof()
+        if failure is None:
+            return response, result, None
+        return response, None, _Failure(failure.message, type(failure).__name__, sent)
 
     # Models --------------------------------------------------------------------------------------------
 
@@ -263,6 +281,16 @@ class GatewayHttp:
         if request.path.startswith("/v1beta/"):
             return json_response(google_models(info, model)["models"][0])
         return json_response(openai_models(info, model)["data"][0])
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """A stream that failed after its response had started."""
+
+    error: str
+    kind: str
+    events_sent: int
+    """Writes (groups of dialect events) that reached the client before the failure."""
 
 
 def _render(renderer: StreamRenderer, event: inference_pb2.GenerateDelta | CallResult) -> bytes:

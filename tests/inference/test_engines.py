@@ -6,15 +6,16 @@ import asyncio
 import json
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from lodestar.errors import InvalidArgumentError
+from lodestar.errors import InvalidArgumentError, UnavailableError
 from lodestar.v1 import common_pb2, inference_pb2, inference_pb2_grpc
-from services.inference.engine import EngineRequest, SamplingOptions, TensorMeta, WeightUpdate
+from services.inference.engine import EngineRequest, EngineStep, SamplingOptions, TensorMeta, WeightUpdate
 from services.inference.engines.scripted import ScriptedEngine
 from services.inference.engines.transformers import TransformersEngine
 from services.inference.generation import sampling_options
@@ -141,6 +142,35 @@ async def test_scripted_engine_follows_the_script(
     steps = [s async for s in engine.generate(engine_request(prompt, 3, messages=turn3))]
     assert len(steps) == 3
     assert steps[-1].finish_reason == "length"
+
+
+async def collect_steps(steps: AsyncIterator[EngineStep], into: list[EngineStep]) -> None:
+    async for step in steps:
+        into.append(step)
+
+
+async def test_scripted_engine_fails_after_n_tokens(
+    tiny_model_dir: Path, chat_template: ChatTemplate, tmp_path: Path
+) -> None:
+    script = tmp_path / "script.json"
+    reply = {"text": "One two three four five six seven.", "fail_after_tokens": 3}
+    script.write_text(json.dumps({"select": "sequence", "replies": [reply, {**reply, "fail_after_tokens": 0}]}))
+    engine = ScriptedEngine(tiny_model_dir, script, "auto")
+    await engine.start()
+    turn = (user("Count."),)
+    prompt = chat_template.prompt(turn, ()).ids
+    steps: list[EngineStep] = []
+    with pytest.raises(UnavailableError, match="after 3 tokens"):
+        await collect_steps(engine.generate(engine_request(prompt, 200, messages=turn)), steps)
+    assert len(steps) == 3
+    assert all(step.finish_reason is None for step in steps)
+    assert chat_template.tokenizer.decode([t for s in steps for t in s.token_ids]) == (
+        chat_template.tokenizer.decode(chat_template.tokenizer.encode(reply["text"])[:3])
+    )
+    with pytest.raises(UnavailableError, match="after 0 tokens"):
+        await anext(engine.generate(engine_request(prompt, 200, messages=turn)))
+    steps = [s async for s in engine.generate(engine_request(prompt, 200, messages=turn))]  # past the script
+    assert steps[-1].finish_reason == "stop"
 
 
 async def test_scripted_server_drives_a_tool_loop(tiny_model_dir: Path, tmp_path: Path) -> None:

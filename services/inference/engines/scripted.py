@@ -8,7 +8,8 @@ A script is a JSON file (`--script PATH`, re-read when it changes):
       "token_delay_s": 0.0,        # pause before each streamed token (to test streaming/cancellation)
       "replies": [
         {"tool_calls": [{"name": ["shell", "Bash"], "arguments": {"command": "ls"}}]},
-        {"reasoning": "the listing shows it", "text": "Done."}
+        {"reasoning": "the listing shows it", "text": "Done."},
+        {"text": "Half an answer", "fail_after_tokens": 2}   # fails mid-stream (see below)
       ],
       "default": {"text": "OK."}   # answers past the end of `replies`
     }
@@ -18,7 +19,10 @@ a tool is used (so one script drives harnesses whose shell tool is `Bash`, `shel
 `run_shell_command`); with no match the first candidate is used. Replies are rendered in the model's own
 tool-call format and tokenized with the real tokenizer, followed by the end-of-turn id, so ids, text and
 parsing are exactly those of a real model; each token's logprob is 0.0 (the script is certain). With no
-script the engine answers "Hello from the scripted engine." and ends the turn. Weight updates are
+script the engine answers "Hello from the scripted engine." and ends the turn. A reply with
+`fail_after_tokens: N` emits its first N tokens, then raises UnavailableError (the server answers
+UNAVAILABLE in the middle of the stream, as a crashed or evicted backend would; N = 0 fails before the
+first token; a reply of at most N tokens completes normally). Weight updates are
 accepted (metadata checked for well-formedness only) and bump the policy version.
 """
 
@@ -149,8 +153,11 @@ class ScriptedEngine:
         limit = request.sampling.max_tokens
         ids, finish = (ids[:limit], "length") if len(ids) > limit else (ids, "stop")
         delay = float(self._script.get("token_delay_s", 0.0))
+        fail_after = reply.get("fail_after_tokens")
         version = self._version
         for position, token in enumerate(ids):
+            if fail_after is not None and position >= int(fail_after):
+                raise UnavailableError(f"scripted failure after {position} tokens")
             await asyncio.sleep(delay)
             last = position == len(ids) - 1
             logprobs = (0.0,) if request.return_logprobs else ()
