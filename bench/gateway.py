@@ -330,8 +330,6 @@ def table(result: dict[str, Any]) -> str:
 
 
 def write_docs(text: str, result: dict[str, Any]) -> None:
-    path = REPO / "docs" / "benchmarks.md"
-    doc = path.read_text() if path.exists() else "# Benchmarks\n"
     section = (
         f"{SECTION}\n\n`bench/gateway.py` ({time.strftime('%Y-%m-%d')}, {platform.machine()}, "
         f"{len(result['series']['direct'])} interleaved calls per figure): an Anthropic Messages request shaped "
@@ -341,13 +339,9 @@ def write_docs(text: str, result: dict[str, Any]) -> None:
         "to SQLite before answering (`normal`: survives a gateway crash; `full`: also fsynced).\n\n"
         f"{text}\n\n{notes(result)}\n"
     )
-    start = doc.find(SECTION)
-    if start < 0:
-        doc = doc.rstrip() + "\n\n" + section
-    else:
-        end = doc.find("\n## ", start + len(SECTION))
-        doc = doc[:start] + section + (doc[end + 1 :] if end >= 0 else "")
-    path.write_text(doc)
+    from bench.docs_section import replace_section
+
+    replace_section(SECTION, section)
 
 
 def notes(result: dict[str, Any]) -> str:

@@ -166,8 +166,6 @@ def table(results: dict[str, dict[str, float]]) -> str:
 
 
 def write_docs(text: str, repeats: int) -> None:
-    path = REPO / "docs" / "benchmarks.md"
-    doc = path.read_text() if path.exists() else "# Benchmarks\n"
     section = (
         f"{SECTION}\n\n`bench/inference.py` on the tiny model (Qwen3, hidden 64, 2 layers, 4096 vocab, fp32 CPU), "
         f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, medians of {repeats} runs; "
@@ -175,13 +173,9 @@ def write_docs(text: str, repeats: int) -> None:
         "(columns 2-5); engine-level, in process (columns 6-8).\n\n"
         f"{text}\n{NOTES}"
     )
-    start = doc.find(SECTION + "\n")  # the whole heading line: other sections start with "## Inference" too
-    if start < 0:
-        doc = doc.rstrip() + "\n\n" + section
-    else:
-        end = doc.find("\n## ", start + len(SECTION))
-        doc = doc[:start] + section + (doc[end + 1 :] if end >= 0 else "")
-    path.write_text(doc)
+    from bench.docs_section import replace_section
+
+    replace_section(SECTION, section)
 
 
 def main() -> None:

@@ -6,8 +6,6 @@ Service-specific fixtures live in tests/<service>/conftest.py.
 from __future__ import annotations
 
 import json
-import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -18,26 +16,17 @@ from pathlib import Path
 
 import pytest
 
-ETCD_PACKAGE = "etcd-server"
+from lodestar.errors import UnavailableError
+from lodestar.local import find_etcd, free_port
+
 ETCD_START_TIMEOUT_S = 15.0
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the caller binds it soon after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _etcd_binary() -> str:
-    found = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
-    if found is None:
-        pytest.fail(
-            f"the etcd server binary is not installed: apt-get install -y {ETCD_PACKAGE} (`make test` installs it)",
-            pytrace=False,
-        )
-    return found
+    try:
+        return find_etcd()
+    except UnavailableError as error:
+        pytest.fail(f"{error.message} (`make test` installs it)", pytrace=False)
 
 
 def _healthy(client_url: str) -> bool:

@@ -1,0 +1,23 @@
+"""Replace one `## ` section of docs/benchmarks.md with a benchmark's fresh results (used by `--write-docs`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+BENCHMARKS_MD = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+
+
+def replace_section(heading: str, section: str, path: Path = BENCHMARKS_MD) -> None:
+    """Put `section` (starting with the `heading` line) where that heading stands, or append it.
+
+    The heading is matched as a whole line, so "## Inference" does not match "## Inference: vLLM". The old
+    section runs up to the next `## ` heading.
+    """
+    doc = path.read_text() if path.exists() else "# Benchmarks\n"
+    start = doc.find(heading + "\n")
+    if start < 0:
+        doc = doc.rstrip() + "\n\n" + section
+    else:
+        end = doc.find("\n## ", start + len(heading))
+        doc = doc[:start] + section + (doc[end + 1 :] if end >= 0 else "")
+    path.write_text(doc)
