@@ -41,6 +41,16 @@ def free_port() -> int:
         return port
 
 
+def port_or_free(preferred: int) -> int:
+    """`preferred` when it is free on 127.0.0.1, else any free port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", preferred))
+        except OSError:
+            return free_port()
+    return preferred
+
+
 def find_etcd() -> str:
     """Path of the etcd server binary, or UnavailableError naming the package to install."""
     found = shutil.which("etcd")

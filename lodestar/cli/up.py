@@ -19,14 +19,18 @@ from rich.console import Console
 from rich.table import Table
 
 from lodestar.errors import UnavailableError
-from lodestar.local import LocalCluster, ServiceSpec, find_etcd, free_port
+from lodestar.local import LocalCluster, ServiceSpec, find_etcd, port_or_free
 
 _console = Console(stderr=True)
+DEFAULT_PORTS = {"inference": 50051, "gateway": 50052, "rollout": 50053, "trainer": 50054}
+"""The services' own default gRPC ports (their settings' defaults)."""
+DEFAULT_HTTP_PORT = 8080
 
 
 def _service_specs(args: argparse.Namespace, data_dir: Path, etcd_url: str) -> list[ServiceSpec]:
-    ports = {name: free_port() for name in ("inference", "rollout", "gateway", "trainer")}
-    http_port = args.http_port or free_port()
+    # Each service's own default port when free (predictable addresses), else any free port.
+    ports = {name: port_or_free(DEFAULT_PORTS[name]) for name in ("inference", "rollout", "gateway", "trainer")}
+    http_port = args.http_port or port_or_free(DEFAULT_HTTP_PORT)
     inference_args = ["--backend", args.backend, "--model", str(args.model or data_dir / "tiny-model")]
     return [
         ServiceSpec("inference", ports["inference"], inference_args),
@@ -151,7 +155,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--model", type=Path, default=None, help="model directory to serve (default: build the offline tiny model)"
     )
-    parser.add_argument("--http-port", type=int, default=0, help="gateway vendor-API port (0: free port)")
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=0,
+        help="gateway vendor-API port (default 8080, or a free port when 8080 is taken)",
+    )
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each start")
     parser.add_argument("--max-restarts", type=int, default=3, help="restarts per crashed service")
     parser.add_argument("--check", action="store_true", help="exit after the self-check passes")
