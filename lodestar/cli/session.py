@@ -11,12 +11,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
 
 from lodestar.errors import InvalidArgumentError
 from lodestar.grpc.errors import error_from_rpc
 from lodestar.v1 import gateway_pb2, gateway_pb2_grpc
+
+T = TypeVar("T")
 
 
 def _labels(pairs: list[str]) -> dict[str, str]:
@@ -29,19 +33,18 @@ def _labels(pairs: list[str]) -> dict[str, str]:
     return labels
 
 
-def _stub(args: argparse.Namespace) -> tuple[grpc.Channel, gateway_pb2_grpc.GatewayServiceStub]:
-    channel = grpc.insecure_channel(args.gateway)
-    return channel, gateway_pb2_grpc.GatewayServiceStub(channel)
+def _call(args: argparse.Namespace, rpc: Callable[[gateway_pb2_grpc.GatewayServiceStub], T]) -> T:
+    """Run one GatewayService call on a fresh channel to `--gateway`; a failed call raises its domain error."""
+    with grpc.insecure_channel(args.gateway) as channel:
+        try:
+            return rpc(gateway_pb2_grpc.GatewayServiceStub(channel))
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None  # type: ignore[arg-type]
 
 
 def _open(args: argparse.Namespace) -> int:
     request = gateway_pb2.OpenSessionRequest(run_id=args.run_id, labels=_labels(args.label))
-    channel, stub = _stub(args)
-    with channel:
-        try:
-            reply = stub.OpenSession(request, timeout=args.timeout)
-        except grpc.RpcError as error:
-            raise error_from_rpc(error) from None  # type: ignore[arg-type]
+    reply = _call(args, lambda stub: stub.OpenSession(request, timeout=args.timeout))
     session = reply.session
     if args.json:
         print(json.dumps({"session_id": session.session_id, "session_key": session.session_key,
@@ -53,23 +56,15 @@ def _open(args: argparse.Namespace) -> int:
 
 
 def _close(args: argparse.Namespace) -> int:
-    channel, stub = _stub(args)
-    with channel:
-        try:
-            reply = stub.CloseSession(gateway_pb2.CloseSessionRequest(session_id=args.session_id), timeout=args.timeout)
-        except grpc.RpcError as error:
-            raise error_from_rpc(error) from None  # type: ignore[arg-type]
+    request = gateway_pb2.CloseSessionRequest(session_id=args.session_id)
+    reply = _call(args, lambda stub: stub.CloseSession(request, timeout=args.timeout))
     print(f"session {reply.session.session_id} closed after {reply.session.call_count} calls")
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
-    channel, stub = _stub(args)
-    with channel:
-        try:
-            reply = stub.GetSession(gateway_pb2.GetSessionRequest(session_id=args.session_id), timeout=args.timeout)
-        except grpc.RpcError as error:
-            raise error_from_rpc(error) from None  # type: ignore[arg-type]
+    request = gateway_pb2.GetSessionRequest(session_id=args.session_id)
+    reply = _call(args, lambda stub: stub.GetSession(request, timeout=args.timeout))
     session = reply.session
     state = gateway_pb2.SessionState.Name(session.state).removeprefix("SESSION_STATE_").lower()
     print(f"session {session.session_id} ({state}), {len(reply.calls)} calls")
