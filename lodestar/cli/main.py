@@ -12,10 +12,10 @@ import sys
 from collections.abc import Sequence
 
 from lodestar import __version__
-from lodestar.cli import health, model, services, session, up
+from lodestar.cli import health, model, plot, run, services, session, up
 from lodestar.errors import LodestarError
 
-COMMAND_GROUPS = (services, up, health, model, session)
+COMMAND_GROUPS = (services, up, health, model, session, run, plot)
 
 
 def build_parser() -> argparse.ArgumentParser:

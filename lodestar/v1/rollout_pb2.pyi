@@ -42,6 +42,36 @@ RUN_STATE_COMPLETED: RunState.ValueType  # 2
 RUN_STATE_CANCELLED: RunState.ValueType  # 3
 Global___RunState: _TypeAlias = RunState  # noqa: Y015
 
+class _SessionStage:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SessionStageEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SessionStage.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SESSION_STAGE_UNSPECIFIED: _SessionStage.ValueType  # 0
+    SESSION_STAGE_INIT: _SessionStage.ValueType  # 1
+    """Preparing the runtime: workspace, HOME, TMPDIR, task files, gateway session."""
+    SESSION_STAGE_READY: _SessionStage.ValueType  # 2
+    """Prepared, waiting in the node's READY buffer for a run slot."""
+    SESSION_STAGE_RUN: _SessionStage.ValueType  # 3
+    """The harness is running."""
+    SESSION_STAGE_POST: _SessionStage.ValueType  # 4
+    """Verifier and result collection."""
+
+class SessionStage(_SessionStage, metaclass=_SessionStageEnumTypeWrapper):
+    """Lifecycle stage of a session on a gateway node."""
+
+SESSION_STAGE_UNSPECIFIED: SessionStage.ValueType  # 0
+SESSION_STAGE_INIT: SessionStage.ValueType  # 1
+"""Preparing the runtime: workspace, HOME, TMPDIR, task files, gateway session."""
+SESSION_STAGE_READY: SessionStage.ValueType  # 2
+"""Prepared, waiting in the node's READY buffer for a run slot."""
+SESSION_STAGE_RUN: SessionStage.ValueType  # 3
+"""The harness is running."""
+SESSION_STAGE_POST: SessionStage.ValueType  # 4
+"""Verifier and result collection."""
+Global___SessionStage: _TypeAlias = SessionStage  # noqa: Y015
+
 class _SessionOutcome:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -288,6 +318,26 @@ Global___RunSpec: _TypeAlias = RunSpec  # noqa: Y015
 class Run(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class StageSecondsMeanEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     RUN_ID_FIELD_NUMBER: _builtins.int
     SPEC_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
@@ -300,6 +350,12 @@ class Run(_message.Message):
     SESSIONS_CANCELLED_FIELD_NUMBER: _builtins.int
     GROUPS_COMPLETE_FIELD_NUMBER: _builtins.int
     GROUPS_DELIVERED_FIELD_NUMBER: _builtins.int
+    SESSIONS_READY_FIELD_NUMBER: _builtins.int
+    INFRA_FAILURES_FIELD_NUMBER: _builtins.int
+    SESSIONS_TIMED_OUT_FIELD_NUMBER: _builtins.int
+    REWARD_MEAN_FIELD_NUMBER: _builtins.int
+    STAGE_SECONDS_MEAN_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     state: Global___RunState.ValueType
     sessions_total: _builtins.int
@@ -310,10 +366,24 @@ class Run(_message.Message):
     sessions_cancelled: _builtins.int
     groups_complete: _builtins.int
     groups_delivered: _builtins.int
+    sessions_ready: _builtins.int
+    """Sessions prepared on a node and waiting in its READY buffer for a run slot (a subset of running)."""
+    infra_failures: _builtins.int
+    """Attempts that ended in an infrastructure failure (each retried until max_attempts)."""
+    sessions_timed_out: _builtins.int
+    """Sessions that ran past the agent timeout (scored as the verifier decided; a subset of succeeded)."""
+    reward_mean: _builtins.float
+    """Mean reward over scored sessions (0 when none)."""
+    policy_version: _builtins.int
+    """Latest policy version reported by the trainer."""
     @_builtins.property
     def spec(self) -> Global___RunSpec: ...
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def stage_seconds_mean(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Mean seconds per lifecycle stage over finished attempts: "init", "ready", "run", "post", "session"."""
+
     def __init__(
         self,
         *,
@@ -329,10 +399,16 @@ class Run(_message.Message):
         sessions_cancelled: _builtins.int = ...,
         groups_complete: _builtins.int = ...,
         groups_delivered: _builtins.int = ...,
+        sessions_ready: _builtins.int = ...,
+        infra_failures: _builtins.int = ...,
+        sessions_timed_out: _builtins.int = ...,
+        reward_mean: _builtins.float = ...,
+        stage_seconds_mean: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        policy_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "groups_complete", b"groups_complete", "groups_delivered", b"groups_delivered", "run_id", b"run_id", "sessions_cancelled", b"sessions_cancelled", "sessions_failed", b"sessions_failed", "sessions_pending", b"sessions_pending", "sessions_running", b"sessions_running", "sessions_succeeded", b"sessions_succeeded", "sessions_total", b"sessions_total", "spec", b"spec", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "groups_complete", b"groups_complete", "groups_delivered", b"groups_delivered", "infra_failures", b"infra_failures", "policy_version", b"policy_version", "reward_mean", b"reward_mean", "run_id", b"run_id", "sessions_cancelled", b"sessions_cancelled", "sessions_failed", b"sessions_failed", "sessions_pending", b"sessions_pending", "sessions_ready", b"sessions_ready", "sessions_running", b"sessions_running", "sessions_succeeded", b"sessions_succeeded", "sessions_timed_out", b"sessions_timed_out", "sessions_total", b"sessions_total", "spec", b"spec", "stage_seconds_mean", b"stage_seconds_mean", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -509,28 +585,87 @@ class SessionAssignment(_message.Message):
 Global___SessionAssignment: _TypeAlias = SessionAssignment  # noqa: Y015
 
 @_typing.final
+class SessionProgress(_message.Message):
+    """One attempt of a session a node holds, and where it is in its lifecycle."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    STAGE_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    attempt: _builtins.int
+    stage: Global___SessionStage.ValueType
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        stage: Global___SessionStage.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "session_id", b"session_id", "stage", b"stage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionProgress: _TypeAlias = SessionProgress  # noqa: Y015
+
+@_typing.final
+class SessionAttemptRef(_message.Message):
+    """A session attempt, by id."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    attempt: _builtins.int
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionAttemptRef: _TypeAlias = SessionAttemptRef  # noqa: Y015
+
+@_typing.final
 class AcquireSessionsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     NODE_ID_FIELD_NUMBER: _builtins.int
     LEASE_ID_FIELD_NUMBER: _builtins.int
     FREE_SLOTS_FIELD_NUMBER: _builtins.int
+    IN_FLIGHT_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     """The node's id (its etcd membership key)."""
     lease_id: _builtins.int
     """The node's etcd lease; ownership keys are bound to it."""
     free_slots: _builtins.int
-    """How many sessions the node can take now."""
+    """How many sessions the node can take now. 0 is a valid poll: it reports progress and collects
+    cancellations without taking work.
+    """
+    @_builtins.property
+    def in_flight(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionProgress]:
+        """Every session attempt the node holds now, with its stage (feeds the run's ready/running counts)."""
+
     def __init__(
         self,
         *,
         node_id: _builtins.str = ...,
         lease_id: _builtins.int = ...,
         free_slots: _builtins.int = ...,
+        in_flight: _abc.Iterable[Global___SessionProgress] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["free_slots", b"free_slots", "lease_id", b"lease_id", "node_id", b"node_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["free_slots", b"free_slots", "in_flight", b"in_flight", "lease_id", b"lease_id", "node_id", b"node_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -541,16 +676,24 @@ class AcquireSessionsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSIONS_FIELD_NUMBER: _builtins.int
+    CANCELLED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionAssignment]: ...
+    @_builtins.property
+    def cancelled(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionAttemptRef]:
+        """Attempts the node holds that must stop now (early stop of their group, a cancelled run, or an attempt
+        superseded after a lease loss). The node kills them and reports them as CANCELLED (or not at all).
+        """
+
     def __init__(
         self,
         *,
         sessions: _abc.Iterable[Global___SessionAssignment] | None = ...,
+        cancelled: _abc.Iterable[Global___SessionAttemptRef] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["sessions", b"sessions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "sessions", b"sessions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -573,6 +716,10 @@ class SessionResult(_message.Message):
     AGENT_DURATION_FIELD_NUMBER: _builtins.int
     SESSION_DURATION_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    INIT_DURATION_FIELD_NUMBER: _builtins.int
+    READY_DURATION_FIELD_NUMBER: _builtins.int
+    POST_DURATION_FIELD_NUMBER: _builtins.int
+    FINAL_ANSWER_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     attempt: _builtins.int
     node_id: _builtins.str
@@ -585,6 +732,8 @@ class SessionResult(_message.Message):
     stderr_tail: _builtins.str
     error: _builtins.str
     """Human-readable reason for INFRA_FAILED."""
+    final_answer: _builtins.str
+    """The harness's final answer (the text of the last assistant message), as given to the verifier."""
     @_builtins.property
     def calls(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.CallRecord]:
         """Every model call of the session, in sequence order."""
@@ -597,6 +746,14 @@ class SessionResult(_message.Message):
     def agent_duration(self) -> _duration_pb2.Duration: ...
     @_builtins.property
     def session_duration(self) -> _duration_pb2.Duration: ...
+    @_builtins.property
+    def init_duration(self) -> _duration_pb2.Duration:
+        """Time spent preparing the runtime (INIT), waiting for a run slot (READY) and scoring (POST)."""
+
+    @_builtins.property
+    def ready_duration(self) -> _duration_pb2.Duration: ...
+    @_builtins.property
+    def post_duration(self) -> _duration_pb2.Duration: ...
     def __init__(
         self,
         *,
@@ -613,10 +770,14 @@ class SessionResult(_message.Message):
         agent_duration: _duration_pb2.Duration | None = ...,
         session_duration: _duration_pb2.Duration | None = ...,
         error: _builtins.str = ...,
+        init_duration: _duration_pb2.Duration | None = ...,
+        ready_duration: _duration_pb2.Duration | None = ...,
+        post_duration: _duration_pb2.Duration | None = ...,
+        final_answer: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_duration", b"agent_duration", "session_duration", b"session_duration", "verifier_details", b"verifier_details"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_duration", b"agent_duration", "init_duration", b"init_duration", "post_duration", b"post_duration", "ready_duration", b"ready_duration", "session_duration", b"session_duration", "verifier_details", b"verifier_details"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_duration", b"agent_duration", "attempt", b"attempt", "calls", b"calls", "error", b"error", "exit_code", b"exit_code", "node_id", b"node_id", "outcome", b"outcome", "reward", b"reward", "session_duration", b"session_duration", "session_id", b"session_id", "stderr_tail", b"stderr_tail", "stdout_tail", b"stdout_tail", "verifier_details", b"verifier_details"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_duration", b"agent_duration", "attempt", b"attempt", "calls", b"calls", "error", b"error", "exit_code", b"exit_code", "final_answer", b"final_answer", "init_duration", b"init_duration", "node_id", b"node_id", "outcome", b"outcome", "post_duration", b"post_duration", "ready_duration", b"ready_duration", "reward", b"reward", "session_duration", b"session_duration", "session_id", b"session_id", "stderr_tail", b"stderr_tail", "stdout_tail", b"stdout_tail", "verifier_details", b"verifier_details"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -708,18 +869,24 @@ class StreamGroupsRequest(_message.Message):
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     START_AFTER_FIELD_NUMBER: _builtins.int
+    TOKENS_ONLY_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     start_after: _builtins.int
     """Resume after this many groups already delivered to this consumer (0 from the start)."""
+    tokens_only: _builtins.bool
+    """Leave out each call's request body and canonical chat (original_request_json, messages, tools): the
+    trainer needs only token ids and logprobs, and full groups of long sessions run to hundreds of MB.
+    """
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
         start_after: _builtins.int = ...,
+        tokens_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "start_after", b"start_after"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "start_after", b"start_after", "tokens_only", b"tokens_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -123,6 +123,8 @@ class GetStatusResponse(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     LAST_METRICS_FIELD_NUMBER: _builtins.int
     LAST_CHECKPOINT_PATH_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    SKIPPED_STEPS_FIELD_NUMBER: _builtins.int
     state: Global___TrainerState.ValueType
     step: _builtins.int
     policy_version: _builtins.int
@@ -130,6 +132,10 @@ class GetStatusResponse(_message.Message):
     """Run the trainer consumes."""
     last_checkpoint_path: _builtins.str
     """Last checkpoint written, if any."""
+    error: _builtins.str
+    """Why the trainer FAILED, or the last skipped step's reason (empty when none)."""
+    skipped_steps: _builtins.int
+    """Steps skipped because their input was unusable (each logged with its reason)."""
     @_builtins.property
     def last_metrics(self) -> Global___StepMetrics: ...
     def __init__(
@@ -141,10 +147,12 @@ class GetStatusResponse(_message.Message):
         run_id: _builtins.str = ...,
         last_metrics: Global___StepMetrics | None = ...,
         last_checkpoint_path: _builtins.str = ...,
+        error: _builtins.str = ...,
+        skipped_steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_metrics", b"last_metrics"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_checkpoint_path", b"last_checkpoint_path", "last_metrics", b"last_metrics", "policy_version", b"policy_version", "run_id", b"run_id", "state", b"state", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "last_checkpoint_path", b"last_checkpoint_path", "last_metrics", b"last_metrics", "policy_version", b"policy_version", "run_id", b"run_id", "skipped_steps", b"skipped_steps", "state", b"state", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
