@@ -1,0 +1,184 @@
+"""Tree attention for packed micro-batches: each token attends to its ancestors only, in linear memory.
+
+A micro-batch is laid out in DFS pre-order (services/trainer/batch.py, builders/tree.py): every subtree
+is a contiguous run, so key k is visible to query q exactly when k <= q < end[k], where end[k] is the end
+of k's subtree. Packed linear sequences are the special case end[k] = end of k's sequence (a
+block-diagonal causal mask); a lone sequence is plain causal attention.
+
+`TreeLayout.of(parents)` checks the pre-order property and precomputes, for each block of `block` queries,
+which key blocks hold any of their ancestors (block-sparse: a key block is needed when some key in it has
+k < q_end and end[k] > q_start). `tree_attention` runs SDPA per query block over those keys only, with the
+exact element mask computed on the fly, and recomputes each block in the backward pass (flash-attention
+style at the block level), so neither a [T, T] mask nor per-block copies of K/V are kept for backward:
+memory is O(T * block) beyond the inputs, and work is proportional to the visible (ancestor) pairs.
+
+Which attention runs where (torch 2.13): flex attention would express the same mask as a BlockMask, but
+on CPU it has no backward ("FlexAttention does not support backward on CPU"), so this block-sparse SDPA
+path is what runs on CPU; it also runs unchanged on CUDA (SDPA picks its fused kernels for the blocks).
+A flex-attention path for CUDA is not built yet.
+
+The function is registered with transformers as the attention implementation `ATTENTION_NAME`; called
+without a layout (e.g. plain generation on the same model) it falls back to the stock SDPA attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ATTENTION_NAME = "lodestar_tree"
+LAYOUT_KWARG = "lodestar_layout"
+DEFAULT_BLOCK = 512
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    """The visibility structure of one micro-batch of T tokens, shared by every layer."""
+
+    end: torch.Tensor
+    """[T] int64: end (exclusive) of each token's subtree."""
+    block: int
+    keys: list[slice | torch.Tensor]
+    """Per query block: the keys it may see, as one contiguous slice or an index tensor."""
+
+    @classmethod
+    def of(cls, parents: list[int], *, block: int = DEFAULT_BLOCK, device: torch.device | None = None) -> TreeLayout:
+        """Check that `parents` is a pre-order forest and precompute the block structure.
+
+        Raises ValueError when a token's parent is not on the path to the previous token (not pre-order).
+        """
+        size = len(parents)
+        end = [size] * size
+        path: list[int] = []
+        for token, parent in enumerate(parents):
+            while path and path[-1] != parent:
+                end[path.pop()] = token
+            if parent >= 0 and not path:
+                raise ValueError(f"token {token}: parent {parent} is not an ancestor of the previous token")
+            path.append(token)
+        end_tensor = torch.tensor(end, dtype=torch.int64)
+        blocks = (size + block - 1) // block
+        block_end = torch.zeros(blocks, dtype=torch.int64)
+        block_end.scatter_reduce_(0, torch.arange(size) // block, end_tensor, reduce="amax")
+        keys: list[slice | torch.Tensor] = []
+        for index in range(blocks):
+            q_start = index * block
+            needed = torch.nonzero(block_end[: index + 1] > q_start).flatten().tolist()
+            keys.append(_key_span(needed, block, min(size, q_start + block)))
+        if device is not None:
+            end_tensor = end_tensor.to(device)
+            keys = [key if isinstance(key, slice) else key.to(device) for key in keys]
+        return cls(end_tensor, block, keys)
+
+
+def _key_span(needed: list[int], block: int, q_end: int) -> slice | torch.Tensor:
+    if needed[-1] - needed[0] + 1 == len(needed):
+        return slice(needed[0] * block, min(q_end, (needed[-1] + 1) * block))
+    return torch.cat([torch.arange(i * block, min(q_end, (i + 1) * block)) for i in needed])
+
+
+def _key_index(key: slice | torch.Tensor, device: torch.device) -> torch.Tensor:
+    if isinstance(key, slice):
+        return torch.arange(key.start, key.stop, device=device)
+    return key
+
+
+def _block(
+    layout: TreeLayout, index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(queries, keys, values, mask) of query block `index`; q/k/v are [B, H, T, D]."""
+    q_start = index * layout.block
+    q_end = min(q.shape[2], q_start + layout.block)
+    key = layout.keys[index]
+    if isinstance(key, slice):
+        k_block, v_block = k[:, :, key], v[:, :, key]
+    else:
+        k_block, v_block = k.index_select(2, key), v.index_select(2, key)
+    k_index = _key_index(key, q.device)
+    q_index = torch.arange(q_start, q_end, device=q.device)[:, None]
+    mask = (k_index[None, :] <= q_index) & (q_index < layout.end[k_index][None, :])
+    return q[:, :, q_start:q_end], k_block, v_block, mask
+
+
+class _TreeAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TreeLayout, scale: float | None
+    ) -> torch.Tensor:
+        out = torch.empty_like(q)
+        for index in range(len(layout.keys)):
+            qb, kb, vb, mask = _block(layout, index, q, k, v)
+            start = index * layout.block
+            out[:, :, start : start + qb.shape[2]] = F.scaled_dot_product_attention(
+                qb, kb, vb, attn_mask=mask, scale=scale, enable_gqa=True
+            )
+        ctx.save_for_backward(q, k, v)
+        ctx.layout, ctx.scale = layout, scale
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        q, k, v = ctx.saved_tensors
+        layout: TreeLayout = ctx.layout
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for index, key in enumerate(layout.keys):
+            with torch.enable_grad():
+                qb, kb, vb, mask = _block(layout, index, q.detach(), k.detach(), v.detach())
+                qb, kb, vb = (tensor.detach().requires_grad_() for tensor in (qb, kb, vb))
+                out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=ctx.scale, enable_gqa=True)
+                start = index * layout.block
+                gq, gk, gv = torch.autograd.grad(out, (qb, kb, vb), grad_out[:, :, start : start + qb.shape[2]])
+            dq[:, :, start : start + qb.shape[2]] = gq
+            if isinstance(key, slice):
+                dk[:, :, key] += gk
+                dv[:, :, key] += gv
+            else:
+                dk.index_add_(2, key, gk)
+                dv.index_add_(2, key, gv)
+        return dq, dk, dv, None, None
+
+
+def tree_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TreeLayout, scale: float | None
+) -> torch.Tensor:
+    """Attention of q [B, Hq, T, D] over k, v [B, Hkv, T, D] (Hq a multiple of Hkv) under `layout`."""
+    out: torch.Tensor = _TreeAttention.apply(q, k, v, layout, scale)
+    return out
+
+
+def transformers_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The transformers attention-interface entry: tree attention when a layout is passed, else stock SDPA."""
+    layout = kwargs.pop(LAYOUT_KWARG, None)
+    if layout is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        output: tuple[torch.Tensor, None] = sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+        return output
+    if kwargs.get("sliding_window") is not None:
+        raise ValueError("tree attention does not support sliding-window layers")
+    if dropout:
+        raise ValueError("tree attention does not support attention dropout")
+    return tree_attention(query, key, value, layout, scaling).transpose(1, 2).contiguous(), None
+
+
+def use_tree_attention(model: torch.nn.Module) -> None:
+    """Register the tree attention with transformers and make `model` use it (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, transformers_attention)
+    if getattr(model.config, "_attn_implementation", None) != ATTENTION_NAME:
+        model.set_attn_implementation(ATTENTION_NAME)  # type: ignore[operator]

@@ -1,0 +1,163 @@
+"""The policy forward pass of one micro-batch: the fp32 logprob of every loss target, and nothing more.
+
+`target_logprobs(model, batch)` runs the model's base (`model.model`, a transformers causal LM of the
+Llama/Qwen family) over the packed tokens with their position ids (depths) and the tree attention of
+services/trainer/attention.py (each token attends to its ancestors only: block-diagonal for packed linear
+sequences, a tree mask for trees; block-sparse SDPA on CPU and CUDA, see that module for why not flex).
+It then gathers the final hidden state only at the parents of the targets (a target's logprob is read
+from the logits of the token before it) and applies `model.lm_head` with a log-softmax over the vocabulary
+in chunks of `vocab_chunk` entries and `row_chunk` targets. The chunked log-softmax is an autograd
+Function that recomputes each chunk's logits in the backward pass, so neither the [T, V] logits nor the
+[N, V] logits of the targets ever exist: the extra memory is [row_chunk, vocab_chunk] (fp32) at a time.
+(A 32K-token sequence with Qwen's 151,936 entries would need ~20 GB of fp32 logits.)
+
+Assumptions: the LM head is a plain linear map (optionally with bias; tied weights are fine); models
+that scale or soft-cap their logits (Gemma 2, Cohere) are not supported and raise. The logsumexp and the
+target logits are computed in fp32 whatever the model dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from services.trainer.attention import LAYOUT_KWARG, TreeLayout, use_tree_attention
+from services.trainer.batch import MicroBatch
+
+DEFAULT_ROW_CHUNK = 4096
+
+
+def _chunk_logits(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lo: int, hi: int
+) -> torch.Tensor:
+    logits = hidden @ weight[lo:hi].float().T
+    return logits + bias[lo:hi].float() if bias is not None else logits
+
+
+class _ChunkedTargetLogprob(torch.autograd.Function):
+    """log_softmax(hidden @ weight.T + bias)[n, targets[n]] for each row n, chunked over rows and vocabulary."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        vocab_chunk: int,
+        row_chunk: int,
+    ) -> torch.Tensor:
+        rows, vocab = hidden.shape[0], weight.shape[0]
+        lse = torch.empty(rows, dtype=torch.float32, device=hidden.device)
+        picked = torch.empty(rows, dtype=torch.float32, device=hidden.device)
+        for r0 in range(0, rows, row_chunk):
+            h = hidden[r0 : r0 + row_chunk].float()
+            running = torch.full((h.shape[0],), float("-inf"), device=hidden.device)
+            for lo in range(0, vocab, vocab_chunk):
+                running = torch.logaddexp(
+                    running, torch.logsumexp(_chunk_logits(h, weight, bias, lo, lo + vocab_chunk), 1)
+                )
+            lse[r0 : r0 + row_chunk] = running
+            t = targets[r0 : r0 + row_chunk]
+            target_logits = (h * weight[t].float()).sum(1)
+            picked[r0 : r0 + row_chunk] = target_logits + (bias[t].float() if bias is not None else 0.0)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.vocab_chunk, ctx.row_chunk = vocab_chunk, row_chunk
+        return picked - lse
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        vocab = weight.shape[0]
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        d_hidden = torch.zeros_like(hidden, dtype=torch.float32) if need_h else None
+        d_weight = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
+        d_bias = torch.zeros_like(bias, dtype=torch.float32) if need_b and bias is not None else None
+        grad = grad.float()
+        for r0 in range(0, hidden.shape[0], ctx.row_chunk):
+            h, g = hidden[r0 : r0 + ctx.row_chunk].float(), grad[r0 : r0 + ctx.row_chunk]
+            t, row_lse = targets[r0 : r0 + ctx.row_chunk], lse[r0 : r0 + ctx.row_chunk]
+            # d logprob[n] / d logit[n, v] = 1[v == t_n] - softmax[n, v]
+            for lo in range(0, vocab, ctx.vocab_chunk):
+                hi = min(vocab, lo + ctx.vocab_chunk)
+                coef = -torch.exp(_chunk_logits(h, weight, bias, lo, hi) - row_lse[:, None]) * g[:, None]
+                if d_hidden is not None:
+                    d_hidden[r0 : r0 + ctx.row_chunk] += coef @ weight[lo:hi].float()
+                if d_weight is not None:
+                    d_weight[lo:hi] += coef.T @ h
+                if d_bias is not None:
+                    d_bias[lo:hi] += coef.sum(0)
+            if d_hidden is not None:
+                d_hidden[r0 : r0 + ctx.row_chunk] += g[:, None] * weight[t].float()
+            if d_weight is not None:
+                d_weight.index_add_(0, t, g[:, None] * h)
+            if d_bias is not None:
+                d_bias.index_add_(0, t, g)
+        return (
+            d_hidden.to(hidden.dtype) if d_hidden is not None else None,
+            d_weight.to(weight.dtype) if d_weight is not None else None,
+            d_bias.to(bias.dtype) if d_bias is not None else None,
+            None,
+            None,
+            None,
+        )
+
+
+def chunked_target_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    vocab_chunk: int = 8192,
+    row_chunk: int = DEFAULT_ROW_CHUNK,
+) -> torch.Tensor:
+    """fp32 log_softmax(hidden @ weight.T + bias, -1)[n, targets[n]]: hidden [N, H], weight [V, H] -> [N].
+
+    Differentiable in hidden, weight and bias; never holds more than [row_chunk, vocab_chunk] logits.
+    """
+    if vocab_chunk <= 0 or row_chunk <= 0:
+        raise ValueError("chunk sizes must be positive")
+    out: torch.Tensor = _ChunkedTargetLogprob.apply(hidden, weight, bias, targets, vocab_chunk, row_chunk)
+    return out
+
+
+def target_logprobs(
+    model: torch.nn.Module,
+    batch: MicroBatch,
+    *,
+    vocab_chunk: int = 8192,
+    row_chunk: int = DEFAULT_ROW_CHUNK,
+    attention_block: int | None = None,
+) -> torch.Tensor:
+    """The policy's fp32 logprob of each target of `batch`: [N] (N = len(batch.target_tokens)), differentiable.
+
+    Sets the model's attention implementation to the tree attention (services/trainer/attention.py) the
+    first time. Raises ValueError when a target has no parent or the layout is not a pre-order forest.
+    """
+    if not batch.target_tokens:
+        raise ValueError("micro-batch has no targets")
+    head = model.lm_head  # type: ignore[union-attr]
+    if not isinstance(head, torch.nn.Linear):
+        raise ValueError(f"unsupported LM head {type(head).__name__}: target_logprobs needs a linear lm_head")
+    if getattr(model.config, "final_logit_softcapping", None) or getattr(model.config, "logit_scale", None):
+        raise ValueError("models that scale or soft-cap their logits are not supported")
+    use_tree_attention(model)
+    device = head.weight.device
+    parents = torch.tensor(batch.parents, dtype=torch.int64)
+    targets = torch.tensor(batch.target_tokens, dtype=torch.int64)
+    read_at = parents[targets]
+    if bool((read_at < 0).any()):
+        raise ValueError("a target token has no parent (a sampled token cannot start a sequence)")
+    block = {"block": attention_block} if attention_block else {}
+    layout = TreeLayout.of(batch.parents, device=device, **block)
+    input_ids = torch.tensor([batch.token_ids], dtype=torch.int64, device=device)
+    position_ids = torch.tensor([batch.position_ids], dtype=torch.int64, device=device)
+    base: Any = model.model  # type: ignore[union-attr]
+    output = base(input_ids=input_ids, position_ids=position_ids, use_cache=False, **{LAYOUT_KWARG: layout})
+    hidden = output.last_hidden_state[0].index_select(0, read_at.to(device))
+    token_ids = input_ids[0].index_select(0, targets.to(device))
+    return chunked_target_logprobs(
+        hidden, head.weight, token_ids, bias=head.bias, vocab_chunk=vocab_chunk, row_chunk=row_chunk
+    )
