@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Protocol
 
-from lodestar.errors import UnavailableError
+from lodestar.errors import LodestarError, UnavailableError
 from lodestar.logging import get_logger
 from lodestar.v1 import common_pb2, inference_pb2
 from services.gateway.canonical import CallResult, CanonicalRequest, new_id, now_seconds
@@ -47,6 +47,9 @@ class Proxy:
         self.calls_captured = 0
         self._background: set[asyncio.Future[None]] = set()
         self.chain_breaks = 0
+        self.unanswered: dict[str, tuple[int, str]] = {}
+        """Per session: (calls that failed since its last answered call, the last failure's message). The
+        node lifecycle reads it to tell "inference was down" from a harness that simply finished."""
 
     @property
     def chains(self) -> ChainIndex:
@@ -111,6 +114,10 @@ class Proxy:
                 yield CallResult(final, completion, response_id, now_seconds(), sequence, timings)
                 return
             raise UnavailableError("inference ended the stream without a final result")
+        except LodestarError as error:
+            failed, _ = self.unanswered.get(session.session_id, (0, ""))
+            self.unanswered[session.session_id] = (failed + 1, error.message)
+            raise
         finally:
             if not answered:
                 self._discard(begun, response_id)
@@ -122,6 +129,7 @@ class Proxy:
         result_half.finished_at.CopyFrom(timestamp_now())
         await self._store.append(call_id, result_half)
         self.calls_captured += 1
+        self.unanswered.pop(session.session_id, None)
         self._chains.add(session.session_id, link)
         return result_half.sequence
 

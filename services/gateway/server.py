@@ -3,8 +3,9 @@
 `GatewayNode` wires the capture store, the session registry, the inference client, the proxy, the
 aiohttp application and the gRPC server; `serve` runs it until SIGTERM/SIGINT, then drains both ports.
 With `--etcd` the node registers itself in etcd (`membership.py`) while it serves; etcd being down
-does not stop it serving. Without `--rollout` the node only proxies sessions opened through
-`OpenSession`; the harness-running lifecycle (pulling sessions from rollout) is wired by the node issue.
+does not stop it serving. With `--rollout` (and `--etcd`) the node also runs sessions: its
+`NodeLifecycle` (`node/lifecycle.py`) pulls them from rollout and runs their harnesses; without it the
+node only proxies sessions opened through `OpenSession`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from datetime import UTC, datetime
 
 from aiohttp import web
 
+from lodestar.errors import InvalidArgumentError
 from lodestar.grpc.server import GrpcServer, service_name
 from lodestar.logging import get_logger
 from lodestar.v1 import gateway_pb2, gateway_pb2_grpc
@@ -24,6 +26,11 @@ from services.gateway.app import GatewayHttp
 from services.gateway.capture import CaptureStore
 from services.gateway.inference_client import GrpcInference
 from services.gateway.membership import Membership, NodeRecord
+from services.gateway.node.harnesses import Launcher
+from services.gateway.node.lifecycle import LifecycleConfig, NodeLifecycle
+from services.gateway.node.rollout_client import GrpcRollout, RetryPolicy, RolloutLink
+from services.gateway.node.runtime import RuntimeFactory
+from services.gateway.node.stages import SessionStages
 from services.gateway.proxy import InferenceBackend, Proxy
 from services.gateway.servicer import GatewayServicer
 from services.gateway.sessions import SessionRegistry
@@ -36,7 +43,15 @@ CAPTURE_FILE = "capture.sqlite"
 class GatewayNode:
     """Everything one gateway process serves."""
 
-    def __init__(self, settings: GatewaySettings, *, inference: InferenceBackend | None = None) -> None:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        *,
+        inference: InferenceBackend | None = None,
+        rollout: RolloutLink | None = None,
+    ) -> None:
+        if (settings.rollout or rollout is not None) and not settings.etcd:
+            raise InvalidArgumentError("--rollout needs --etcd: session ownership is bound to the node's etcd lease")
         self.settings = settings
         self.node_id = settings.node_id or f"{socket.gethostname()}-{os.getpid()}"
         self.inference_target = settings.inference
@@ -56,6 +71,40 @@ class GatewayNode:
         self._runner: web.AppRunner | None = None
         self.http_port = 0
         self.membership: Membership | None = None
+        self._own_rollout: GrpcRollout | None = None
+        if rollout is None and settings.rollout:
+            rollout = self._own_rollout = GrpcRollout(settings.rollout)
+        self._rollout = rollout
+        self.lifecycle: NodeLifecycle | None = None
+        self.runtimes: RuntimeFactory | None = None
+
+    @property
+    def capacity(self) -> int:
+        """Sessions this node runs at once (0 when it only proxies)."""
+        return self.lifecycle.capacity if self.lifecycle is not None else 0
+
+    def stage_counts(self) -> dict[str, int]:
+        return self.lifecycle.stage_counts() if self.lifecycle is not None else {}
+
+    def _build_lifecycle(self, rollout: RolloutLink) -> NodeLifecycle:
+        settings = self.settings
+        launcher = Launcher(isolate_network=settings.isolate_network, mount_namespaces=settings.mount_namespaces)
+        self.runtimes = RuntimeFactory(
+            settings.sessions_dir or settings.data_dir / "sessions", launcher, fixed_root=settings.session_root
+        )
+        stages = SessionStages(
+            sessions=self.sessions, store=self.store, proxy=self.proxy, launcher=launcher, runtimes=self.runtimes,
+            base_url=self.http_base_url, default_model=settings.default_model, bin_dir=settings.harness_bin_dir,
+        )  # fmt: skip
+        config = LifecycleConfig(
+            slots=settings.slots, ready_buffer=settings.ready_buffer, init_workers=settings.init_workers,
+            post_workers=settings.post_workers, poll_interval_s=settings.poll_interval_s,
+            default_session_timeout_s=settings.default_session_timeout_s,
+            default_agent_timeout_s=settings.default_agent_timeout_s,
+            report=RetryPolicy(attempts=settings.complete_attempts), shutdown_timeout_s=settings.shutdown_timeout_s,
+        )  # fmt: skip
+        membership = self.membership
+        return NodeLifecycle(self.node_id, rollout, stages, lambda: membership.lease_id if membership else None, config)
 
     @property
     def http_base_url(self) -> str:
@@ -87,17 +136,34 @@ class GatewayNode:
                 prefix=self.settings.etcd_prefix,
             )  # fmt: skip
             self.membership.start()
+        if self._rollout is not None:
+            self.lifecycle = self._build_lifecycle(self._rollout)
+            assert self.runtimes is not None
+            removed = await self.runtimes.remove_leftovers()
+            if removed:
+                _log.warning("removed session workspaces left by an earlier process", count=removed)
+            self.lifecycle.start()
+            _log.info("node lifecycle running", rollout=settings_rollout(self.settings), slots=self.settings.slots,
+                      ready_buffer=self.settings.ready_buffer)  # fmt: skip
 
     def node_record(self) -> NodeRecord:
-        """What this node announces in etcd (capacity stays 0 until the node lifecycle runs harnesses)."""
+        """What this node announces in etcd (capacity 0 when it only proxies)."""
+        capacity = self.settings.slots if self._rollout is not None else 0
         return NodeRecord(
             node_id=self.node_id, grpc_address=self.grpc_address, http_base_url=self.http_base_url,
-            inference=self.inference_target, capacity=0, started_at=datetime.now(UTC),
+            inference=self.inference_target, capacity=capacity, started_at=datetime.now(UTC),
         )  # fmt: skip
 
     async def stop(self, grace: float | None = None) -> None:
-        """Leave etcd (the node key is deleted at once), then drain: stop taking calls, let running ones
-        finish (up to the drain time), close the store."""
+        """Stop the lifecycle (kill and report in-flight sessions, remove their workspaces), leave etcd (the
+        node key and its session ownership keys are deleted at once), then drain: stop taking calls, let
+        running ones finish (up to the drain time), close the store."""
+        if self.lifecycle is not None:
+            await self.lifecycle.stop()
+            self.lifecycle = None
+        if self._own_rollout is not None:
+            await self._own_rollout.close()
+            self._own_rollout = None
         if self.membership is not None:
             await self.membership.stop()
             self.membership = None
@@ -110,10 +176,11 @@ class GatewayNode:
         await self.store.close()
 
 
+def settings_rollout(settings: GatewaySettings) -> str:
+    return settings.rollout or "(in-process)"
+
+
 async def serve(settings: GatewaySettings) -> None:
-    if settings.rollout:
-        _log.warning("--rollout given but not implemented until the node issue: this build only proxies "
-                     "sessions opened with OpenSession and pulls none from rollout")  # fmt: skip
     node = GatewayNode(settings)
     await node.start()
     # Our own signal handling (not GrpcServer.wait_for_termination): on SIGTERM the node must leave etcd

@@ -22,6 +22,11 @@ class NodeInfo(Protocol):
     @property
     def http_base_url(self) -> str: ...
 
+    @property
+    def capacity(self) -> int: ...
+
+    def stage_counts(self) -> dict[str, int]: ...
+
 
 def _public(session: gateway_pb2.Session) -> gateway_pb2.Session:
     """A session without its key (only OpenSession returns the key)."""
@@ -71,7 +76,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             node_id=self._node.node_id,
             http_base_url=self._node.http_base_url,
             inference_target=self._node.inference_target,
-            capacity=0,
+            capacity=self._node.capacity,
+            stage_counts=self._node.stage_counts(),
             open_sessions=self._sessions.open_count,
             calls_captured=self._proxy.calls_captured,
             chain_breaks=self._proxy.chain_breaks,

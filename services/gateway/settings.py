@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from pydantic import Field
+
 from lodestar.settings import ServiceSettings
 
 
@@ -19,7 +21,8 @@ class GatewaySettings(ServiceSettings):
     inference: str = "127.0.0.1:50051"
     """InferenceService address (host:port)."""
     rollout: str | None = None
-    """RolloutService address; without it the node only proxies sessions opened by OpenSession."""
+    """RolloutService address: the node pulls sessions from it and runs them (needs --etcd); without it the
+    node only proxies sessions opened by OpenSession."""
     etcd: str | None = None
     """etcd endpoint (http://host:port) for node membership; without it the node is not registered."""
     etcd_prefix: str = "/lodestar/"
@@ -38,6 +41,39 @@ class GatewaySettings(ServiceSettings):
     """SQLite synchronous mode of the capture store: normal = a record committed before its response
     survives any crash of the gateway process; full = each commit is also fsynced (survives an OS crash or
     power loss, ~5 ms more per call)."""
+
+    # Node lifecycle (with --rollout; see docs/nodes.md) ---------------------------------------------------
+    slots: int = Field(default=4, ge=1)
+    """Sessions whose harness runs at once (RUN stage)."""
+    ready_buffer: int = Field(default=2, ge=0)
+    """Prepared sessions waiting for a run slot (READY); the node holds up to slots + ready_buffer."""
+    init_workers: int = Field(default=2, ge=1)
+    """Sessions prepared at once (INIT: workspace, task files, gateway session)."""
+    post_workers: int = Field(default=2, ge=1)
+    """Sessions scored at once (POST: verifier, call collection)."""
+    poll_interval_s: float = Field(default=1.0, gt=0)
+    """AcquireSessions period (the node also polls at once when a run slot frees)."""
+    sessions_dir: Path | None = None
+    """Where session workspaces live (default <data_dir>/sessions); leftovers are removed at start."""
+    session_root: Path = Path("/tmp/lodestar-session")
+    """The fixed path every session sees its private directories at ({home,tmp,work}), via a bind mount in
+    its own mount namespace; sessions see their real paths when mount namespaces are unavailable."""
+    isolate_network: bool = True
+    """Run harnesses in a loopback-only network namespace that reaches only this gateway (when possible)."""
+    mount_namespaces: bool = True
+    """Give sessions fixed paths through mount namespaces (when possible)."""
+    harness_bin_dir: Path | None = None
+    """Where the harness binaries are (default: <repo>/.harnesses/node_modules/.bin)."""
+    default_model: str = "lodestar"
+    """Model name harnesses are told to use when the run's HarnessSpec.model is empty."""
+    default_session_timeout_s: float = Field(default=3600.0, gt=0)
+    """Session limit when an assignment carries none."""
+    default_agent_timeout_s: float = Field(default=1800.0, gt=0)
+    """Agent (harness run) limit when an assignment carries none."""
+    complete_attempts: int = Field(default=8, ge=1)
+    """CompleteSession tries per result (exponential backoff 0.5 s .. 8 s) before it is given up."""
+    shutdown_timeout_s: float = Field(default=15.0, gt=0)
+    """On SIGTERM, how long killing and reporting in-flight sessions may take."""
 
 
 SETTINGS = GatewaySettings

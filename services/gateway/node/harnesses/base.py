@@ -100,32 +100,37 @@ class Harness(ABC):
 
     def base_env(self, dirs: RunDirs, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """A clean environment: private HOME/TMPDIR/XDG dirs, a PATH with node, no colors, no pager."""
-        env = {
-            "HOME": str(dirs.home),
-            "TMPDIR": str(dirs.tmpdir),
-            "TMP": str(dirs.tmpdir),
-            "TEMP": str(dirs.tmpdir),
-            "XDG_CONFIG_HOME": str(dirs.home / ".config"),
-            "XDG_CACHE_HOME": str(dirs.home / ".cache"),
-            "XDG_DATA_HOME": str(dirs.home / ".local" / "share"),
-            "XDG_STATE_HOME": str(dirs.home / ".local" / "state"),
-            "PATH": _path_with_node(self.bin_dir),
-            "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8",
-            "TERM": "dumb",
-            "NO_COLOR": "1",
-            "FORCE_COLOR": "0",
-            "PAGER": "cat",
-            "GIT_PAGER": "cat",
-            "SHELL": "/bin/bash",
-            "USER": os.environ.get("USER", "root"),
-            "NODE_OPTIONS": "--max-old-space-size=2048",
-            "NO_UPDATE_NOTIFIER": "1",
-            "NPM_CONFIG_UPDATE_NOTIFIER": "false",
-        }
-        if extra:
-            env.update(extra)
-        return env
+        return clean_env(dirs, self.bin_dir, extra)
+
+
+def clean_env(dirs: RunDirs, bin_dir: Path = DEFAULT_BIN_DIR, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of every process a session runs (harness, verifier): nothing of the parent's."""
+    env = {
+        "HOME": str(dirs.home),
+        "TMPDIR": str(dirs.tmpdir),
+        "TMP": str(dirs.tmpdir),
+        "TEMP": str(dirs.tmpdir),
+        "XDG_CONFIG_HOME": str(dirs.home / ".config"),
+        "XDG_CACHE_HOME": str(dirs.home / ".cache"),
+        "XDG_DATA_HOME": str(dirs.home / ".local" / "share"),
+        "XDG_STATE_HOME": str(dirs.home / ".local" / "state"),
+        "PATH": _path_with_node(bin_dir),
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TERM": "dumb",
+        "NO_COLOR": "1",
+        "FORCE_COLOR": "0",
+        "PAGER": "cat",
+        "GIT_PAGER": "cat",
+        "SHELL": "/bin/bash",
+        "USER": os.environ.get("USER", "root"),
+        "NODE_OPTIONS": "--max-old-space-size=2048",
+        "NO_UPDATE_NOTIFIER": "1",
+        "NPM_CONFIG_UPDATE_NOTIFIER": "false",
+    }
+    if extra:
+        env.update(extra)
+    return env
 
 
 def write_json(path: Path, data: Any) -> Path:

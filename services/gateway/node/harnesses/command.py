@@ -1,18 +1,29 @@
 """An arbitrary program as a harness: any client of the vendor APIs (a script, an SDK, another agent).
 
-The argv is a template: `{prompt}`, `{model}`, `{base_url}` and `{workdir}` are substituted in each
-argument. The environment carries the gateway endpoint in every vendor SDK's own variables (OpenAI,
-Anthropic, Google) and in `LODESTAR_*` variables, so most programs need no config file at all.
+The contract (docs/nodes.md): the program runs in the session's workspace, stdin=/dev/null, with a clean
+environment. The argv is a template: `{prompt}`, `{model}`, `{base_url}`, `{workdir}`, `{python}` (the
+node's Python interpreter) and `{repo}` (the lodestar checkout/installation root, e.g. for
+`{repo}/examples/agent/agent.py`) are substituted in each argument. The environment carries the gateway
+endpoint in every vendor SDK's own variables, the session key as their API key:
+
+    OPENAI_BASE_URL (ends in /v1), OPENAI_API_KEY, ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY,
+    GOOGLE_GEMINI_BASE_URL, GEMINI_API_KEY, LODESTAR_SESSION_ID, LODESTAR_TASK_ID,
+
+plus LODESTAR_GATEWAY_URL, LODESTAR_SESSION_KEY, LODESTAR_MODEL, LODESTAR_PROMPT, HOME and TMPDIR.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from lodestar.errors import FailedPreconditionError, InvalidArgumentError
-from services.gateway.node.harnesses.base import GatewayEndpoint, Harness, Invocation, RunDirs
+from services.gateway.node.harnesses.base import REPO_ROOT, GatewayEndpoint, Harness, Invocation, RunDirs
+
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 
 class Command(Harness):
@@ -24,17 +35,21 @@ class Command(Harness):
         *,
         env: Mapping[str, str] | None = None,
         bin_dir: Path | None = None,
+        session_id: str = "",
+        task_id: str = "",
     ) -> None:
         super().__init__(bin_dir)
         if not argv:
             raise InvalidArgumentError("a command harness needs a non-empty argv")
         self.argv_template = list(argv)
         self.extra_env = dict(env or {})
-        self.binary_name = argv[0]
+        self.session_id = session_id
+        self.task_id = task_id
+        self.binary_name = _substitute(argv[0], _static_values())
 
     @property
     def binary(self) -> Path:
-        program = self.argv_template[0]
+        program = self.binary_name
         found = shutil.which(program) if "/" not in program else program
         return Path(found) if found else Path(program)
 
@@ -47,7 +62,13 @@ class Command(Harness):
         return shutil.which(str(self.binary)) is not None
 
     def prepare(self, dirs: RunDirs, endpoint: GatewayEndpoint, prompt: str) -> Invocation:
-        values = {"prompt": prompt, "model": endpoint.model, "base_url": endpoint.root, "workdir": str(dirs.workdir)}
+        values = {
+            **_static_values(),
+            "prompt": prompt,
+            "model": endpoint.model,
+            "base_url": endpoint.root,
+            "workdir": str(dirs.workdir),
+        }
         argv = [_substitute(arg, values) for arg in self.argv_template]
         argv[0] = str(self.binary)
         env = self.base_env(
@@ -55,6 +76,8 @@ class Command(Harness):
             {
                 "LODESTAR_GATEWAY_URL": endpoint.root,
                 "LODESTAR_SESSION_KEY": endpoint.session_key,
+                "LODESTAR_SESSION_ID": self.session_id,
+                "LODESTAR_TASK_ID": self.task_id,
                 "LODESTAR_MODEL": endpoint.model,
                 "LODESTAR_PROMPT": prompt,
                 "OPENAI_BASE_URL": endpoint.root + "/v1",
@@ -69,7 +92,10 @@ class Command(Harness):
         return Invocation(self.name, argv, env, dirs.workdir)
 
 
-def _substitute(arg: str, values: Mapping[str, str]) -> str:
-    for key, value in values.items():
-        arg = arg.replace("{" + key + "}", value)
-    return arg
+def _static_values() -> dict[str, str]:
+    return {"python": sys.executable, "repo": str(REPO_ROOT)}
+
+
+def _substitute(template: str, values: dict[str, str]) -> str:
+    """Replace each `{name}` of `values` (other braces are left alone, e.g. JSON in an argument)."""
+    return _PLACEHOLDER.sub(lambda match: values.get(match.group(1), match.group(0)), template)

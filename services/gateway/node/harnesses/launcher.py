@@ -1,6 +1,7 @@
 """Runs a prepared harness `Invocation`: its own process group, stdin=/dev/null, a timeout, output capture,
-network isolation when available, and a process-group kill on every exit path (normal exit, timeout,
-cancellation, error) so no tool process a harness started outlives its run.
+network isolation when available, optional bind mounts in a mount namespace of its own (fixed session
+paths), and a process-group kill on every exit path (normal exit, timeout, cancellation, error) so no tool
+process a harness started outlives its run.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,9 +21,11 @@ from lodestar.logging import get_logger
 from services.gateway.node.harnesses.base import Invocation
 from services.gateway.node.harnesses.netns import (
     GatewayRelay,
+    MountIsolation,
     NetworkIsolation,
     gateway_address,
-    receive_listeners,
+    receive_setup,
+    wrap,
 )
 
 log = get_logger("gateway.harnesses.launcher")
@@ -43,6 +47,8 @@ class HarnessResult:
     duration_s: float
     isolated: bool
     """True when the run had a loopback-only network namespace."""
+    mounted: bool = False
+    """True when the run's bind mounts were applied in a mount namespace of its own."""
 
     @property
     def ok(self) -> bool:
@@ -52,25 +58,49 @@ class HarnessResult:
 class Launcher:
     """Starts harness processes. One per node; it probes network isolation once."""
 
-    def __init__(self, *, isolate_network: bool = True, max_output_bytes: int = 8 * 1024 * 1024) -> None:
+    def __init__(
+        self, *, isolate_network: bool = True, mount_namespaces: bool = True, max_output_bytes: int = 8 * 1024 * 1024
+    ) -> None:
         self.isolation = NetworkIsolation(enabled=isolate_network)
+        self.mounts = MountIsolation(enabled=mount_namespaces)
         self.max_output_bytes = max_output_bytes
 
-    async def run(self, invocation: Invocation, gateway_url: str, timeout_s: float) -> HarnessResult:
-        """Run `invocation` to completion or `timeout_s`, the harness reaching the gateway at `gateway_url`.
+    async def run(
+        self,
+        invocation: Invocation,
+        gateway_url: str | None,
+        timeout_s: float,
+        *,
+        binds: Sequence[tuple[Path, Path]] = (),
+    ) -> HarnessResult:
+        """Run `invocation` to completion or `timeout_s`, the harness reaching the gateway at `gateway_url`
+        (None: no gateway relay and no network isolation, e.g. a verifier command).
 
-        Raises FailedPreconditionError when the binary cannot start or the namespace set-up fails.
+        `binds` (source, target) directories are bind-mounted in a mount namespace of the run's own before
+        the program starts in `invocation.cwd` (which may be a target path); check `self.mounts.available()`
+        first. Raises FailedPreconditionError when the binary cannot start or the namespace set-up fails.
         """
         started = time.monotonic()
-        isolated = await self.isolation.available()
-        host, port, addresses = gateway_address(gateway_url)
+        isolated = gateway_url is not None and await self.isolation.available()
+        if binds and not await self.mounts.available():
+            raise FailedPreconditionError(f"{invocation.harness}: bind mounts need mount namespaces (unavailable)")
+        host, port, addresses = gateway_address(gateway_url) if isolated and gateway_url else ("", 0, [])
         channel: socket.socket | None = None
         relay: GatewayRelay | None = None
-        if isolated:
+        if isolated or binds:
             channel, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             with child_end:
-                argv = self.isolation.wrap(invocation.argv, child_end.fileno(), addresses, port)
-                proc = await self._spawn(invocation, argv, (child_end.fileno(),), channel)
+                argv = wrap(
+                    invocation.argv,
+                    child_end.fileno(),
+                    listen=(addresses, port) if isolated else None,
+                    binds=list(binds),
+                    chdir=invocation.cwd if binds else None,
+                )
+                # Inside the namespace the helper changes into the (possibly mount-only) working directory.
+                proc = await self._spawn(
+                    invocation, argv, (child_end.fileno(),), channel, cwd=Path("/") if binds else None
+                )
         else:
             proc = await self._spawn(invocation, invocation.argv, (), None)
         readers = [asyncio.create_task(self._read(proc.stdout)), asyncio.create_task(self._read(proc.stderr))]
@@ -78,11 +108,12 @@ class Launcher:
         try:
             if channel is not None:
                 try:
-                    listeners = await receive_listeners(channel, timeout_s=min(30.0, timeout_s))
+                    listeners = await receive_setup(channel, timeout_s=min(30.0, timeout_s))
                 except OSError as exc:
                     raise FailedPreconditionError(f"{invocation.harness}: {exc}") from exc
-                relay = GatewayRelay(listeners, host, port)
-                await relay.start()
+                if isolated:
+                    relay = GatewayRelay(listeners, host, port)
+                    await relay.start()
             timed_out = not await _exited(proc, deadline=started + timeout_s)
         finally:
             await _kill_group(proc)
@@ -102,6 +133,7 @@ class Launcher:
             timed_out=timed_out,
             duration_s=time.monotonic() - started,
             isolated=isolated,
+            mounted=bool(binds),
         )
         log.info(
             "harness run finished",
@@ -110,6 +142,7 @@ class Launcher:
             timed_out=timed_out,
             duration_s=round(result.duration_s, 3),
             isolated=isolated,
+            mounted=result.mounted,
             relayed_connections=relay.connections if relay else None,
         )
         return result
@@ -120,6 +153,8 @@ class Launcher:
         argv: list[str],
         pass_fds: tuple[int, ...],
         channel: socket.socket | None,
+        *,
+        cwd: Path | None = None,
     ) -> asyncio.subprocess.Process:
         """Start the process in a new session (its pid is the process group id), stdin=/dev/null."""
         try:
@@ -129,7 +164,7 @@ class Launcher:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env=invocation.env,
-                cwd=invocation.cwd,
+                cwd=cwd or invocation.cwd,
                 start_new_session=True,
                 pass_fds=pass_fds,
             )

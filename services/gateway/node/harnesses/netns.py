@@ -6,6 +6,10 @@ inside it and hands the listening sockets back here; `GatewayRelay` accepts on t
 namespace they were made in) and connects to the real gateway from the host namespace, copying bytes both
 ways as they arrive (streams stay streams). When `unshare` is not usable, `NetworkIsolation.available()`
 says so once with a log line and harnesses run without isolation.
+
+The same helper gives a run its own mount namespace (`unshare --mount`, probed separately by
+`MountIsolation`): the launcher passes bind mounts (a session's private directories onto fixed paths) and
+the helper mounts them before exec, so every session sees the same absolute paths.
 """
 
 from __future__ import annotations
@@ -26,6 +30,30 @@ CHILD_SCRIPT = Path(__file__).with_name("netns_child.py")
 _CHUNK = 64 * 1024
 
 
+def _user_flags() -> list[str]:
+    """Root may unshare directly; anyone else needs a user namespace that maps them to root."""
+    return [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+
+
+async def _probe(argv: list[str], what: str) -> bool:
+    """True when `argv` (an unshare of `true`) exits 0; one warning line when it does not."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await asyncio.wait_for(proc.communicate(), timeout=10)
+    except (OSError, TimeoutError) as exc:
+        log.warning(f"{what} unavailable", probe=" ".join(argv), error=str(exc))
+        return False
+    if proc.returncode != 0:
+        log.warning(f"{what} unavailable", probe=" ".join(argv), error=err.decode(errors="replace").strip()[:300])
+        return False
+    return True
+
+
 class NetworkIsolation:
     """Decides once whether harnesses can run in a loopback-only network namespace."""
 
@@ -35,9 +63,7 @@ class NetworkIsolation:
         self._probed = False
 
     def unshare_argv(self) -> list[str]:
-        if os.geteuid() == 0:
-            return ["unshare", "--net", "--"]
-        return ["unshare", "--user", "--map-root-user", "--net", "--"]
+        return ["unshare", *_user_flags(), "--net", "--"]
 
     async def available(self) -> bool:
         """True when `unshare` works here (probed once; a log line says why not)."""
@@ -45,32 +71,51 @@ class NetworkIsolation:
             return False
         if not self._probed:
             self._probed = True
-            argv = [*self.unshare_argv(), "true"]
-            try:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.DEVNULL,
-                    stderr=asyncio.subprocess.PIPE,
-                )
-                _, err = await asyncio.wait_for(proc.communicate(), timeout=10)
-                if proc.returncode == 0:
-                    self._prefix = self.unshare_argv()
-                else:
-                    log.warning(
-                        "network isolation unavailable; harnesses run without it",
-                        probe=" ".join(argv),
-                        error=err.decode(errors="replace").strip()[:300],
-                    )
-            except (OSError, TimeoutError) as exc:
-                log.warning("network isolation unavailable; harnesses run without it", error=str(exc))
+            argv = self.unshare_argv()
+            if await _probe([*argv, "true"], "network isolation (harnesses run without it)"):
+                self._prefix = argv
         return self._prefix is not None
 
-    def wrap(self, argv: list[str], channel_fd: int, hosts: list[str], port: int) -> list[str]:
-        """The argv that runs `argv` inside a new namespace via netns_child.py."""
-        assert self._prefix is not None, "call available() first"
-        child = [sys.executable, "-I", str(CHILD_SCRIPT), str(channel_fd), ",".join(hosts), str(port), "--"]
-        return [*self._prefix, *child, *argv]
+
+class MountIsolation:
+    """Decides once whether runs can get their own mount namespace (for fixed-path bind mounts)."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._available: bool | None = None
+
+    async def available(self) -> bool:
+        if not self.enabled:
+            return False
+        if self._available is None:
+            argv = ["unshare", *_user_flags(), "--mount", "--", "true"]
+            self._available = await _probe(argv, "mount namespaces (sessions see their real paths)")
+        return self._available
+
+
+def wrap(
+    argv: list[str],
+    channel_fd: int,
+    *,
+    listen: tuple[list[str], int] | None = None,
+    binds: list[tuple[Path, Path]] | None = None,
+    chdir: Path | None = None,
+) -> list[str]:
+    """The argv that runs `argv` inside new namespaces via netns_child.py: a network namespace when
+    `listen` (gateway addresses, port) is given, a mount namespace when `binds` are."""
+    flags = _user_flags()
+    if listen is not None:
+        flags.append("--net")
+    if binds:
+        flags.append("--mount")
+    child = [sys.executable, "-I", str(CHILD_SCRIPT), str(channel_fd)]
+    for source, target in binds or []:
+        child += ["--bind", f"{source}:{target}"]
+    if chdir is not None:
+        child += ["--chdir", str(chdir)]
+    if listen is not None:
+        child += ["--listen", ",".join(listen[0]), str(listen[1])]
+    return ["unshare", *flags, "--", *child, "--", *argv]
 
 
 def gateway_address(base_url: str) -> tuple[str, int, list[str]]:
@@ -83,14 +128,17 @@ def gateway_address(base_url: str) -> tuple[str, int, list[str]]:
     return host, port, addresses
 
 
-async def receive_listeners(channel: socket.socket, timeout_s: float) -> list[socket.socket]:
-    """Wait for netns_child.py's listening sockets; raise OSError with its message when it failed."""
+async def receive_setup(channel: socket.socket, timeout_s: float) -> list[socket.socket]:
+    """Wait for netns_child.py's "ok" (and its listening sockets, if any); raise OSError with its message
+    when set-up failed."""
     channel.setblocking(True)
     channel.settimeout(timeout_s)
     msg, fds, _, _ = await asyncio.to_thread(socket.recv_fds, channel, 4096, 16)
-    if not fds:
-        reason = msg.decode(errors="replace") or "the namespace helper exited before binding"
-        raise OSError(f"network isolation set-up failed: {reason}")
+    if msg != b"ok":
+        for fd in fds:
+            os.close(fd)
+        reason = msg.decode(errors="replace") or "the namespace helper exited before set-up"
+        raise OSError(f"namespace set-up failed: {reason}")
     return [socket.socket(fileno=fd) for fd in fds]
 
 

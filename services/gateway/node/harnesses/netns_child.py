@@ -1,18 +1,29 @@
-"""In-namespace half of network isolation: runs as `unshare --net -- python -I netns_child.py ...`.
+"""In-namespace half of process isolation: runs as `unshare [--net] [--mount] -- python -I netns_child.py ...`.
 
-Standard library only (it runs with `python -I` and the harness's clean environment). Inside the fresh
-network namespace it brings `lo` up, binds a listening TCP socket on each of the gateway's addresses and port (free: the
-namespace is new), hands that socket to the launcher over an inherited Unix socket (SCM_RIGHTS), and
-execs the harness in its own place (same pid, same process group). The launcher, in the host namespace,
-accepts on the handed-over socket and relays each connection to the real gateway: the harness reaches
-the gateway at its usual base URL and nothing else.
+Standard library only (it runs with `python -I` and the harness's clean environment). Before exec'ing the
+program in its own place (same pid, same process group) it sets up what it was asked for:
 
-Usage: netns_child.py FD HOSTS PORT -- ARGV...   (HOSTS: comma-separated IP addresses)
-Exit status 125 when set-up fails (after telling the launcher why).
+- `--bind SRC:DST` (repeatable, needs a mount namespace): bind-mount the directory SRC onto DST (created
+  if missing). This is how every session sees the same absolute HOME/TMPDIR/workspace paths: its private
+  directories are mounted onto fixed paths that only this process tree sees (`unshare --mount` makes the
+  new namespace's mounts private, so nothing propagates back to the host).
+- `--chdir DIR`: change into DIR after the mounts (the launcher cannot start the process in a directory
+  that exists only inside the namespace).
+- `--listen HOSTS PORT` (needs a network namespace): bring `lo` up and bind a listening TCP socket on each
+  of the gateway's addresses and port (free: the namespace is new). The launcher, in the host namespace,
+  accepts on the handed-over sockets and relays each connection to the real gateway.
+
+The result goes back to the launcher over the inherited Unix socket FD: b"ok" (with the listening
+sockets attached, SCM_RIGHTS) or b"error: ...".
+
+Usage: netns_child.py FD [--bind SRC:DST]... [--chdir DIR] [--listen HOSTS PORT] -- ARGV...
+(HOSTS: comma-separated IP addresses). Exit status 125 when set-up fails (after telling the launcher why).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import fcntl
 import ipaddress
 import os
@@ -24,6 +35,8 @@ import sys
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
+MS_BIND = 4096
+MS_REC = 16384
 
 
 def loopback_up() -> None:
@@ -48,19 +61,63 @@ def listen_on(host: str, port: int) -> socket.socket:
     return sock
 
 
+def bind_mount(source: str, target: str) -> None:
+    """`mount --bind source target` (recursive), creating target first."""
+    os.makedirs(target, exist_ok=True)
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if libc.mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"bind mount {source} -> {target}: {os.strerror(errno)}")
+
+
+def parse(args: list[str]) -> tuple[int, list[tuple[str, str]], str | None, tuple[str, int] | None, list[str]]:
+    """(fd, binds, chdir, (hosts, port) or None, argv); ValueError on a malformed command line."""
+    fd, rest = int(args[0]), args[1:]
+    binds: list[tuple[str, str]] = []
+    chdir: str | None = None
+    listen: tuple[str, int] | None = None
+    while rest and rest[0] != "--":
+        option = rest.pop(0)
+        if option == "--bind":
+            source, _, target = rest.pop(0).partition(":")
+            if not source or not target:
+                raise ValueError("--bind needs SRC:DST")
+            binds.append((source, target))
+        elif option == "--chdir":
+            chdir = rest.pop(0)
+        elif option == "--listen":
+            listen = (rest.pop(0), int(rest.pop(0)))
+        else:
+            raise ValueError(f"unknown option {option}")
+    if not rest or len(rest) < 2:
+        raise ValueError("missing -- ARGV")
+    return fd, binds, chdir, listen, rest[1:]
+
+
 def main(args: list[str]) -> int:
-    fd, hosts, port, sep, *argv = args
-    if sep != "--" or not argv:
-        print("usage: netns_child.py FD HOSTS PORT -- ARGV...", file=sys.stderr)
-        return 2
-    channel = socket.socket(fileno=int(fd))
     try:
-        loopback_up()
-        listeners = [listen_on(host, int(port)) for host in hosts.split(",")]
+        fd, binds, chdir, listen, argv = parse(args)
+    except (ValueError, IndexError) as exc:
+        print(f"netns_child.py: {exc}", file=sys.stderr)
+        return 2
+    channel = socket.socket(fileno=fd)
+    listeners: list[socket.socket] = []
+    try:
+        for source, target in binds:
+            bind_mount(source, target)
+        if chdir is not None:
+            os.chdir(chdir)
+        if listen is not None:
+            loopback_up()
+            hosts, port = listen
+            listeners = [listen_on(host, port) for host in hosts.split(",")]
     except (OSError, subprocess.CalledProcessError, ValueError) as exc:
         channel.sendall(f"error: {exc}".encode())
         return 125
-    socket.send_fds(channel, [b"ok"], [listener.fileno() for listener in listeners])
+    if listeners:
+        socket.send_fds(channel, [b"ok"], [listener.fileno() for listener in listeners])
+    else:
+        channel.sendall(b"ok")
     for listener in listeners:
         listener.close()
     channel.close()

@@ -1,0 +1,186 @@
+"""What each lifecycle stage does to one attempt: INIT (runtime + gateway session), RUN (the harness),
+POST (collect the captured calls, decide the outcome, run the verifier), and the release of everything the
+attempt held. The lifecycle (`lifecycle.py`) decides when each runs, under which pool and deadline.
+
+Outcome rules ("silent failures are failures"): a session with no captured call, or whose last model
+calls failed (inference down) with no answer after them, is INFRA_FAILED with the reason, whatever the
+harness's exit code; a harness that could not start, a runtime that could not be prepared and a verifier
+that crashed or timed out are INFRA_FAILED too. Otherwise the verifier's reward stands, with outcome
+TIMED_OUT when the harness was killed at its time limit and SCORED when it finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from lodestar.errors import LodestarError
+from lodestar.logging import get_logger
+from lodestar.v1 import rollout_pb2
+from services.gateway.capture import CaptureStore
+from services.gateway.node.attempt import Attempt, OutcomeCode, final_answer
+from services.gateway.node.harnesses import GatewayEndpoint, HarnessResult, Invocation, Launcher
+from services.gateway.node.harnesses.base import clean_env
+from services.gateway.node.harnesses.pi import PI_APIS
+from services.gateway.node.kinds import harness_for
+from services.gateway.node.runtime import RuntimeFactory, SessionRuntime
+from services.gateway.node.verifiers import VerifierError, VerifierInput, make_verifier
+from services.gateway.proxy import Proxy
+from services.gateway.sessions import SessionRegistry
+
+_log = get_logger("gateway.node.stages")
+PI_API_VARIABLE = "LODESTAR_PI_API"
+"""HarnessSpec.env entry that picks Pi's API for kind "pi" (default openai-completions)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    outcome: OutcomeCode
+    reward: float = 0.0
+    error: str = ""
+    details: dict[str, Any] | None = None
+
+
+def infra(error: str, **details: Any) -> Outcome:
+    return Outcome(rollout_pb2.SESSION_OUTCOME_INFRA_FAILED, error=error, details=details or None)
+
+
+class SessionStages:
+    """The stage implementations of one node (shared by all its attempts)."""
+
+    def __init__(
+        self,
+        *,
+        sessions: SessionRegistry,
+        store: CaptureStore,
+        proxy: Proxy,
+        launcher: Launcher,
+        runtimes: RuntimeFactory,
+        base_url: str,
+        default_model: str,
+        bin_dir: Path | None = None,
+    ) -> None:
+        self._sessions = sessions
+        self._store = store
+        self._proxy = proxy
+        self._launcher = launcher
+        self._runtimes = runtimes
+        self._base_url = base_url
+        self._model = default_model
+        self._bin_dir = bin_dir
+
+    async def init(self, attempt: Attempt) -> None:
+        """Fresh runtime with the task's files, and a gateway session labelled with run and task."""
+        assignment = attempt.assignment
+        attempt.runtime = await self._runtimes.create(attempt.name, dict(assignment.task.files))
+        entry = await self._sessions.open(
+            run_id=assignment.run_id,
+            labels={
+                "rollout_session_id": assignment.session_id,
+                "attempt": str(assignment.attempt),
+                "task_id": assignment.task.task_id,
+                "group_id": assignment.group_id,
+                "harness": assignment.harness.kind,
+            },
+        )
+        attempt.gateway_session_id = entry.session_id
+        attempt.gateway_session_key = entry.session.session_key
+
+    def invocation(self, attempt: Attempt) -> Invocation:
+        """The harness run of `attempt`, as its processes will see it (fixed paths)."""
+        assignment, runtime = attempt.assignment, _runtime(attempt)
+        spec = rollout_pb2.HarnessSpec()
+        spec.CopyFrom(assignment.harness)
+        api = spec.env.get(PI_API_VARIABLE)
+        if spec.kind == "pi" and api in PI_APIS:
+            spec.kind = f"pi:{api}"
+        harness = harness_for(
+            spec, session_id=assignment.session_id, task_id=assignment.task.task_id, bin_dir=self._bin_dir
+        )
+        endpoint = GatewayEndpoint(self._base_url, attempt.gateway_session_key, spec.model or self._model)
+        prepared = harness.prepare(runtime.real, endpoint, assignment.task.prompt)
+        prepared = replace(prepared, argv=[*prepared.argv, *spec.args], env={**prepared.env, **spec.env})
+        return runtime.translate(prepared)
+
+    async def run(self, attempt: Attempt, timeout_s: float) -> None:
+        """Run the harness to completion or `timeout_s` (its process group is killed on every exit path)."""
+        runtime = _runtime(attempt)
+        attempt.harness = await self._launcher.run(
+            self.invocation(attempt), self._base_url, timeout_s, binds=runtime.binds
+        )
+
+    async def collect(self, attempt: Attempt) -> tuple[int, str]:
+        """Close the gateway session (later calls with its key are refused) and read its captured calls into
+        the attempt; returns (model calls that failed since the last answered one, the last error)."""
+        if not attempt.gateway_session_id:
+            return 0, ""
+        with contextlib.suppress(LodestarError):
+            await self._sessions.close(attempt.gateway_session_id)
+        self._proxy.chains.drop(attempt.gateway_session_id)
+        attempt.calls = await self._store.calls(attempt.gateway_session_id)
+        return self._proxy.unanswered.pop(attempt.gateway_session_id, (0, ""))
+
+    async def post(self, attempt: Attempt) -> Outcome:
+        """Collect the calls, apply the silent-failure rules, then score with the verifier."""
+        failed, last_error = await self.collect(attempt)
+        harness = attempt.harness
+        assert harness is not None, "POST runs after RUN"
+        runtime = _runtime(attempt)
+        if not attempt.calls:
+            why = f"; {failed} model call(s) failed, last: {last_error}" if failed else ""
+            limit = " (killed at its time limit)" if harness.timed_out else ""
+            return infra(f"harness exited {harness.returncode}{limit} without any answered model call{why}")
+        if failed:
+            return infra(f"the harness's last {failed} model call(s) got no answer (inference failed: {last_error})")
+        try:
+            verifier = make_verifier(attempt.assignment.verifier)
+            verdict = await verifier.score(
+                VerifierInput(
+                    task=attempt.assignment.task,
+                    final_answer=final_answer(attempt.calls),
+                    workspace=runtime.visible.workdir,
+                    timed_out=harness.timed_out,
+                    run=_SessionProcess(self._launcher, runtime),
+                    scratch=runtime.real.tmpdir,
+                    scratch_visible=runtime.visible.tmpdir,
+                )
+            )
+        except VerifierError as error:
+            return infra(f"verifier failed: {error.message}")
+        except LodestarError as error:
+            return infra(f"verifier could not run: {error.message}")
+        outcome = rollout_pb2.SESSION_OUTCOME_TIMED_OUT if harness.timed_out else rollout_pb2.SESSION_OUTCOME_SCORED
+        why = f"agent killed after {harness.duration_s:.1f} s (time limit)" if harness.timed_out else ""
+        return Outcome(outcome, verdict.reward, why, verdict.details)
+
+    async def release(self, attempt: Attempt) -> None:
+        """Close the gateway session if still open and remove the runtime (idempotent)."""
+        if attempt.gateway_session_id:
+            with contextlib.suppress(LodestarError):
+                await self._sessions.close(attempt.gateway_session_id)
+            self._proxy.chains.drop(attempt.gateway_session_id)
+            self._proxy.unanswered.pop(attempt.gateway_session_id, None)
+        if attempt.runtime is not None:
+            await attempt.runtime.cleanup()
+
+
+class _SessionProcess:
+    """Runs a verifier process in the session's runtime (workspace cwd, fixed paths, clean env)."""
+
+    def __init__(self, launcher: Launcher, runtime: SessionRuntime) -> None:
+        self._launcher = launcher
+        self._runtime = runtime
+
+    async def __call__(self, argv: list[str], env: Mapping[str, str], timeout_s: float) -> HarnessResult:
+        visible = self._runtime.visible
+        invocation = Invocation("verifier", argv, clean_env(visible, extra=env), visible.workdir)
+        return await self._launcher.run(invocation, None, timeout_s, binds=self._runtime.binds)
+
+
+def _runtime(attempt: Attempt) -> SessionRuntime:
+    if attempt.runtime is None:
+        raise RuntimeError("the attempt has no runtime (INIT did not run)")
+    return attempt.runtime
