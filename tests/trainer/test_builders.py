@@ -133,7 +133,7 @@ def test_tree_gives_identical_replies_of_two_samples_one_node_and_two_targets() 
     samples = [Sample(0, "a", 1.0, 1.0, [call]), Sample(1, "b", 0.0, -1.0, [twin])]
     (sequence,) = build_sequences(BuilderKind.TREE, samples).sequences
     assert sequence.token_ids == [5, 6, 7, 8, 9]
-    assert sorted(zip(sequence.target_tokens, sequence.target_samples)) == [(3, 0), (3, 1), (4, 0), (4, 1)]
+    assert sorted(zip(sequence.target_tokens, sequence.target_samples, strict=True)) == [(3, 0), (3, 1), (4, 0), (4, 1)]
 
 
 def test_tree_starts_a_new_root_for_a_call_that_shares_nothing() -> None:
