@@ -224,6 +224,18 @@ class EtcdClient:
         raw = await self._call(f"put {key}", self._client.put(key.encode(), _bytes(value), lease=lease_id))
         return int(raw.header.revision)
 
+    async def put_many(self, items: list[tuple[str, bytes | str]], *, lease_id: int = 0) -> None:
+        """Write every key in one transaction, bound to the lease with id `lease_id` (0: none), which may
+        belong to another process (e.g. a node's lease). NotFoundError when that lease does not exist."""
+        txn = self._client.transactions
+        ops = [txn.put(key.encode(), _bytes(value), lease=lease_id) for key, value in items]
+        await self._call(f"put {len(items)} keys", self._client.transaction([], ops, []))
+
+    async def delete_many(self, keys: list[str]) -> None:
+        """Delete every key (those that exist) in one transaction."""
+        ops = [self._client.transactions.delete(key.encode()) for key in keys]
+        await self._call(f"delete {len(keys)} keys", self._client.transaction([], ops, []))
+
     async def delete(self, key: str) -> bool:
         """Delete `key`; False when it did not exist."""
         raw = await self._call(f"delete {key}", self._client.delete(key.encode()))

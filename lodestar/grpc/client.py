@@ -8,7 +8,8 @@ draining) is retried with exponential backoff by gRPC itself, and calls made wit
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -74,3 +75,53 @@ def connect(target: str, *, default_timeout: float = DEFAULT_TIMEOUT_S, max_atte
         ],
         interceptors=[_UnaryUnaryDefaultDeadline(default_timeout), _StreamUnaryDefaultDeadline(default_timeout)],
     )
+
+
+LEADER_METADATA_KEY = "lodestar-leader"
+"""Trailing metadata of an UNAVAILABLE answer from a follower: the leader's address (host:port)."""
+T = TypeVar("T")
+
+
+def leader_from_error(error: grpc.aio.AioRpcError) -> str | None:
+    """The leader a follower named in its UNAVAILABLE answer, if any."""
+    if error.code() != grpc.StatusCode.UNAVAILABLE:
+        return None
+    for key, value in error.trailing_metadata() or ():
+        if key == LEADER_METADATA_KEY:
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return None
+
+
+class LeaderChannel:
+    """A channel that follows leader redirects: a unary call that a follower answers with UNAVAILABLE and
+    the leader's address is retried there (at most `max_redirects` times), and the channel stays there.
+
+        channel = LeaderChannel("127.0.0.1:50053")
+        reply = await channel.call(lambda ch: RolloutServiceStub(ch).GetRun(request))
+    """
+
+    def __init__(self, target: str, *, max_redirects: int = 3, default_timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.target = target
+        self._max_redirects = max_redirects
+        self._default_timeout = default_timeout
+        self.channel = connect(target, default_timeout=default_timeout)
+
+    async def call(self, rpc: Callable[[grpc.aio.Channel], Awaitable[T]]) -> T:
+        for _ in range(self._max_redirects):
+            try:
+                return await rpc(self.channel)
+            except grpc.aio.AioRpcError as error:
+                leader = leader_from_error(error)
+                if leader is None or leader == self.target:
+                    raise
+                await self.redirect(leader)
+        return await rpc(self.channel)
+
+    async def redirect(self, target: str) -> None:
+        """Point the channel at `target` (e.g. a leader named by `leader_from_error` on a stream)."""
+        old, self.target = self.channel, target
+        self.channel = connect(target, default_timeout=self._default_timeout)
+        await old.close()
+
+    async def close(self) -> None:
+        await self.channel.close()

@@ -1,0 +1,166 @@
+"""The rollout domain state: runs, groups (one per task) and sessions (task x sample), plus `Changes`,
+the record of what one scheduler operation changed, which the store persists in one transaction.
+
+The scheduler keeps this state in memory (it is the source of truth while the service leads) and the
+store holds a durable copy from which a restarted or newly elected leader rebuilds it. Result bodies
+(CallRecords) never live here: they go straight to the store and are read back when a group is sent.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from lodestar.v1 import rollout_pb2
+
+STAGE_NAMES = ("init", "ready", "run", "post", "session")
+
+
+class SessionStatus(enum.StrEnum):
+    PENDING = "pending"
+    """Waiting to be handed out (never run, or requeued after a failed/lost attempt)."""
+    RUNNING = "running"
+    """Handed to a node as attempt `attempt`; its ownership key lives in etcd."""
+    SCORED = "scored"
+    """Finished with a reward (SCORED or TIMED_OUT)."""
+    FAILED = "failed"
+    """Given up after `max_attempts` failed attempts (infrastructure failures or lost nodes): no reward."""
+    CANCELLED = "cancelled"
+    """Not needed any more: its group completed early, or the run was cancelled."""
+
+
+LIVE = (SessionStatus.PENDING, SessionStatus.RUNNING)
+
+
+class GroupStatus(enum.StrEnum):
+    OPEN = "open"
+    COMPLETE = "complete"
+    """Enough sessions scored (or none can still score and at least one did): deliverable."""
+    FAILED = "failed"
+    """No session of the group scored and none can any more: nothing to deliver."""
+    CANCELLED = "cancelled"
+    """The run was cancelled before the group completed."""
+
+
+@dataclass
+class Session:
+    session_id: str
+    run_id: str
+    group_id: str
+    task_index: int
+    sample: int
+    status: SessionStatus = SessionStatus.PENDING
+    attempt: int = 0
+    """The latest attempt handed out (0: never); a result must echo it while the session is RUNNING."""
+    failures: int = 0
+    """Attempts that failed (infrastructure failure or lost node); at max_attempts the session fails."""
+    node_id: str = ""
+    lease_id: int = 0
+    stage: int = rollout_pb2.SESSION_STAGE_UNSPECIFIED
+    missed_polls: int = 0
+    """Consecutive polls of its node whose in_flight did not list the running attempt."""
+    outcome: int = rollout_pb2.SESSION_OUTCOME_UNSPECIFIED
+    reward: float = 0.0
+    counted: bool = False
+    min_policy_version: int = 0
+    max_policy_version: int = 0
+    acquired_at: float = 0.0
+
+    @property
+    def owner(self) -> tuple[str, int]:
+        return (self.node_id, self.attempt)
+
+
+@dataclass
+class Group:
+    group_id: str
+    run_id: str
+    task_index: int
+    session_ids: list[str]
+    required: int
+    """Scored sessions that complete the group: ceil(early_stop_fraction x group_size)."""
+    status: GroupStatus = GroupStatus.OPEN
+    completion_seq: int = 0
+    """1-based order of completion within the run (0 while open or when nothing is delivered)."""
+    delivery_seq: int = 0
+    """1-based position in the run's group stream, fixed when first decided (0: not yet decided)."""
+    dropped: bool = False
+    """Decided too stale to deliver (against the latest reported policy version)."""
+    min_policy_version: int = 0
+    max_policy_version: int = 0
+
+
+@dataclass
+class Run:
+    run_id: str
+    ordinal: int
+    """Creation order: older runs are served first."""
+    spec: rollout_pb2.RunSpec
+    """The spec with defaults filled in."""
+    created_at: float
+    state: int = rollout_pb2.RUN_STATE_RUNNING
+    group_ids: list[str] = field(default_factory=list)
+    groups_completed: int = 0
+    groups_delivered: int = 0
+    groups_dropped: int = 0
+    infra_failures: int = 0
+    stage_sums: dict[str, float] = field(default_factory=dict)
+    stage_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return self.state != rollout_pb2.RUN_STATE_RUNNING
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One attempt of a session as stored (upserted by (session_id, attempt))."""
+
+    session_id: str
+    attempt: int
+    node_id: str
+    lease_id: int
+    acquired_at: float
+    ended_at: float = 0.0
+    outcome: str = ""
+    """'' while running; scored, timed_out, infra_failed, cancelled, lost."""
+    error: str = ""
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    """A node's report of one attempt, kept with every CallRecord; `counted` says whether it scored."""
+
+    result: rollout_pb2.SessionResult
+    counted: bool
+
+
+@dataclass
+class Changes:
+    """What one operation changed: the store persists these; the service deletes the owner keys."""
+
+    created: set[str] = field(default_factory=set)
+    """Runs created by this operation (their spec is written once)."""
+    runs: set[str] = field(default_factory=set)
+    groups: set[str] = field(default_factory=set)
+    sessions: set[str] = field(default_factory=set)
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    results: list[StoredResult] = field(default_factory=list)
+    released: list[tuple[str, int]] = field(default_factory=list)
+    """Ownership keys to delete: (session_id, attempt) of running attempts that ended here."""
+    group_events: set[str] = field(default_factory=set)
+    """Runs whose group stream may have something new (a group completed, the run ended)."""
+
+    def merge(self, other: Changes) -> None:
+        self.created |= other.created
+        self.runs |= other.runs
+        self.groups |= other.groups
+        self.sessions |= other.sessions
+        self.attempts.extend(other.attempts)
+        self.results.extend(other.results)
+        self.released.extend(other.released)
+        self.group_events |= other.group_events
+
+    def __bool__(self) -> bool:
+        return bool(self.runs or self.groups or self.sessions or self.attempts or self.results or self.released)

@@ -1,0 +1,240 @@
+"""The rollout service while it leads: scheduler + durable store + etcd ownership, without gRPC.
+
+Every operation mutates the in-memory `Scheduler` synchronously (no await in between, so operations
+never interleave half-done), snapshots what changed and queues the write on the store's single thread
+(FIFO: writes land in the order the state changed); replies wait for their write. Ownership keys are
+written before a hand-out is answered and deleted (in the background, best effort) once an attempt
+ended and its write landed; keys left behind while etcd was away are removed by the next
+reconciliation. Reconciliation (on start and after every etcd reconnection) runs alone: no hand-out
+claims keys while it compares the store's running attempts with etcd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from lodestar import errors
+from lodestar.etcd import EtcdClient
+from lodestar.logging import get_logger
+from lodestar.v1 import rollout_pb2
+from services.rollout import groups, views
+from services.rollout.leases import Owners, Ownership, OwnershipWatch
+from services.rollout.model import Changes, Session
+from services.rollout.scheduler import Progress, Scheduler
+from services.rollout.spec import validate_spec, with_defaults
+from services.rollout.store import Store, rows_for
+
+STREAM_RECHECK_S = 5.0
+"""A waiting group stream re-checks its run at least this often (besides being woken)."""
+T = TypeVar("T")
+_log = get_logger("rollout.service")
+
+
+class ClaimGate:
+    """Many hand-outs may claim ownership keys at once, or one reconciliation alone."""
+
+    def __init__(self) -> None:
+        self._active = 0
+        self._closed = False
+        self._condition = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        async with self._condition:
+            await self._condition.wait_for(lambda: not self._closed)
+            self._active += 1
+        try:
+            yield
+        finally:
+            async with self._condition:
+                self._active -= 1
+                self._condition.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        async with self._condition:
+            await self._condition.wait_for(lambda: not self._closed)
+            self._closed = True
+            await self._condition.wait_for(lambda: self._active == 0)
+        try:
+            yield
+        finally:
+            async with self._condition:
+                self._closed = False
+                self._condition.notify_all()
+
+
+class RolloutCore:
+    """Runs, hand-outs, results and group streams of one leading rollout service."""
+
+    def __init__(self, store: Store, etcd: EtcdClient, prefix: str, *, clock: Callable[[], float] = time.time) -> None:
+        self.scheduler = Scheduler()
+        self.store = store
+        self.ownership = Ownership(etcd, prefix)
+        self.watch = OwnershipWatch(self.ownership, self._reconcile, self._on_deleted)
+        self._clock = clock
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="rollout-store")
+        self._gate = ClaimGate()
+        self._run_events: dict[str, asyncio.Event] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.stopped = False
+
+    async def start(self) -> None:
+        """Load the store and start following etcd (its first pass reconciles running attempts)."""
+        state = await self._in_store(self.store.load)
+        self.scheduler.restore(state.runs, state.groups, state.sessions)
+        self.scheduler.policy_version = state.policy_version
+        running = len(self.scheduler.running())
+        _log.info("rollout state loaded", runs=len(state.runs), sessions=len(state.sessions), running=running)
+        self._spawn(self.watch.run(), "ownership-watch")
+
+    async def stop(self) -> None:
+        self.stopped = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for event in self._run_events.values():
+            event.set()
+        await asyncio.get_running_loop().run_in_executor(self._executor, self.store.close)
+        self._executor.shutdown(wait=True)
+
+    # -- plumbing ----------------------------------------------------------------------------------
+
+    def _spawn(self, coroutine: Any, name: str) -> None:
+        task = asyncio.create_task(coroutine, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _in_store(self, function: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+
+    def _persist(self, changes: Changes) -> asyncio.Future[None]:
+        """Queue the write of `changes` (FIFO), wake group streams, and release ended attempts' keys
+        once the write landed."""
+        scheduler = self.scheduler
+        rows = rows_for(changes, scheduler.runs, scheduler.groups, scheduler.sessions)
+        written = asyncio.get_running_loop().run_in_executor(self._executor, self.store.write, rows)
+        for run_id in changes.group_events:
+            self._run_events.pop(run_id, asyncio.Event()).set()
+        if changes.released:
+            self._spawn(self._release(written, list(changes.released)), "release-keys")
+        return written
+
+    async def _release(self, written: asyncio.Future[None], attempts: list[tuple[str, int]]) -> None:
+        with contextlib.suppress(Exception):
+            await written
+        try:
+            await self.ownership.release(attempts)
+        except errors.LodestarError as error:  # the next reconciliation deletes them
+            _log.warning("could not delete ownership keys", keys=len(attempts), error=error.message)
+
+    async def _reconcile(self) -> int:
+        async with self._gate.exclusive():
+            owners: Owners
+            owners, revision = await self.ownership.snapshot()
+            changes, stale = self.scheduler.reconcile(owners, self._clock())
+            lost = len(changes.attempts)
+            await self._persist(changes)
+        if stale:
+            self._spawn(self._release(asyncio.get_running_loop().create_future(), stale), "release-stale")
+        _log.info("reconciled with etcd", keys=len(owners), lost=lost, stale=len(stale), revision=revision)
+        return revision
+
+    async def _on_deleted(self, session_id: str, attempt: int) -> None:
+        changes = self.scheduler.lose(session_id, attempt, "ownership key deleted (node lease ended)", self._clock())
+        if changes:
+            _log.info("attempt lost with its node's lease", session=session_id, attempt=attempt)
+            await self._persist(changes)
+
+    # -- runs --------------------------------------------------------------------------------------
+
+    async def create_run(self, spec: rollout_pb2.RunSpec) -> rollout_pb2.Run:
+        validate_spec(spec)
+        run_id = f"run-{uuid.uuid4().hex[:12]}"
+        changes = self.scheduler.add_run(run_id, with_defaults(spec), self._clock())
+        await self._persist(changes)
+        _log.info("run created", run=run_id, tasks=len(spec.tasks), group_size=spec.group_size)
+        return self.run_view(run_id)
+
+    def run_view(self, run_id: str) -> rollout_pb2.Run:
+        scheduler = self.scheduler
+        run = scheduler.run(run_id)
+        sessions = (scheduler.sessions[sid] for gid in run.group_ids for sid in scheduler.groups[gid].session_ids)
+        return views.run_view(run, sessions, scheduler.policy_version)
+
+    async def cancel_run(self, run_id: str) -> rollout_pb2.Run:
+        await self._persist(self.scheduler.cancel_run(run_id))
+        return self.run_view(run_id)
+
+    async def report_policy_version(self, version: int) -> int:
+        self.scheduler.policy_version = version
+        await self._in_store(self.store.set_policy_version, version)
+        return version
+
+    # -- nodes -------------------------------------------------------------------------------------
+
+    async def acquire(
+        self, node_id: str, lease_id: int, free_slots: int, in_flight: Iterable[Progress]
+    ) -> tuple[list[rollout_pb2.SessionAssignment], list[tuple[str, int]]]:
+        """Hand out up to `free_slots` sessions and say which held attempts the node must stop."""
+        async with self._gate.shared():
+            acquisition = self.scheduler.acquire(node_id, lease_id, free_slots, in_flight, self._clock())
+            written = self._persist(acquisition.changes)
+            assigned = acquisition.assigned
+            if assigned:
+                try:
+                    await self.ownership.claim([(s.session_id, node_id, s.attempt) for s in assigned], lease_id)
+                except errors.LodestarError:
+                    self.scheduler.revert(assigned)
+                    self._persist(Changes(sessions={s.session_id for s in assigned}))
+                    await written
+                    raise
+            await written
+        return [self._assignment(session) for session in assigned], acquisition.cancelled
+
+    def _assignment(self, session: Session) -> rollout_pb2.SessionAssignment:
+        return views.assignment(session, self.scheduler.runs[session.run_id])
+
+    async def complete(self, result: rollout_pb2.SessionResult) -> bool:
+        """Record a node's result (fenced); returns whether it counted toward its group."""
+        counted, changes = self.scheduler.complete(result, self._clock())
+        if changes:
+            await self._persist(changes)
+        return counted
+
+    # -- groups ------------------------------------------------------------------------------------
+
+    async def stream_groups(
+        self, run_id: str, start_after: int, *, tokens_only: bool = False
+    ) -> AsyncIterator[rollout_pb2.Group]:
+        """Complete groups after delivery sequence `start_after`, waiting for new ones until the run ends."""
+        run = self.scheduler.run(run_id)
+        sent = start_after
+        while True:
+            if self.stopped:
+                raise errors.UnavailableError("this rollout instance stopped leading: reconnect to the leader")
+            event = self._run_events.setdefault(run_id, asyncio.Event())
+            ready, changes = groups.deliverable(self.scheduler, run, sent)
+            if changes:
+                await self._persist(changes)
+            for group in ready:
+                session_ids = groups.scored_session_ids(self.scheduler, group)
+                results = await self._in_store(self.store.counted_results, session_ids)
+                if tokens_only:
+                    for result in results:
+                        views.strip_bodies(result)
+                yield views.group_message(group, run, results)
+                sent = group.delivery_seq
+            if ready:
+                continue
+            if run.finished:
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(STREAM_RECHECK_S):
+                    await event.wait()

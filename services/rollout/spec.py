@@ -1,0 +1,158 @@
+"""Run specs: parse a spec file (YAML or JSON, the protobuf JSON mapping of `RunSpec`), validate it and
+fill in the defaults of unset fields. Used by the CLI (reads the file) and by CreateRun (validates).
+
+`tasks` may be a list of `Task` objects or a string naming a JSONL file of them (one `Task` per line,
+relative to the spec file); the CLI resolves the file and sends the tasks inline.
+
+Defaults of unset (zero) fields, applied by `with_defaults`:
+  max_attempts 3, session_timeout 1800 s, agent_timeout 1200 s (never above the session timeout),
+  early_stop_fraction 1.0 (wait for every session), max_staleness 4 (proto3 cannot tell 0 from unset,
+  so the tightest bound a spec can ask for is 1), harness.model "lodestar".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+from google.protobuf import json_format
+
+from lodestar.errors import InvalidArgumentError
+from lodestar.v1 import rollout_pb2
+
+HARNESS_KINDS = ("claude_code", "codex", "qwen_code", "pi", "gemini_cli", "command")
+VERIFIER_KINDS = ("command", "exact_match", "python")
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_SESSION_TIMEOUT_S = 1800
+DEFAULT_AGENT_TIMEOUT_S = 1200
+DEFAULT_EARLY_STOP_FRACTION = 1.0
+DEFAULT_MAX_STALENESS = 4
+DEFAULT_MODEL = "lodestar"
+MAX_GROUP_SIZE = 1024
+MAX_TASK_ID_LENGTH = 200
+
+
+def _read_document(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise InvalidArgumentError(f"cannot read run spec {path}: {error.strerror}") from error
+    try:
+        if path.suffix == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as error:
+        kind = "JSON" if path.suffix == ".json" else "YAML"
+        raise InvalidArgumentError(f"run spec {path} is not valid {kind}: {error}") from error
+
+
+def read_tasks_jsonl(path: Path) -> list[rollout_pb2.Task]:
+    """Every `Task` of a JSONL file (blank lines skipped); InvalidArgumentError names the bad line."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as error:
+        raise InvalidArgumentError(f"cannot read tasks file {path}: {error.strerror}") from error
+    tasks = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            tasks.append(json_format.Parse(line, rollout_pb2.Task()))
+        except json_format.ParseError as error:
+            raise InvalidArgumentError(f"tasks file {path} line {number}: {error}") from error
+    return tasks
+
+
+def parse_spec_document(document: Any, base_dir: Path) -> rollout_pb2.RunSpec:
+    """A `RunSpec` from a decoded YAML/JSON document; a string `tasks` names a JSONL file under `base_dir`."""
+    if not isinstance(document, dict):
+        raise InvalidArgumentError("run spec must be a mapping of RunSpec fields")
+    document = dict(document)
+    tasks_file = document.get("tasks")
+    if isinstance(tasks_file, str):
+        del document["tasks"]
+    try:
+        spec = json_format.ParseDict(document, rollout_pb2.RunSpec())
+    except json_format.ParseError as error:
+        raise InvalidArgumentError(f"run spec: {error}") from error
+    if isinstance(tasks_file, str):
+        path = Path(tasks_file)
+        spec.tasks.extend(read_tasks_jsonl(path if path.is_absolute() else base_dir / path))
+    return spec
+
+
+def load_spec_file(path: Path) -> rollout_pb2.RunSpec:
+    """Read, resolve and validate a spec file (YAML, or JSON by the `.json` suffix)."""
+    spec = parse_spec_document(_read_document(path), path.resolve().parent)
+    validate_spec(spec)
+    return spec
+
+
+def validate_spec(spec: rollout_pb2.RunSpec) -> None:
+    """InvalidArgumentError naming the first problem of `spec` (zero fields are allowed: they take defaults)."""
+    if spec.group_size == 0:
+        raise InvalidArgumentError("group_size must be at least 1")
+    if spec.group_size > MAX_GROUP_SIZE:
+        raise InvalidArgumentError(f"group_size {spec.group_size} is above the limit of {MAX_GROUP_SIZE}")
+    if not spec.tasks:
+        raise InvalidArgumentError("the run has no tasks")
+    seen: set[str] = set()
+    for index, task in enumerate(spec.tasks):
+        if not task.task_id:
+            raise InvalidArgumentError(f"task #{index + 1} has no task_id")
+        if len(task.task_id) > MAX_TASK_ID_LENGTH:
+            raise InvalidArgumentError(f"task #{index + 1}: task_id longer than {MAX_TASK_ID_LENGTH} characters")
+        if task.task_id in seen:
+            raise InvalidArgumentError(f"duplicate task id {task.task_id!r}")
+        seen.add(task.task_id)
+    if spec.harness.kind not in HARNESS_KINDS:
+        raise InvalidArgumentError(
+            f"unknown harness kind {spec.harness.kind!r} (expected one of {', '.join(HARNESS_KINDS)})"
+        )
+    if spec.harness.kind == "command" and not spec.harness.command:
+        raise InvalidArgumentError("harness kind 'command' needs harness.command (the program and its arguments)")
+    if spec.verifier.kind not in VERIFIER_KINDS:
+        raise InvalidArgumentError(
+            f"unknown verifier kind {spec.verifier.kind!r} (expected one of {', '.join(VERIFIER_KINDS)})"
+        )
+    fraction = spec.early_stop_fraction
+    if math.isnan(fraction) or fraction < 0.0 or fraction > 1.0:
+        raise InvalidArgumentError(f"early_stop_fraction must be in (0, 1], got {fraction}")
+    for name in ("session_timeout", "agent_timeout"):
+        duration = getattr(spec, name)
+        if duration.seconds < 0 or duration.nanos < 0:
+            raise InvalidArgumentError(f"{name} must not be negative")
+    session_s = spec.session_timeout.ToTimedelta().total_seconds()
+    agent_s = spec.agent_timeout.ToTimedelta().total_seconds()
+    if session_s and agent_s and agent_s > session_s:
+        raise InvalidArgumentError(f"agent_timeout ({agent_s:g} s) is longer than session_timeout ({session_s:g} s)")
+
+
+def with_defaults(spec: rollout_pb2.RunSpec) -> rollout_pb2.RunSpec:
+    """A copy of a valid `spec` with every unset field at its documented default."""
+    filled = rollout_pb2.RunSpec()
+    filled.CopyFrom(spec)
+    if not filled.max_attempts:
+        filled.max_attempts = DEFAULT_MAX_ATTEMPTS
+    if not filled.early_stop_fraction:
+        filled.early_stop_fraction = DEFAULT_EARLY_STOP_FRACTION
+    if not filled.max_staleness:
+        filled.max_staleness = DEFAULT_MAX_STALENESS
+    if not filled.harness.model:
+        filled.harness.model = DEFAULT_MODEL
+    if not filled.HasField("session_timeout") or filled.session_timeout.ToTimedelta().total_seconds() == 0:
+        filled.session_timeout.FromSeconds(DEFAULT_SESSION_TIMEOUT_S)
+    session_s = filled.session_timeout.ToTimedelta().total_seconds()
+    if not filled.HasField("agent_timeout") or filled.agent_timeout.ToTimedelta().total_seconds() == 0:
+        filled.agent_timeout.FromSeconds(min(DEFAULT_AGENT_TIMEOUT_S, int(session_s)) or 1)
+    return filled
+
+
+def required_scored(spec: rollout_pb2.RunSpec) -> int:
+    """Scored sessions that complete a group: ceil(early_stop_fraction x group_size), at least 1."""
+    fraction = spec.early_stop_fraction or DEFAULT_EARLY_STOP_FRACTION
+    # float32 fractions such as 0.75 are exact; round first so 0.7 x 10 is 7, not 8.
+    return max(1, math.ceil(round(fraction * spec.group_size, 4)))

@@ -1,0 +1,293 @@
+"""Durable store of the rollout service: a small `Store` interface and its SQLite implementation.
+
+One SQLite file in WAL mode (synchronous=NORMAL: a committed transaction survives a crash of the
+process; `synchronous="full"` also survives power loss). Tables: runs (+ run_specs, written once),
+groups, sessions (current state), attempts (node, lease, outcome, stage timings), results (every
+node report with all its CallRecords, as one serialized `SessionResult` blob, and whether it counted)
+and meta (the latest policy version). `rows_for` snapshots what an operation changed on the event
+loop; `write` persists it in one transaction (the service calls it on the store's own thread).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from lodestar.v1 import rollout_pb2
+from services.rollout.model import (
+    AttemptRecord,
+    Changes,
+    Group,
+    GroupStatus,
+    Run,
+    Session,
+    SessionStatus,
+    StoredResult,
+)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS run_specs (run_id TEXT PRIMARY KEY, spec BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+  run_id TEXT PRIMARY KEY, ordinal INTEGER NOT NULL, created_at REAL NOT NULL, state INTEGER NOT NULL,
+  groups_completed INTEGER NOT NULL, groups_delivered INTEGER NOT NULL, groups_dropped INTEGER NOT NULL,
+  infra_failures INTEGER NOT NULL, stage_json TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS groups (
+  group_id TEXT PRIMARY KEY, run_id TEXT NOT NULL, task_index INTEGER NOT NULL, required INTEGER NOT NULL,
+  status TEXT NOT NULL, completion_seq INTEGER NOT NULL, delivery_seq INTEGER NOT NULL, dropped INTEGER NOT NULL,
+  min_policy_version INTEGER NOT NULL, max_policy_version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+  session_id TEXT PRIMARY KEY, run_id TEXT NOT NULL, group_id TEXT NOT NULL, task_index INTEGER NOT NULL,
+  sample INTEGER NOT NULL, status TEXT NOT NULL, attempt INTEGER NOT NULL, failures INTEGER NOT NULL,
+  node_id TEXT NOT NULL, lease_id INTEGER NOT NULL, stage INTEGER NOT NULL, outcome INTEGER NOT NULL,
+  reward REAL NOT NULL, counted INTEGER NOT NULL, min_policy_version INTEGER NOT NULL,
+  max_policy_version INTEGER NOT NULL, acquired_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS attempts (
+  session_id TEXT NOT NULL, attempt INTEGER NOT NULL, node_id TEXT NOT NULL, lease_id INTEGER NOT NULL,
+  acquired_at REAL NOT NULL, ended_at REAL NOT NULL, outcome TEXT NOT NULL, error TEXT NOT NULL,
+  stage_json TEXT NOT NULL, PRIMARY KEY (session_id, attempt));
+CREATE TABLE IF NOT EXISTS results (
+  session_id TEXT NOT NULL, attempt INTEGER NOT NULL, node_id TEXT NOT NULL, counted INTEGER NOT NULL,
+  result BLOB NOT NULL, PRIMARY KEY (session_id, attempt, node_id));
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+@dataclass
+class Rows:
+    """A snapshot of changed state, taken on the event loop, written later on the store thread."""
+
+    specs: list[tuple[str, rollout_pb2.RunSpec]] = field(default_factory=list)
+    runs: list[tuple[Any, ...]] = field(default_factory=list)
+    groups: list[tuple[Any, ...]] = field(default_factory=list)
+    sessions: list[tuple[Any, ...]] = field(default_factory=list)
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    results: list[StoredResult] = field(default_factory=list)
+
+
+@dataclass
+class StoredState:
+    runs: list[Run]
+    groups: list[Group]
+    sessions: list[Session]
+    policy_version: int
+
+
+class Store(Protocol):
+    """What the rollout service needs from durable storage (SQLite here; PostgreSQL could follow)."""
+
+    def load(self) -> StoredState: ...
+
+    def write(self, rows: Rows) -> None: ...
+
+    def counted_results(self, session_ids: Sequence[str]) -> list[rollout_pb2.SessionResult]: ...
+
+    def set_policy_version(self, version: int) -> None: ...
+
+    def attempts(self, session_id: str) -> list[AttemptRecord]: ...
+
+    def close(self) -> None: ...
+
+
+def rows_for(changes: Changes, runs: dict[str, Run], groups: dict[str, Group], sessions: dict[str, Session]) -> Rows:
+    """Snapshot the rows `changes` touched (values copied: the state may change while they are written)."""
+    rows = Rows(attempts=list(changes.attempts), results=list(changes.results))
+    rows.specs = [(run_id, runs[run_id].spec) for run_id in changes.created]
+    for run_id in changes.runs:
+        r = runs[run_id]
+        stages = json.dumps({"sums": r.stage_sums, "counts": r.stage_counts})
+        rows.runs.append(
+            (
+                r.run_id,
+                r.ordinal,
+                r.created_at,
+                r.state,
+                r.groups_completed,
+                r.groups_delivered,
+                r.groups_dropped,
+                r.infra_failures,
+                stages,
+            )
+        )
+    for group_id in changes.groups:
+        g = groups[group_id]
+        rows.groups.append(
+            (
+                g.group_id,
+                g.run_id,
+                g.task_index,
+                g.required,
+                g.status.value,
+                g.completion_seq,
+                g.delivery_seq,
+                int(g.dropped),
+                g.min_policy_version,
+                g.max_policy_version,
+            )
+        )
+    for session_id in changes.sessions:
+        s = sessions[session_id]
+        rows.sessions.append(
+            (
+                s.session_id,
+                s.run_id,
+                s.group_id,
+                s.task_index,
+                s.sample,
+                s.status.value,
+                s.attempt,
+                s.failures,
+                s.node_id,
+                s.lease_id,
+                s.stage,
+                s.outcome,
+                s.reward,
+                int(s.counted),
+                s.min_policy_version,
+                s.max_policy_version,
+                s.acquired_at,
+            )
+        )
+    return rows
+
+
+class SqliteStore:
+    """The `Store` on one SQLite file. Not thread-safe: use it from one thread at a time."""
+
+    def __init__(self, path: Path, *, synchronous: str = "normal") -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        self._db.execute("PRAGMA busy_timeout=10000")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def write(self, rows: Rows) -> None:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.executemany(
+                "INSERT OR IGNORE INTO run_specs VALUES (?, ?)",
+                [(run_id, spec.SerializeToString()) for run_id, spec in rows.specs],
+            )
+            db.executemany("INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?,?)", rows.runs)
+            db.executemany("INSERT OR REPLACE INTO groups VALUES (?,?,?,?,?,?,?,?,?,?)", rows.groups)
+            db.executemany("INSERT OR REPLACE INTO sessions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows.sessions)
+            db.executemany(
+                "INSERT OR REPLACE INTO attempts VALUES (?,?,?,?,?,?,?,?,?)",
+                [
+                    (
+                        a.session_id,
+                        a.attempt,
+                        a.node_id,
+                        a.lease_id,
+                        a.acquired_at,
+                        a.ended_at,
+                        a.outcome,
+                        a.error,
+                        json.dumps(a.stage_seconds),
+                    )
+                    for a in rows.attempts
+                ],
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO results VALUES (?,?,?,?,?)",
+                [
+                    (
+                        s.result.session_id,
+                        s.result.attempt,
+                        s.result.node_id,
+                        int(s.counted),
+                        s.result.SerializeToString(),
+                    )
+                    for s in rows.results
+                ],
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def set_policy_version(self, version: int) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta VALUES ('policy_version', ?)", (str(version),))
+
+    def counted_results(self, session_ids: Sequence[str]) -> list[rollout_pb2.SessionResult]:
+        """The counted result of each session, in the order given (sessions without one are skipped)."""
+        found: dict[str, rollout_pb2.SessionResult] = {}
+        for session_id in session_ids:
+            row = self._db.execute(
+                "SELECT result FROM results WHERE session_id = ? AND counted = 1", (session_id,)
+            ).fetchone()
+            if row is not None:
+                found[session_id] = rollout_pb2.SessionResult.FromString(row[0])
+        return [found[sid] for sid in session_ids if sid in found]
+
+    def attempts(self, session_id: str) -> list[AttemptRecord]:
+        rows = self._db.execute(
+            "SELECT * FROM attempts WHERE session_id = ? ORDER BY attempt", (session_id,)
+        ).fetchall()
+        return [AttemptRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], json.loads(r[8])) for r in rows]
+
+    def load(self) -> StoredState:
+        db = self._db
+        specs = {run_id: rollout_pb2.RunSpec.FromString(blob) for run_id, blob in db.execute("SELECT * FROM run_specs")}
+        runs: dict[str, Run] = {}
+        for row in db.execute("SELECT * FROM runs ORDER BY ordinal"):
+            stages = json.loads(row[8])
+            runs[row[0]] = Run(
+                row[0],
+                row[1],
+                specs[row[0]],
+                row[2],
+                row[3],
+                [],
+                row[4],
+                row[5],
+                row[6],
+                row[7],
+                stages["sums"],
+                stages["counts"],
+            )
+        sessions = [
+            Session(
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                r[4],
+                SessionStatus(r[5]),
+                r[6],
+                r[7],
+                r[8],
+                r[9],
+                r[10],
+                0,
+                r[11],
+                r[12],
+                bool(r[13]),
+                r[14],
+                r[15],
+                r[16],
+            )
+            for r in db.execute("SELECT * FROM sessions ORDER BY run_id, task_index, sample")
+        ]
+        members: dict[str, list[str]] = {}
+        for session in sessions:
+            members.setdefault(session.group_id, []).append(session.session_id)
+        group_list = []
+        for r in db.execute("SELECT * FROM groups ORDER BY run_id, task_index"):
+            group_list.append(
+                Group(
+                    r[0], r[1], r[2], members.get(r[0], []), r[3], GroupStatus(r[4]), r[5], r[6], bool(r[7]), r[8], r[9]
+                )
+            )
+            runs[r[1]].group_ids.append(r[0])
+        row = db.execute("SELECT value FROM meta WHERE key = 'policy_version'").fetchone()
+        return StoredState(list(runs.values()), group_list, sessions, int(row[0]) if row else 0)
