@@ -1,27 +1,55 @@
-"""TrainerService server.
+"""TrainerService server: the training loop in a thread behind a thin gRPC servicer.
 
-The behaviour of TrainerService lands with its own issue; until then every RPC answers UNIMPLEMENTED
-while health, reflection and the drain on SIGTERM work like in every other service.
+`serve(settings)` builds the trainer (idle when no --run/--model is given), binds the port, reports
+SERVING and starts the loop; SIGTERM stops the loop after its current step, then drains. Under
+`torchrun` only rank 0 serves gRPC; the other ranks run the same loop in their main thread.
 """
 
 from __future__ import annotations
 
-from lodestar.grpc.server import GrpcServer, serve_until_terminated, service_name
-from lodestar.grpc.skeleton import unimplemented_servicer
+import asyncio
+
+from lodestar.grpc.server import GrpcServer, service_name
+from lodestar.logging import get_logger
 from lodestar.v1 import trainer_pb2, trainer_pb2_grpc
+from services.trainer.runner import TrainerRunner
+from services.trainer.servicer import TrainerServicer
 from services.trainer.settings import TrainerSettings
 
+_log = get_logger("trainer")
 
-def build_server(settings: TrainerSettings) -> GrpcServer:
+
+def build_server(settings: TrainerSettings, runner: TrainerRunner | None = None) -> GrpcServer:
     server = GrpcServer("trainer", host=settings.host, port=settings.port, drain_seconds=settings.drain_seconds)
-    descriptor = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"]
     server.add_service(
         trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
-        unimplemented_servicer(trainer_pb2_grpc.TrainerServiceServicer, descriptor),
+        TrainerServicer(runner or TrainerRunner(None)),
         service_name(trainer_pb2.DESCRIPTOR, "TrainerService"),
     )
     return server
 
 
 async def serve(settings: TrainerSettings) -> None:
-    await serve_until_terminated(build_server(settings))
+    from services.trainer.wiring import create_trainer  # torch and transformers: only when serving
+
+    trainer = None
+    if settings.run is not None and (settings.model is not None or settings.resume is not None):
+        trainer = await asyncio.to_thread(create_trainer, settings)
+    else:
+        _log.warning("trainer idle: no --run and --model given")
+    if trainer is not None and not trainer.parallel.is_main:
+        await asyncio.to_thread(trainer.run)
+        trainer.parallel.close()
+        return
+    runner = TrainerRunner(trainer)
+    server = build_server(settings, runner)
+    await server.start()
+    try:
+        await server.set_serving(True)
+        runner.start()
+        await server.wait_for_termination()
+    finally:
+        await runner.close()
+        await server.stop()
+        if trainer is not None:
+            trainer.parallel.close()

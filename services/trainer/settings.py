@@ -1,8 +1,14 @@
-"""Settings of the trainer service (`lodestar trainer serve`)."""
+"""Settings of the trainer service (`lodestar trainer serve`, the `[trainer]` config table).
+
+Every field is also a flag (`--micro-batch-tokens 8192`) and an environment variable
+(`LODESTAR_TRAINER_MICRO_BATCH_TOKENS`). Without `--model` and `--run` the service starts idle: it serves
+health and GetStatus (WAITING, with the reason in `error`) and trains nothing.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from lodestar.settings import ServiceSettings
 
@@ -14,10 +20,62 @@ class TrainerSettings(ServiceSettings):
     rollout: str = "127.0.0.1:50053"
     """RolloutService address (groups come from StreamGroups)."""
     inference: str = "127.0.0.1:50051"
-    """InferenceService address (weights are pushed with UpdateWeights)."""
-    run_id: str | None = None
-    """Run to train on."""
-    checkpoint_dir: Path = Path(".lodestar/checkpoints")
+    """InferenceService address (weights are pushed with UpdateWeights); empty: push nothing."""
+    run: str | None = None
+    """Run to train on (its groups only)."""
+    model: Path | None = None
+    """Hugging Face causal LM directory to start from (config, safetensors weights, tokenizer)."""
+    resume: Path | None = None
+    """Checkpoint directory to continue from exactly (weights, optimizer, step, version, RNG, groups read)."""
+    run_dir: Path = Path(".lodestar/trainer")
+    """Where metrics.jsonl, TensorBoard event files and (by default) checkpoints go."""
+    checkpoint_dir: Path | None = None
+    """Checkpoints directory; default <run_dir>/checkpoints."""
+
+    builder: Literal["per_request", "prefix_merging", "tree"] = "prefix_merging"
+    """How a group's calls become training sequences."""
+    advantage: Literal["zscore", "mean", "leave_one_out"] = "zscore"
+    """Group-relative advantage."""
+    clip_low: float = 0.2
+    """PPO ratio clip: lower bound 1 - clip_low."""
+    clip_high: float = 0.28
+    """PPO ratio clip: upper bound 1 + clip_high (clip-higher)."""
+    aggregation: Literal["token", "sequence_mean"] = "token"
+    """Loss aggregation: over all target tokens of the step, or the mean of per-sample means."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty to the initial model (0 disables it and loads no reference)."""
+    behaviour_correction: Literal["ppo_clip", "tis"] = "ppo_clip"
+    """Off-policy handling: PPO ratio against the captured inference logprobs (ppo_clip), or the ratio against
+    the trainer's own pre-step logprobs times a truncated importance weight vs the captured ones (tis)."""
+    tis_cap: float = 2.0
+    """Cap of the truncated importance weight pi_trainer / pi_inference (behaviour_correction=tis)."""
+    micro_batch_tokens: int = 8192
+    """Token budget of one packed forward/backward pass."""
+    groups_per_step: int = 1
+    """Groups (of sessions that all got some reward signal) per optimizer step."""
+    steps: int = 0
+    """Optimizer steps to run, counting from the resumed step; 0 runs until stopped."""
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (0 disables clipping)."""
+    checkpoint_every: int = 0
+    """Write a checkpoint every N steps (0: only on SaveCheckpoint / Stop)."""
+    pass_threshold: float = 1.0
+    """A sample counts as passed in the pass-rate metric when its reward is at least this."""
+    device: str = "cpu"
+    """torch device: cpu, cuda, cuda:1."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype (the loss and the log-softmax are always computed in fp32)."""
+    seed: int = 0
+    parallel: Literal["fsdp2", "ddp"] = "fsdp2"
+    """Under torchrun: shard the model with FSDP2, or replicate it (DDP-style gradient all-reduce)."""
+    push_timeout_s: float = 300.0
+    """Deadline of one UpdateWeights call."""
+    push_attempts: int = 3
+    """UpdateWeights attempts on UNAVAILABLE / DEADLINE_EXCEEDED before the trainer fails."""
+    rpc_timeout_s: float = 30.0
+    """Deadline of ReportPolicyVersion and of reconnecting the group stream."""
 
 
 SETTINGS = TrainerSettings

@@ -1,0 +1,115 @@
+"""Checkpoints: a loadable model directory plus everything needed to continue training exactly.
+
+A checkpoint directory holds
+- `model.safetensors` and the base model's config/tokenizer files: a Hugging Face model directory that
+  `lodestar inference serve --model DIR`, `UpdateWeights(checkpoint_path=DIR)` and `--model DIR` load;
+- `optimizer.pt`: the optimizer's state dict (torch.save; loaded with weights_only=True);
+- `rng.pt`: torch CPU (and CUDA) generator states; `trainer_state.json`: step, policy version, run, groups
+  read from rollout (the StreamGroups resume point), skipped steps, and Python's `random` state.
+
+Writes are atomic: everything goes to a sibling temp directory that is renamed into place, so a crash
+never leaves a half checkpoint under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from lodestar.errors import InvalidArgumentError
+
+WEIGHTS_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+RNG_FILE = "rng.pt"
+STATE_FILE = "trainer_state.json"
+
+
+@dataclass(frozen=True)
+class TrainState:
+    """Counters that make a resumed run continue where it stopped."""
+
+    step: int = 0
+    policy_version: int = 0
+    run_id: str = ""
+    groups_read: int = 0
+    """Groups consumed from StreamGroups (trained, skipped or dropped): the next stream starts after them."""
+    skipped_steps: int = 0
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    state: TrainState
+    optimizer: dict[str, Any]
+    rng: dict[str, Any]
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:06d}"
+
+
+def capture_rng() -> dict[str, Any]:
+    rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": json.dumps(random.getstate())}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def restore_rng(rng: Mapping[str, Any]) -> None:
+    torch.set_rng_state(rng["torch"])
+    version, internal, gauss = json.loads(rng["python"])
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def save_checkpoint(
+    path: Path,
+    *,
+    weights: Mapping[str, torch.Tensor],
+    optimizer: Mapping[str, Any],
+    state: TrainState,
+    model_files: list[Path],
+) -> Path:
+    """Write a checkpoint to `path` atomically (replacing one already there); returns `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        for file in model_files:
+            shutil.copy2(file, staging / file.name)
+        save_file(dict(weights), str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
+        torch.save(dict(optimizer), staging / OPTIMIZER_FILE)
+        rng = capture_rng()
+        torch.save({key: value for key, value in rng.items() if key != "python"}, staging / RNG_FILE)
+        document = {**asdict(state), "python_random": rng["python"]}
+        (staging / STATE_FILE).write_text(json.dumps(document, indent=2) + "\n")
+        if path.exists():
+            shutil.rmtree(path)
+        staging.rename(path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Read the training state of a checkpoint (the weights are loaded as a model directory by model.py)."""
+    missing = [name for name in (WEIGHTS_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE) if not (path / name).is_file()]
+    if missing:
+        raise InvalidArgumentError(f"{path} is not a trainer checkpoint (missing {', '.join(missing)})")
+    document = json.loads((path / STATE_FILE).read_text())
+    python_random = document.pop("python_random")
+    state = TrainState(**document)
+    optimizer: dict[str, Any] = torch.load(path / OPTIMIZER_FILE, weights_only=True)
+    rng: dict[str, Any] = torch.load(path / RNG_FILE, weights_only=True)
+    rng["python"] = python_random
+    return Checkpoint(path=path, state=state, optimizer=optimizer, rng=rng)

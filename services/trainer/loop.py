@@ -1,0 +1,381 @@
+"""The GRPO training loop, top to bottom: pull groups -> build -> pack -> forward/backward per micro-batch
+-> optimizer step -> push weights -> ReportPolicyVersion -> checkpoint every N steps -> metrics.
+
+One step:
+1. Read groups from rollout until `groups_per_step` groups with signal are in hand (groups.py turns each
+   into Samples with group-relative advantages). A bad group (another run, no scored session, a call
+   whose ids and logprobs differ in length) skips the step: its groups are not trained on, the reason
+   goes to the log, to GetStatus.error and to skipped_steps.
+2. Build training sequences per group (builders/: per_request, prefix_merging or tree) and pack them into
+   micro-batches of at most `micro_batch_tokens` tokens (pack.py).
+3. For each micro-batch: the policy's logprob of every sampled token (forward.py), the policy loss under
+   one step-level normalizer (loss.py), backward. Gradients accumulate to exactly the step gradient.
+4. Clip the gradient norm, optimizer step (AdamW), policy version + 1.
+5. Push the weights to inference (publish.py; inference swaps atomically), report the version to rollout.
+6. Every `checkpoint_every` steps a checkpoint (checkpoint.py); metrics to JSONL + TensorBoard (metrics.py).
+
+Deviations from textbook GRPO (Shao et al. 2024), each on purpose:
+- Asynchronous and off-policy by design: groups were sampled by the inference engine under some earlier
+  policy version (staleness is bounded by rollout and logged here). The ratio's "old" policy is the
+  behaviour policy's captured inference logprobs (`behaviour_correction="ppo_clip"`), or, with
+  `"tis"`, the trainer's own logprobs before the step with a truncated importance weight
+  min(pi_trainer/pi_inference, cap) against the captured ones (loss.py).
+- One optimizer step per batch of groups (no PPO epochs over the same batch), so "old" = the current
+  policy before the step needs no second forward: it is the detached logprob of the same pass.
+- Groups whose rewards are all equal are dropped before any compute (no gradient; counted), and the step
+  keeps reading groups until it has `groups_per_step` with signal (dynamic sampling, as in DAPO).
+- Clip-higher (asymmetric clip bounds), token-level aggregation by default, KL to the initial model off by
+  default (k3 estimator when on): see loss.py.
+- Sessions that failed for infrastructure reasons never reach the loss (groups.py); a scored session
+  without calls still counts in its group's baseline.
+- Sequences are token-faithful merges of a session's calls (prefix merging / tree), not one sequence per
+  completion: the loss and gradients are the same as per-call training (tests/trainer/test_equivalence).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import torch
+
+from lodestar.errors import LodestarError
+from lodestar.logging import get_logger
+from lodestar.v1 import rollout_pb2
+from services.trainer.advantages import AdvantageKind
+from services.trainer.batch import BuildStats, MicroBatch, TrainingSequence
+from services.trainer.builders import BuilderKind, build_sequences
+from services.trainer.checkpoint import TrainState, save_checkpoint, step_dir
+from services.trainer.distributed import Parallel
+from services.trainer.forward import target_logprobs
+from services.trainer.groups import BadGroupError, GroupSamples, group_samples
+from services.trainer.loss import LossConfig, LossNormalizer, LossOutput, policy_loss
+from services.trainer.metrics import MetricsWriter, StepRecord
+from services.trainer.publish import PublishResult
+from services.trainer.status import Phase, StatusBoard
+from services.trainer.stepstats import step_values
+
+_log = get_logger("trainer")
+
+Correction = Literal["ppo_clip", "tis"]
+
+
+class GroupSource(Protocol):
+    def groups(self, start_after: int = 0) -> Iterator[rollout_pb2.Group]: ...
+    def cancel(self) -> None: ...
+    def report_policy_version(self, version: int) -> None: ...
+
+
+class Publisher(Protocol):
+    def publish(self, state: dict[str, torch.Tensor], version: int) -> PublishResult: ...
+    def served_version(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    run_id: str
+    builder: BuilderKind = BuilderKind.PREFIX_MERGING
+    advantage: AdvantageKind = AdvantageKind.ZSCORE
+    loss: LossConfig = field(default_factory=LossConfig)
+    behaviour_correction: Correction = "ppo_clip"
+    micro_batch_tokens: int = 8192
+    groups_per_step: int = 1
+    steps: int = 0
+    """Steps to run from the start (or resumed) step; 0: until stopped or the run ends."""
+    max_grad_norm: float = 1.0
+    checkpoint_every: int = 0
+    checkpoint_dir: Path = Path(".lodestar/trainer/checkpoints")
+    pass_threshold: float = 1.0
+
+
+@dataclass
+class _Plan:
+    """What every rank does next (rank 0 decides; broadcast under torchrun)."""
+
+    groups: list[GroupSamples] = field(default_factory=list)
+    read: int = 0
+    """Groups consumed from the stream for this plan (trained, dropped or in a skipped step)."""
+    no_signal: int = 0
+    error: str = ""
+    stop: bool = False
+    save: bool = False
+    """With stop: write a checkpoint before stopping."""
+
+
+@dataclass
+class Trainer:
+    """Owns model, optimizer and loop state; `run()` is the body of the training thread."""
+
+    config: LoopConfig
+    model: Any
+    optimizer: torch.optim.Optimizer
+    state: TrainState
+    board: StatusBoard
+    parallel: Parallel = field(default_factory=Parallel)
+    source: GroupSource | None = None
+    publisher: Publisher | None = None
+    metrics: MetricsWriter | None = None
+    reference: Any = None
+    model_files: list[Path] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _save_on_stop: bool = False
+    _step_lock: threading.Lock = field(default_factory=threading.Lock)
+    _saved_step: int = -1
+    _counters: dict[str, float] = field(default_factory=lambda: {"groups_no_signal": 0.0, "sessions_dropped": 0.0})
+
+    # -- the loop --------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Train until `steps` are done, Stop, or the run's groups end; FAILED with the reason on an error."""
+        try:
+            self._sync_inference()
+            groups = self.source.groups(self.state.groups_read) if self.source and self.parallel.is_main else None
+            last = self.state.step + self.config.steps if self.config.steps else None
+            while last is None or self.state.step < last:
+                self.board.update(phase=Phase.WAITING)
+                plan = self.parallel.broadcast(self._next_plan(groups) if self.parallel.is_main else None)
+                assert plan is not None
+                if plan.stop:
+                    break
+                if plan.error:
+                    self._skip(plan)
+                    continue
+                self.board.update(phase=Phase.TRAINING)
+                with self._step_lock:
+                    self.train_step(plan)
+            else:
+                plan = _Plan()
+            if plan.save or (self.config.checkpoint_every and 0 < self.state.step != self._saved_step):
+                self.save(None)
+            self.board.update(phase=Phase.STOPPED)
+        except Exception as error:
+            reason = error.message if isinstance(error, LodestarError) else f"{type(error).__name__}: {error}"
+            _log.exception("trainer failed", error=reason, step=self.state.step)
+            self.board.update(phase=Phase.FAILED, error=reason)
+        finally:
+            if self.metrics is not None:
+                self.metrics.close()
+
+    def train_step(self, plan: _Plan) -> StepRecord:
+        """One optimizer step on the plan's groups (module docstring, steps 2-6)."""
+        started = time.perf_counter()
+        sequences, stats = self._build(plan.groups)
+        micro_batches = self._pack(sequences)
+        built = time.perf_counter()
+
+        totals, grad_norm = self._forward_backward(micro_batches)
+        backward_done = time.perf_counter()
+
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        version_before = self.state.policy_version
+        self._advance(steps=1, version=1, read=plan.read)
+        optimized = time.perf_counter()
+
+        push = self._publish()
+        pushed = time.perf_counter()
+
+        seconds = {
+            "time_build": built - started,
+            "time_forward_backward": backward_done - built,
+            "time_optimizer": optimized - backward_done,
+            "time_push": pushed - optimized,
+        }
+        self._counters["groups_no_signal"] += plan.no_signal
+        values = step_values(
+            groups=plan.groups,
+            stats=stats,
+            micro_batches=len(micro_batches),
+            loss=totals,
+            grad_norm=grad_norm,
+            lr=float(self.optimizer.param_groups[0]["lr"]),
+            seconds=seconds,
+            version_before=version_before,
+            pass_threshold=self.config.pass_threshold,
+            counters=self._counters,
+            push_bytes=push.payload_bytes if push else 0,
+        )
+        record = StepRecord(self.state.step, self.state.policy_version, values)
+        if self.parallel.is_main and self.metrics is not None:
+            self.metrics.write(record)
+        _log.info("step", step=record.step, policy_version=record.policy_version, **_headline(values))
+        self.board.publish_step(record, step=self.state.step, policy_version=self.state.policy_version)
+        if self._checkpoint_due():
+            self.save(None)
+        return record
+
+    # -- the parts ---------------------------------------------------------------------------------------
+
+    def _next_plan(self, groups: Iterator[rollout_pb2.Group] | None) -> _Plan:
+        """Read groups until `groups_per_step` have signal (or a bad group, the end of the run, Stop)."""
+        plan = _Plan()
+        while len(plan.groups) < self.config.groups_per_step:
+            group = next(groups, None) if groups is not None and not self._stop.is_set() else None
+            if group is None:
+                if not self._stop.is_set():
+                    _log.info("the run has no more groups", run_id=self.config.run_id)
+                return _Plan(stop=True, save=self._save_on_stop)
+            plan.read += 1
+            try:
+                samples = group_samples(
+                    group,
+                    run_id=self.config.run_id,
+                    advantage=self.config.advantage,
+                    first_index=sum(len(kept.samples) for kept in plan.groups),
+                )
+            except BadGroupError as error:
+                plan.error = error.message
+                return plan
+            self._counters["sessions_dropped"] += samples.dropped_sessions
+            if samples.has_signal:
+                plan.groups.append(samples)
+            else:
+                plan.no_signal += 1
+                _log.info("group without signal dropped", group_id=samples.group_id, rewards=samples.rewards)
+        return plan
+
+    def _skip(self, plan: _Plan) -> None:
+        skipped = self.board.snapshot().skipped_steps + 1
+        self._advance(steps=0, version=0, read=plan.read, skipped=1)
+        _log.warning("step skipped", reason=plan.error, skipped_steps=skipped, step=self.state.step)
+        self.board.update(error=plan.error, skipped_steps=skipped)
+
+    def _build(self, groups: list[GroupSamples]) -> tuple[list[TrainingSequence], BuildStats]:
+        sequences: list[TrainingSequence] = []
+        totals = BuildStats(calls=0, sequences=0, call_tokens=0, sequence_tokens=0)
+        for group in groups:
+            result = build_sequences(self.config.builder, group.samples)
+            sequences.extend(result.sequences)
+            stats = result.stats
+            totals = BuildStats(
+                calls=totals.calls + stats.calls,
+                sequences=totals.sequences + stats.sequences,
+                call_tokens=totals.call_tokens + stats.call_tokens,
+                sequence_tokens=totals.sequence_tokens + stats.sequence_tokens,
+                merges=totals.merges + stats.merges,
+                breaks=totals.breaks + stats.breaks,
+            )
+        return sequences, totals
+
+    def _pack(self, sequences: list[TrainingSequence]) -> list[MicroBatch]:
+        from services.trainer.pack import pack
+
+        return pack(sequences, self.config.micro_batch_tokens)
+
+    def _forward_backward(self, micro_batches: list[MicroBatch]) -> tuple[LossOutput | None, float]:
+        """Accumulate the step gradient over this rank's micro-batches; (merged loss metrics, grad norm)."""
+        norm = LossNormalizer.of(micro_batches)
+        mine = self.parallel.shard(micro_batches)
+        totals: LossOutput | None = None
+        self.optimizer.zero_grad(set_to_none=True)
+        for index, (batch, weight) in enumerate(mine):
+            self.parallel.set_grad_sync(self.model, index == len(mine) - 1)
+            new = target_logprobs(self.model, batch)
+            old = new.detach() if self.config.behaviour_correction == "tis" else None
+            ref = self._reference_logprobs(batch)
+            output = policy_loss(new, batch, self.config.loss, norm, old_logprobs=old, ref_logprobs=ref)
+            torch.autograd.backward(output.loss * (weight * self.parallel.world))
+            if weight:
+                totals = output if totals is None else totals.merge(output)
+        self.parallel.reduce_replicated_grads(self.model)
+        totals = self._merge_ranks(totals)
+        limit = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit)
+        return totals, float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+
+    def _reference_logprobs(self, batch: MicroBatch) -> torch.Tensor | None:
+        if self.reference is None or not self.config.loss.kl_coef:
+            return None
+        with torch.no_grad():
+            logprobs: torch.Tensor = target_logprobs(self.reference, batch)
+            return logprobs
+
+    def _merge_ranks(self, totals: LossOutput | None) -> LossOutput | None:
+        if not self.parallel.distributed or totals is None:
+            return totals
+        summed = self.parallel.sum(
+            [float(totals.loss.detach()), totals.targets, totals.clipped, totals.ratio_sum, totals.kl_sum,
+             totals.mismatch_abs_sum, totals.tis_clipped]
+        )  # fmt: skip
+        (largest,) = self.parallel.max([totals.mismatch_abs_max])
+        return LossOutput(
+            loss=torch.tensor(summed[0]), targets=int(summed[1]), clipped=int(summed[2]), ratio_sum=summed[3],
+            kl_sum=summed[4], mismatch_abs_sum=summed[5], mismatch_abs_max=largest, tis_clipped=int(summed[6]),
+        )  # fmt: skip
+
+    def _publish(self) -> PublishResult | None:
+        """Push the new weights to inference and tell rollout (rank 0; the state gather is collective)."""
+        if not self.parallel.distributed and self.publisher is None and self.source is None:
+            return None
+        weights = self.parallel.full_state(self.model)
+        if not self.parallel.is_main:
+            return None
+        result = self.publisher.publish(weights, self.state.policy_version) if self.publisher else None
+        if self.source is not None:
+            self.source.report_policy_version(self.state.policy_version)
+        return result
+
+    def _sync_inference(self) -> None:
+        """On a resumed run, make inference serve the resumed weights if it serves an older version."""
+        if not self.state.policy_version:
+            return
+        behind = None
+        if self.parallel.is_main and self.publisher is not None:
+            behind = self.publisher.served_version() < self.state.policy_version
+        if not self.parallel.broadcast(behind):
+            return
+        weights = self.parallel.full_state(self.model)
+        if self.parallel.is_main and self.publisher is not None:
+            self.publisher.publish(weights, self.state.policy_version)
+            _log.info("resumed weights pushed", policy_version=self.state.policy_version)
+
+    def _advance(self, *, steps: int, version: int, read: int, skipped: int = 0) -> None:
+        s = self.state
+        self.state = TrainState(
+            step=s.step + steps,
+            policy_version=s.policy_version + version,
+            run_id=s.run_id,
+            groups_read=s.groups_read + read,
+            skipped_steps=s.skipped_steps + skipped,
+        )
+
+    def _checkpoint_due(self) -> bool:
+        every = self.config.checkpoint_every
+        return bool(every) and self.state.step > 0 and self.state.step % every == 0
+
+    # -- control (any thread) ----------------------------------------------------------------------------
+
+    def request_stop(self, *, save_checkpoint: bool = False) -> None:
+        """Finish the current step, then stop (saving a checkpoint first when asked)."""
+        self._save_on_stop = self._save_on_stop or save_checkpoint
+        self._stop.set()
+        if self.source is not None:
+            self.source.cancel()
+
+    def save(self, path: Path | None) -> Path:
+        """Write a checkpoint of the current state (between steps); returns its directory."""
+        target = path or step_dir(self.config.checkpoint_dir, self.state.step)
+        weights = self.parallel.full_state(self.model)
+        optimizer = self.parallel.optimizer_state(self.model, self.optimizer)
+        if self.parallel.is_main:
+            save_checkpoint(
+                target, weights=weights, optimizer=optimizer, state=self.state, model_files=self.model_files
+            )
+            _log.info("checkpoint written", path=str(target), step=self.state.step)
+            self.board.update(last_checkpoint=str(target))
+        self._saved_step = self.state.step
+        return target
+
+    def save_now(self, path: Path | None) -> tuple[Path, int]:
+        """SaveCheckpoint from another thread: waits for the current step to end (single process only)."""
+        with self._step_lock:
+            return self.save(path), self.state.step
+
+
+def _headline(values: dict[str, float]) -> dict[str, float]:
+    keys = ("loss", "reward_mean", "merge_ratio", "time_step", "clip_fraction", "logprob_diff_max")
+    return {key: round(values[key], 5) for key in keys if key in values}

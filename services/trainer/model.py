@@ -1,0 +1,56 @@
+"""The policy model: load a Hugging Face causal LM directory onto a device and dtype, and read its weights.
+
+This module and `forward.py` are where the trainer meets transformers. The model is loaded in train
+mode with dropout as configured by its config (the tiny model and Qwen3 have none), so a step is a
+deterministic function of weights, batch and optimizer state on CPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from transformers import AutoModelForCausalLM
+from transformers.utils import logging as transformers_logging
+
+from lodestar.errors import InvalidArgumentError
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+Dtype = Literal["float32", "bfloat16"]
+
+
+def load_model(model_dir: Path, *, device: str = "cpu", dtype: Dtype = "float32") -> Any:
+    """The causal LM in `model_dir` on `device` in `dtype`, in train mode (InvalidArgumentError if unusable)."""
+    if not (model_dir / "config.json").is_file():
+        raise InvalidArgumentError(f"model directory {model_dir} has no config.json")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InvalidArgumentError(f"--device {device} asked for, but torch sees no CUDA device")
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
+    return model.to(device).train()
+
+
+def model_files(model_dir: Path) -> list[Path]:
+    """The non-weight files of a model directory (config, tokenizer, chat template) to copy into checkpoints."""
+    return sorted(
+        path
+        for path in model_dir.iterdir()
+        if path.is_file()
+        and path.suffix not in {".safetensors", ".bin", ".pt", ".gguf"}
+        and not path.name.endswith(".index.json")
+    )
+
+
+def tied_names(model: Any) -> set[str]:
+    """Parameter names that alias an earlier parameter (e.g. lm_head.weight tied to the embeddings)."""
+    every = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    unique = {name for name, _ in model.named_parameters()}
+    return {name.removeprefix("module.") for name in every - unique}
+
+
+def dedupe_tied(model: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` without the tied aliases: safetensors refuses shared storage, from_pretrained re-ties them."""
+    tied = tied_names(model)
+    return {name: tensor for name, tensor in state.items() if name not in tied}

@@ -1,0 +1,120 @@
+"""Push the policy's weights to InferenceService.UpdateWeights as one streamed safetensors payload.
+
+The stream is a `WeightsHeader` (total bytes, the version to publish) and chunks of the payload.
+Inference validates the whole update before it swaps, and keeps serving the old version until the new
+one is complete, so a push that fails midway changes nothing there. Each attempt has a deadline;
+UNAVAILABLE and DEADLINE_EXCEEDED are retried with backoff (after asking GetModelInfo whether the
+timed-out attempt landed after all). A refusal (INVALID_ARGUMENT: names, shapes, dtypes, or a version
+not newer than the served one) is not retried: it raises `WeightsRefusedError` with inference's reason.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import grpc
+import torch
+from safetensors.torch import save
+
+from lodestar.errors import FailedPreconditionError, LodestarError, UnavailableError
+from lodestar.logging import get_logger
+from lodestar.v1 import inference_pb2, inference_pb2_grpc
+from services.trainer.rpc import RETRYABLE, details_of, domain_error, status_of, sync_channel
+
+CHUNK_BYTES = 4 * 1024 * 1024
+
+_log = get_logger("trainer.publish")
+
+
+class WeightsRefusedError(FailedPreconditionError):
+    """Inference refused an update; the message carries its reason. Training cannot continue on it."""
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    policy_version: int
+    tensors: int
+    payload_bytes: int
+    seconds: float
+    attempts: int
+
+
+def serialize(state: Mapping[str, torch.Tensor]) -> bytes:
+    """One safetensors payload of `state` (contiguous CPU tensors, no shared storage)."""
+    return save(dict(state))
+
+
+def _requests(payload: bytes, version: int) -> Iterator[inference_pb2.UpdateWeightsRequest]:
+    header = inference_pb2.WeightsHeader(total_bytes=len(payload), policy_version=version)
+    yield inference_pb2.UpdateWeightsRequest(header=header)
+    view = memoryview(payload)
+    for start in range(0, len(payload), CHUNK_BYTES):
+        yield inference_pb2.UpdateWeightsRequest(chunk=bytes(view[start : start + CHUNK_BYTES]))
+
+
+class WeightPublisher:
+    """UpdateWeights client with deadline and retries (see the module docstring)."""
+
+    def __init__(self, target: str, *, timeout_s: float = 300.0, attempts: int = 3, backoff_s: float = 1.0) -> None:
+        self.target = target
+        self._timeout_s = timeout_s
+        self._attempts = max(1, attempts)
+        self._backoff_s = backoff_s
+        self._channel = sync_channel(target)
+        self._stub = inference_pb2_grpc.InferenceServiceStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def served_version(self) -> int:
+        """The version inference serves now."""
+        try:
+            info = self._stub.GetModelInfo(inference_pb2.GetModelInfoRequest(), timeout=min(self._timeout_s, 30.0))
+        except grpc.RpcError as error:
+            raise domain_error(error, f"GetModelInfo to {self.target}") from error
+        return int(info.policy_version.version)
+
+    def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
+        """Make inference serve `state` as policy `version`; returns once it does."""
+        started = time.perf_counter()
+        payload = serialize(state)
+        last = ""
+        for attempt in range(1, self._attempts + 1):
+            try:
+                reply = self._stub.UpdateWeights(_requests(payload, version), timeout=self._timeout_s)
+            except grpc.RpcError as error:
+                code = status_of(error)
+                if code == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise WeightsRefusedError(
+                        f"inference at {self.target} refused the weights of policy version {version}: "
+                        f"{details_of(error)}"
+                    ) from error
+                if code not in RETRYABLE:
+                    raise domain_error(error, f"UpdateWeights to {self.target}") from error
+                last = f"{code.name}: {details_of(error)}"
+                _log.warning("weight push failed, retrying", attempt=attempt, policy_version=version, error=last)
+                if self._landed(version):
+                    return PublishResult(version, len(state), len(payload), time.perf_counter() - started, attempt)
+                if attempt < self._attempts:
+                    time.sleep(self._backoff_s * 2 ** (attempt - 1))
+                continue
+            return PublishResult(
+                int(reply.policy_version),
+                int(reply.tensors_updated),
+                len(payload),
+                time.perf_counter() - started,
+                attempt,
+            )
+        raise UnavailableError(
+            f"could not push policy version {version} to inference at {self.target} "
+            f"after {self._attempts} attempts ({last})"
+        )
+
+    def _landed(self, version: int) -> bool:
+        """Whether a timed-out push was applied after all (inference already serves `version`)."""
+        try:
+            return self.served_version() >= version
+        except LodestarError:  # cannot ask: assume it did not land, the retry will tell
+            return False

@@ -1,0 +1,67 @@
+"""The metric values of one step (names documented in services/trainer/metrics.py), from what the loop saw."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from services.trainer.batch import BuildStats
+from services.trainer.groups import GroupSamples
+from services.trainer.loss import LossOutput
+from services.trainer.metrics import mean_std
+
+
+def step_values(
+    *,
+    groups: Sequence[GroupSamples],
+    stats: BuildStats,
+    micro_batches: int,
+    loss: LossOutput | None,
+    grad_norm: float,
+    lr: float,
+    seconds: Mapping[str, float],
+    version_before: int,
+    pass_threshold: float,
+    counters: Mapping[str, float],
+    push_bytes: int = 0,
+) -> dict[str, float]:
+    rewards = [reward for group in groups for reward in group.rewards]
+    reward_mean, reward_std = mean_std(rewards)
+    staleness = [float(version_before - group.min_policy_version) for group in groups]
+    values: dict[str, float] = {
+        "reward_mean": reward_mean,
+        "reward_std": reward_std,
+        "pass_rate": sum(reward >= pass_threshold for reward in rewards) / len(rewards) if rewards else 0.0,
+        "groups": float(len(groups)),
+        "samples": float(sum(len(group.samples) for group in groups)),
+        "calls": float(stats.calls),
+        "call_tokens": float(stats.call_tokens),
+        "tokens_trained": float(stats.sequence_tokens),
+        "merge_ratio": stats.token_ratio,
+        "sequences": float(stats.sequences),
+        "micro_batches": float(micro_batches),
+        "merges": float(stats.merges),
+        "breaks": float(stats.breaks),
+        "grad_norm": grad_norm,
+        "lr": lr,
+        "staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
+        "staleness_max": max(staleness, default=0.0),
+        "push_bytes": float(push_bytes),
+        **seconds,
+        **counters,
+    }
+    values["time_step"] = sum(seconds.values())
+    forward_backward = seconds.get("time_forward_backward", 0.0)
+    values["tokens_per_second"] = stats.sequence_tokens / forward_backward if forward_backward > 0 else 0.0
+    if loss is not None:
+        summary = loss.summary()
+        values.update(
+            loss=summary["loss"],
+            target_tokens=summary["targets"],
+            clip_fraction=summary["clip_fraction"],
+            ratio_mean=summary["ratio_mean"],
+            kl=summary["kl"],
+            logprob_diff_mean=summary["mismatch_mean"],
+            logprob_diff_max=summary["mismatch_max"],
+            tis_clip_fraction=summary["tis_clip_fraction"],
+        )
+    return values

@@ -1,0 +1,118 @@
+"""Build a ready-to-run Trainer from TrainerSettings: model, optimizer, resume state, clients, metrics.
+
+Start from `--model DIR`, or from `--resume CHECKPOINT` (weights, optimizer state, step, policy version,
+groups read and RNG state; the run must match). Under torchrun only rank 0 gets the rollout and
+inference clients and the metrics writer. The KL reference (kl_coef > 0) is the starting model
+(`--model`, else the resumed checkpoint's weights), frozen.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lodestar.errors import FailedPreconditionError, InvalidArgumentError
+from services.trainer.advantages import AdvantageKind
+from services.trainer.builders import BuilderKind
+from services.trainer.checkpoint import TrainState, load_checkpoint, restore_rng
+from services.trainer.distributed import Parallel
+from services.trainer.loop import LoopConfig, Trainer
+from services.trainer.loss import Aggregation, LossConfig
+from services.trainer.metrics import MetricsWriter
+from services.trainer.model import load_model, model_files
+from services.trainer.publish import WeightPublisher
+from services.trainer.rollout_client import RolloutClient
+from services.trainer.settings import TrainerSettings
+from services.trainer.status import Status, StatusBoard
+
+
+def loop_config(settings: TrainerSettings) -> LoopConfig:
+    if settings.run is None:
+        raise FailedPreconditionError("the trainer needs --run RUN_ID")
+    if settings.micro_batch_tokens <= 0 or settings.groups_per_step <= 0:
+        raise InvalidArgumentError("micro_batch_tokens and groups_per_step must be positive")
+    loss = LossConfig(
+        clip_low=settings.clip_low,
+        clip_high=settings.clip_high,
+        aggregation=Aggregation(settings.aggregation),
+        kl_coef=settings.kl_coef,
+        tis_cap=settings.tis_cap,
+    )
+    return LoopConfig(
+        run_id=settings.run,
+        builder=BuilderKind(settings.builder),
+        advantage=AdvantageKind(settings.advantage),
+        loss=loss,
+        behaviour_correction=settings.behaviour_correction,
+        micro_batch_tokens=settings.micro_batch_tokens,
+        groups_per_step=settings.groups_per_step,
+        steps=settings.steps,
+        max_grad_norm=settings.max_grad_norm,
+        checkpoint_every=settings.checkpoint_every,
+        checkpoint_dir=settings.checkpoint_dir or settings.run_dir / "checkpoints",
+        pass_threshold=settings.pass_threshold,
+    )
+
+
+def create_trainer(settings: TrainerSettings, parallel: Parallel | None = None, *, connect: bool = True) -> Trainer:
+    """A Trainer for `settings` (FailedPreconditionError without --run and --model/--resume).
+
+    `connect=False` leaves out the rollout and inference clients (tests drive `train_step` directly).
+    """
+    config = loop_config(settings)
+    start = settings.resume or settings.model
+    if start is None:
+        raise FailedPreconditionError("the trainer needs --model DIR (or --resume CHECKPOINT)")
+    parallel = parallel or Parallel.from_env(mode=settings.parallel, device=settings.device)
+    checkpoint = load_checkpoint(settings.resume) if settings.resume else None
+    if checkpoint is not None and checkpoint.state.run_id and checkpoint.state.run_id != config.run_id:
+        raise InvalidArgumentError(
+            f"checkpoint {settings.resume} is of run {checkpoint.state.run_id!r}, not {config.run_id!r}"
+        )
+    model = parallel.wrap(load_model(start, device=settings.device, dtype=settings.dtype))
+    reference: Any = None
+    if settings.kl_coef:
+        reference = load_model(settings.model or start, device=settings.device, dtype=settings.dtype).eval()
+        reference.requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    if checkpoint is not None:
+        parallel.load_optimizer_state(model, optimizer, checkpoint.optimizer)
+        state = checkpoint.state
+        restore_rng(checkpoint.rng)
+    else:
+        state = TrainState(run_id=config.run_id)
+        torch.manual_seed(settings.seed)
+    main = parallel.is_main
+    board = StatusBoard(
+        Status(
+            run_id=config.run_id,
+            step=state.step,
+            policy_version=state.policy_version,
+            skipped_steps=state.skipped_steps,
+            last_checkpoint=str(settings.resume or ""),
+        )
+    )
+    rollout = (
+        RolloutClient(settings.rollout, config.run_id, rpc_timeout_s=settings.rpc_timeout_s)
+        if connect and main
+        else None
+    )
+    publisher = (
+        WeightPublisher(settings.inference, timeout_s=settings.push_timeout_s, attempts=settings.push_attempts)
+        if connect and main and settings.inference
+        else None
+    )
+    return Trainer(
+        config=config,
+        model=model,
+        optimizer=optimizer,
+        state=state,
+        board=board,
+        parallel=parallel,
+        source=rollout,
+        publisher=publisher,
+        metrics=MetricsWriter(settings.run_dir) if main else None,
+        reference=reference,
+        model_files=model_files(start),
+    )

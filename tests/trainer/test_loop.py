@@ -1,0 +1,72 @@
+"""The training loop on the tiny model with an in-memory group feed: steps, metrics, dropped groups."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from services.trainer.loop import Trainer
+from services.trainer.settings import TrainerSettings
+from services.trainer.status import Phase
+from services.trainer.wiring import create_trainer
+from tests.trainer.groups_helpers import RUN, FeedSource, make_group
+
+
+def trainer_for(model_dir: Path, tmp_path: Path, groups: list, **overrides: object) -> tuple[Trainer, FeedSource]:
+    fields: dict[str, object] = {
+        "run": RUN,
+        "model": model_dir,
+        "run_dir": tmp_path / "run",
+        "lr": 1e-3,
+        "micro_batch_tokens": 256,
+    }
+    fields.update(overrides)
+    trainer = create_trainer(TrainerSettings(**fields), connect=False)  # type: ignore[arg-type]
+    source = FeedSource(groups)
+    trainer.source = source
+    return trainer, source
+
+
+def test_steps_update_weights_and_write_metrics(trainer_model_dir: Path, tmp_path: Path) -> None:
+    groups = [make_group(0), make_group(1, rewards=(0.5, 0.5, 0.5, 0.5)), make_group(2), make_group(3)]
+    trainer, source = trainer_for(trainer_model_dir, tmp_path, groups, steps=2, groups_per_step=1)
+    before = {name: tensor.clone() for name, tensor in trainer.model.state_dict().items()}
+
+    trainer.run()
+
+    status = trainer.board.snapshot()
+    assert status.phase is Phase.STOPPED, status.error
+    assert (status.step, status.policy_version) == (2, 2)
+    assert source.reported == [1, 2]
+    changed = [name for name, tensor in trainer.model.state_dict().items() if not torch.equal(tensor, before[name])]
+    assert "lm_head.weight" in changed and any("layers.1" in name for name in changed)
+    # group 1 has equal rewards: dropped (counted), so step 2 trained on group 2 and group 3 was not read.
+    assert trainer.state.groups_read == 3
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2]
+    second = lines[1]
+    assert second["groups_no_signal"] == 1.0
+    assert second["merge_ratio"] > 1.0 and second["call_tokens"] > second["tokens_trained"]
+    for key in ("loss", "clip_fraction", "kl", "logprob_diff_mean", "logprob_diff_max", "reward_mean",
+                "reward_std", "pass_rate", "staleness_mean", "time_build", "time_forward_backward",
+                "time_optimizer", "time_push", "grad_norm"):  # fmt: skip
+        assert key in second, key
+    assert second["pass_rate"] == 0.25 and abs(second["reward_mean"] - 0.375) < 1e-9
+    assert second["logprob_diff_max"] >= second["logprob_diff_mean"] > 0
+    assert any((tmp_path / "run" / "tensorboard").iterdir())
+
+
+def test_infra_failed_sessions_never_reach_the_loss(trainer_model_dir: Path, tmp_path: Path) -> None:
+    from lodestar.v1 import rollout_pb2
+
+    failed = rollout_pb2.SESSION_OUTCOME_INFRA_FAILED
+    scored = rollout_pb2.SESSION_OUTCOME_SCORED
+    group = make_group(4, rewards=(1.0, 0.0, 0.0, 1.0), outcomes=(scored, failed, scored, failed))
+    trainer, _ = trainer_for(trainer_model_dir, tmp_path, [group], steps=1)
+    trainer.run()
+    record = trainer.board.snapshot().last_record
+    assert record is not None, trainer.board.snapshot().error
+    assert record.values["samples"] == 2 and record.values["sessions_dropped"] == 2
+    assert record.values["reward_mean"] == 0.5
