@@ -105,7 +105,7 @@ def _block(
 
 class _TreeAttention(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TreeLayout, scale: float | None
     ) -> torch.Tensor:
         out = torch.empty_like(q)
@@ -120,7 +120,7 @@ class _TreeAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v = ctx.saved_tensors
         layout: TreeLayout = ctx.layout
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -145,7 +145,7 @@ def tree_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TreeLayout, scale: float | None
 ) -> torch.Tensor:
     """Attention of q [B, Hq, T, D] over k, v [B, Hkv, T, D] (Hq a multiple of Hkv) under `layout`."""
-    out: torch.Tensor = _TreeAttention.apply(q, k, v, layout, scale)
+    out: torch.Tensor = _TreeAttention.apply(q, k, v, layout, scale)  # type: ignore[no-untyped-call]
     return out
 
 

@@ -39,7 +39,7 @@ class _ChunkedTargetLogprob(torch.autograd.Function):
     """log_softmax(hidden @ weight.T + bias)[n, targets[n]] for each row n, chunked over rows and vocabulary."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         hidden: torch.Tensor,
         weight: torch.Tensor,
@@ -67,7 +67,7 @@ class _ChunkedTargetLogprob(torch.autograd.Function):
         return picked - lse
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, bias, targets, lse = ctx.saved_tensors
         vocab = weight.shape[0]
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
@@ -119,7 +119,9 @@ def chunked_target_logprobs(
     """
     if vocab_chunk <= 0 or row_chunk <= 0:
         raise ValueError("chunk sizes must be positive")
-    out: torch.Tensor = _ChunkedTargetLogprob.apply(hidden, weight, bias, targets, vocab_chunk, row_chunk)
+    out: torch.Tensor = _ChunkedTargetLogprob.apply(  # type: ignore[no-untyped-call]
+        hidden, weight, bias, targets, vocab_chunk, row_chunk
+    )
     return out
 
 
@@ -138,7 +140,7 @@ def target_logprobs(
     """
     if not batch.target_tokens:
         raise ValueError("micro-batch has no targets")
-    head = model.lm_head  # type: ignore[union-attr]
+    head = model.lm_head
     if not isinstance(head, torch.nn.Linear):
         raise ValueError(f"unsupported LM head {type(head).__name__}: target_logprobs needs a linear lm_head")
     if getattr(model.config, "final_logit_softcapping", None) or getattr(model.config, "logit_scale", None):
@@ -154,7 +156,7 @@ def target_logprobs(
     layout = TreeLayout.of(batch.parents, device=device, **block)
     input_ids = torch.tensor([batch.token_ids], dtype=torch.int64, device=device)
     position_ids = torch.tensor([batch.position_ids], dtype=torch.int64, device=device)
-    base: Any = model.model  # type: ignore[union-attr]
+    base: Any = model.model
     output = base(input_ids=input_ids, position_ids=position_ids, use_cache=False, **{LAYOUT_KWARG: layout})
     hidden = output.last_hidden_state[0].index_select(0, read_at.to(device))
     token_ids = input_ids[0].index_select(0, targets.to(device))
