@@ -28,13 +28,9 @@ CANCELLED = rollout_pb2.SESSION_OUTCOME_CANCELLED
 
 
 def make_spec(tasks: int = 2, group_size: int = 2, **fields: Any) -> rollout_pb2.RunSpec:
-    spec = rollout_pb2.RunSpec(
-        name="test",
-        group_size=group_size,
-        harness=rollout_pb2.HarnessSpec(kind="command", command=["python", "agent.py", "{prompt}"]),
-        verifier=rollout_pb2.VerifierSpec(kind="exact_match"),
-        **fields,
-    )
+    fields.setdefault("harness", rollout_pb2.HarnessSpec(kind="command", command=["python", "agent.py", "{prompt}"]))
+    fields.setdefault("verifier", rollout_pb2.VerifierSpec(kind="exact_match"))
+    spec = rollout_pb2.RunSpec(name="test", group_size=group_size, **fields)
     for index in range(tasks):
         spec.tasks.add(task_id=f"task-{index}", prompt=f"say {index}")
     return spec

@@ -1,0 +1,120 @@
+"""Run specs: parsing (YAML, JSON, a JSONL tasks file), defaults, and every bad input, locally and in
+CreateRun (INVALID_ARGUMENT naming the problem, nothing created)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import grpc
+import pytest
+
+from lodestar.errors import InvalidArgumentError
+from lodestar.v1 import rollout_pb2
+from services.rollout import spec as specs
+from tests.rollout.helpers import Rollout, make_spec
+
+TASKS = '{"task_id": "a", "prompt": "p", "files": {"x.txt": "1"}, "metadata": {"answer": "1"}}\n\n{"task_id": "b"}\n'
+
+
+def test_yaml_spec_with_a_jsonl_tasks_file_relative_to_it(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "tasks.jsonl").write_text(TASKS)
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "name: x\ntasks: data/tasks.jsonl\ngroupSize: 2\nharness: {kind: codex}\n"
+        "verifier: {kind: python, config: {function: 'm:f'}}\nsessionTimeout: 90s\n"
+    )
+    spec = specs.load_spec_file(path)
+    assert [t.task_id for t in spec.tasks] == ["a", "b"]
+    assert spec.tasks[0].files["x.txt"] == "1"
+    assert spec.tasks[0].metadata["answer"] == "1"
+    assert spec.session_timeout.seconds == 90
+    filled = specs.with_defaults(spec)
+    assert (filled.max_attempts, filled.early_stop_fraction, filled.max_staleness) == (3, 1.0, 4)
+    assert filled.agent_timeout.seconds == 90  # the default 1200 s, capped by the session timeout
+    assert filled.harness.model == "lodestar"
+
+
+def test_json_spec_with_inline_tasks(tmp_path: Path) -> None:
+    path = tmp_path / "run.json"
+    path.write_text(
+        '{"tasks": [{"task_id": "t"}], "group_size": 3, "harness": {"kind": "pi"},'
+        ' "verifier": {"kind": "command"}, "early_stop_fraction": 0.5}'
+    )
+    spec = specs.load_spec_file(path)
+    assert (spec.group_size, spec.early_stop_fraction, len(spec.tasks)) == (3, 0.5, 1)
+    assert specs.required_scored(spec) == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"group_size": 0}, "group_size"),
+        ({"tasks": 0}, "no tasks"),
+        ({"harness": rollout_pb2.HarnessSpec(kind="cursor")}, "unknown harness kind 'cursor'"),
+        ({"harness": rollout_pb2.HarnessSpec(kind="command")}, "needs harness.command"),
+        ({"verifier": rollout_pb2.VerifierSpec(kind="llm_judge")}, "unknown verifier kind 'llm_judge'"),
+        ({"early_stop_fraction": 1.5}, "early_stop_fraction"),
+        ({"early_stop_fraction": -0.1}, "early_stop_fraction"),
+        ({"early_stop_fraction": float("nan")}, "early_stop_fraction"),
+    ],
+)
+def test_bad_specs_are_refused_naming_the_problem(change: dict[str, object], message: str) -> None:
+    tasks = change.pop("tasks", 2)
+    spec = make_spec(tasks=tasks, **change)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match=message):
+        specs.validate_spec(spec)
+
+
+def test_duplicate_task_ids_and_long_agent_timeouts_are_refused() -> None:
+    spec = make_spec(tasks=2)
+    spec.tasks[1].task_id = "task-0"
+    with pytest.raises(InvalidArgumentError, match="duplicate task id 'task-0'"):
+        specs.validate_spec(spec)
+    spec = make_spec()
+    spec.session_timeout.FromSeconds(10)
+    spec.agent_timeout.FromSeconds(20)
+    with pytest.raises(InvalidArgumentError, match="agent_timeout"):
+        specs.validate_spec(spec)
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"run.yaml": "tasks: missing.jsonl\ngroupSize: 1\n"}, "cannot read tasks file"),
+        ({"run.yaml": "tasks: t.jsonl\n", "t.jsonl": '{"task_id": "a"}\n{"nope": 1}\n'}, "line 2"),
+        ({"run.yaml": "groupSize: [1\n"}, "not valid YAML"),
+        ({"run.yaml": "- a list\n"}, "mapping"),
+        ({"run.yaml": "groupSize: 1\nunknownField: 2\n"}, "unknownField"),
+    ],
+)
+def test_unreadable_or_malformed_files_are_refused(tmp_path: Path, files: dict[str, str], message: str) -> None:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(InvalidArgumentError, match=message):
+        specs.load_spec_file(tmp_path / "run.yaml")
+    with pytest.raises(InvalidArgumentError, match="cannot read run spec"):
+        specs.load_spec_file(tmp_path / "absent.yaml")
+
+
+async def test_create_run_refuses_bad_specs_and_creates_nothing(rollout: Rollout, tmp_path: Path) -> None:
+    spec = make_spec(tasks=2)
+    spec.tasks[1].task_id = "task-0"
+    for bad in (spec, make_spec(group_size=0), make_spec(harness=rollout_pb2.HarnessSpec(kind="nope"))):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await rollout.create_run(bad)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "duplicate task id" in (await _details(rollout, spec))
+    with sqlite3.connect(tmp_path / "rollout.sqlite") as db:
+        assert db.execute("SELECT COUNT(*) FROM runs").fetchone() == (0,)
+        assert db.execute("SELECT COUNT(*) FROM sessions").fetchone() == (0,)
+    assert rollout.core.scheduler.runs == {}
+
+
+async def _details(rollout: Rollout, spec: rollout_pb2.RunSpec) -> str:
+    try:
+        await rollout.create_run(spec)
+    except grpc.aio.AioRpcError as error:
+        return error.details() or ""
+    return ""
