@@ -41,19 +41,22 @@ def test_steps_update_weights_and_write_metrics(trainer_model_dir: Path, tmp_pat
     assert (status.step, status.policy_version) == (2, 2)
     assert source.reported == [1, 2]
     changed = [name for name, tensor in trainer.model.state_dict().items() if not torch.equal(tensor, before[name])]
-    assert "lm_head.weight" in changed and any("layers.1" in name for name in changed)
+    assert "lm_head.weight" in changed
+    assert any("layers.1" in name for name in changed)
     # group 1 has equal rewards: dropped (counted), so step 2 trained on group 2 and group 3 was not read.
     assert trainer.state.groups_read == 3
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2]
     second = lines[1]
     assert second["groups_no_signal"] == 1.0
-    assert second["merge_ratio"] > 1.0 and second["call_tokens"] > second["tokens_trained"]
+    assert second["merge_ratio"] > 1.0
+    assert second["call_tokens"] > second["tokens_trained"]
     for key in ("loss", "clip_fraction", "kl", "logprob_diff_mean", "logprob_diff_max", "reward_mean",
                 "reward_std", "pass_rate", "staleness_mean", "time_build", "time_forward_backward",
                 "time_optimizer", "time_push", "grad_norm"):  # fmt: skip
         assert key in second, key
-    assert second["pass_rate"] == 0.25 and abs(second["reward_mean"] - 0.375) < 1e-9
+    assert second["pass_rate"] == 0.25
+    assert abs(second["reward_mean"] - 0.375) < 1e-9
     assert second["logprob_diff_max"] >= second["logprob_diff_mean"] > 0
     assert any((tmp_path / "run" / "tensorboard").iterdir())
 
@@ -68,5 +71,6 @@ def test_infra_failed_sessions_never_reach_the_loss(trainer_model_dir: Path, tmp
     trainer.run()
     record = trainer.board.snapshot().last_record
     assert record is not None, trainer.board.snapshot().error
-    assert record.values["samples"] == 2 and record.values["sessions_dropped"] == 2
+    assert record.values["samples"] == 2
+    assert record.values["sessions_dropped"] == 2
     assert record.values["reward_mean"] == 0.5

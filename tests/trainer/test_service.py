@@ -1,0 +1,124 @@
+"""A short real run: the real inference service (transformers, tiny model) sampled the calls, a RolloutService
+stand-in (real gRPC server) streams their groups, the trainer serves TrainerService and trains: it pushes
+weights (inference's next call reports the new version), reports versions to rollout, checkpoints,
+stops, and a new trainer resumed from the checkpoint continues where it stopped."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc.aio
+import pytest
+
+from lodestar.v1 import common_pb2, inference_pb2, trainer_pb2, trainer_pb2_grpc
+from services.trainer.runner import TrainerRunner
+from services.trainer.server import build_server
+from services.trainer.settings import TrainerSettings
+from services.trainer.wiring import create_trainer
+from tests.trainer.groups_helpers import RUN, RolloutStandIn, group_from_calls, start_rollout
+from tests.trainer.inference_helpers import InferenceThread, generate, served_version, session_calls, text_message
+
+REWARDS = (1.0, 0.0, 1.0, 0.0)
+
+
+@pytest.fixture(scope="module")
+def inference(trainer_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferenceThread]:
+    with InferenceThread.start(trainer_model_dir, tmp_path_factory.mktemp("spool")) as server:
+        yield server
+
+
+def real_group(address: str, index: int) -> object:
+    sessions = [session_calls(address, f"g{index}-s{sample}", turns=2, seed=index * 10 + sample) for sample in range(4)]
+    return group_from_calls(sessions, REWARDS, group_id=f"g{index}")
+
+
+async def wait_for(predicate: object, timeout: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
+
+
+async def test_real_run_pushes_checkpoints_stops_and_resumes(
+    inference: InferenceThread, trainer_model_dir: Path, tmp_path: Path
+) -> None:
+    groups = [await asyncio.to_thread(real_group, inference.address, index) for index in range(3)]
+    first_calls = groups[0].sessions[0].calls  # type: ignore[attr-defined]
+    assert first_calls[1].continued_from_sequence == 0
+    assert first_calls[0].policy_version == 0
+    standin = RolloutStandIn(groups[:2], hold=True)
+    rollout, rollout_address = await start_rollout(standin)
+    settings = TrainerSettings(
+        port=0, run=RUN, model=trainer_model_dir, rollout=rollout_address, inference=inference.address,
+        run_dir=tmp_path / "run", lr=1e-3, checkpoint_every=1, micro_batch_tokens=512,
+    )  # fmt: skip
+    runner = TrainerRunner(await asyncio.to_thread(create_trainer, settings))
+    server = build_server(settings, runner)
+    port = await server.start()
+    await server.set_serving(True)
+    runner.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = trainer_pb2_grpc.TrainerServiceStub(channel)
+            stream = stub.StreamMetrics(trainer_pb2.StreamMetricsRequest(), timeout=120)
+            seen = []
+            async for reply in stream:
+                seen.append(reply.metrics)
+                if reply.metrics.step == 2:
+                    break
+            stream.cancel()
+            assert [metrics.step for metrics in seen][-2:] == [1, 2]
+            assert seen[-1].policy_version == 2
+            assert seen[-1].values["merge_ratio"] > 1.0
+            # Step 1 trains on calls of version 0 with the weights inference sampled them with: no gap. Step 2's
+            # calls are one version stale, so the trainer's logprobs moved away from the captured ones.
+            assert seen[-2].values["logprob_diff_max"] < 1e-4
+            assert seen[-2].values["staleness_max"] == 0
+            assert seen[-1].values["logprob_diff_max"] > 1e-3
+            assert seen[-1].values["staleness_max"] == 1
+            await wait_for(lambda: standin.reported == [1, 2])
+
+            status = await stub.GetStatus(trainer_pb2.GetStatusRequest(), timeout=10)
+            while status.state != trainer_pb2.TRAINER_STATE_WAITING:  # step 2's checkpoint is being written
+                await asyncio.sleep(0.05)
+                status = await stub.GetStatus(trainer_pb2.GetStatusRequest(), timeout=10)
+            assert (status.step, status.policy_version, status.run_id) == (2, 2, RUN)
+            assert status.state == trainer_pb2.TRAINER_STATE_WAITING
+            assert status.error == ""
+            assert status.last_metrics.step == 2
+            assert status.last_checkpoint_path.endswith("step-000002")
+            assert served_version(inference.address) == 2
+            request = inference_pb2.GenerateRequest(
+                messages=[text_message(common_pb2.ROLE_USER, "Next task.")],
+                sampling=common_pb2.SamplingParams(max_tokens=2, seed=1),
+            )
+            assert (await asyncio.to_thread(generate, inference.address, request)).policy_version == 2
+
+            saved = await stub.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(path=str(tmp_path / "manual")))
+            assert (saved.path, saved.step) == (str(tmp_path / "manual"), 2)
+            assert (tmp_path / "manual" / "model.safetensors").is_file()
+
+            stopped = await stub.Stop(trainer_pb2.StopRequest(save_checkpoint=True), timeout=60)
+            assert stopped.state == trainer_pb2.TRAINER_STATE_STOPPED
+            assert stopped.checkpoint_path.endswith("step-000002")
+            final = await stub.GetStatus(trainer_pb2.GetStatusRequest(), timeout=10)
+            assert final.state == trainer_pb2.TRAINER_STATE_STOPPED
+    finally:
+        await runner.close()
+        await server.stop(0)
+
+    # A fresh trainer resumed from the checkpoint reads the stream after the 2 groups it already trained on.
+    standin.groups.append(groups[2])
+    standin.added.set()
+    resumed_settings = settings.model_copy(update={"resume": Path(stopped.checkpoint_path), "steps": 1})
+    resumed = await asyncio.to_thread(create_trainer, resumed_settings)
+    await asyncio.to_thread(resumed.run)
+    status_after = resumed.board.snapshot()
+    assert (status_after.step, status_after.policy_version) == (3, 3), status_after.error
+    assert standin.requests[-1].start_after == 2
+    assert standin.requests[-1].tokens_only
+    assert served_version(inference.address) == 3
+    assert standin.reported[-1] == 3
+    await rollout.stop(0)
