@@ -1,0 +1,65 @@
+"""`lodestar run create / status / cancel` against a real rollout service."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import sys
+from asyncio.subprocess import PIPE
+from pathlib import Path
+
+from tests.rollout.helpers import Rollout
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "runs"
+
+
+async def _lodestar(*argv: str) -> tuple[int, str, str]:
+    """Run the CLI as its own process (the in-process service logs to this one's stdout)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "lodestar.cli.main", *argv, stdout=PIPE, stderr=PIPE, env={**os.environ, "COLUMNS": "200"}
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    return process.returncode or 0, out.decode(), err.decode()
+
+
+async def test_create_status_and_cancel(rollout: Rollout, tmp_path: Path) -> None:
+    for name in ("command-agent.yaml", "tasks.jsonl"):
+        shutil.copy(EXAMPLES / name, tmp_path / name)
+    code, out, _ = await _lodestar("run", "create", str(tmp_path / "command-agent.yaml"), "--rollout", rollout.address)
+    assert code == 0
+    run_id = out.strip()
+    assert run_id.startswith("run-")
+
+    code, out, _ = await _lodestar("run", "status", run_id, "--json", "--rollout", rollout.address)
+    run = json.loads(out)
+    assert (run["runId"], run["sessionsTotal"], run["sessionsPending"], run["state"]) == (
+        run_id,
+        12,
+        12,
+        "RUN_STATE_RUNNING",
+    )
+    assert run["spec"]["harness"]["command"] == ["python", "examples/agent/agent.py", "{prompt}"]
+
+    code, out, _ = await _lodestar("run", "status", run_id, "--once", "--rollout", rollout.address)
+    assert code == 0
+    assert "pending" in out
+    assert "running" in out
+    assert "0/3" in out  # groups complete of tasks
+
+    code, out, _ = await _lodestar("run", "cancel", run_id, "--rollout", rollout.address)
+    assert "12 sessions cancelled" in out
+    code, out, _ = await _lodestar("run", "status", run_id, "--rollout", rollout.address)  # live: ends at once
+    assert code == 0
+    assert "cancelled" in out
+
+
+async def test_bad_spec_and_unknown_run_fail_with_a_message(rollout: Rollout, tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("groupSize: 0\ntasks: [{taskId: a}]\nharness: {kind: pi}\n")
+    code, _, err = await _lodestar("run", "create", str(tmp_path / "bad.yaml"), "--rollout", rollout.address)
+    assert code == 2
+    assert "group_size must be at least 1" in err
+    code, _, err = await _lodestar("run", "status", "run-missing", "--once", "--rollout", rollout.address)
+    assert code == 2
+    assert "no run 'run-missing'" in err
