@@ -7,15 +7,17 @@ block-diagonal causal mask); a lone sequence is plain causal attention.
 
 `TreeLayout.of(parents)` checks the pre-order property and precomputes, for each block of `block` queries,
 which key blocks hold any of their ancestors (block-sparse: a key block is needed when some key in it has
-k < q_end and end[k] > q_start). `tree_attention` runs SDPA per query block over those keys only, with the
-exact element mask computed on the fly, and recomputes each block in the backward pass (flash-attention
-style at the block level), so neither a [T, T] mask nor per-block copies of K/V are kept for backward:
-memory is O(T * block) beyond the inputs, and work is proportional to the visible (ancestor) pairs.
+k < q_end and end[k] > q_start). `tree_attention` computes masked softmax attention per query block over
+those keys only, with the exact element mask made on the fly, keeps only each query's logsumexp, and
+recomputes each block's probabilities in the backward pass (flash-attention style at the block level).
+No [T, T] mask or score matrix and no per-block copies of K/V are kept: memory beyond the inputs is
+O(block * visible keys) at a time, and work is proportional to the visible key blocks.
 
 Which attention runs where (torch 2.13): flex attention would express the same mask as a BlockMask, but
-on CPU it has no backward ("FlexAttention does not support backward on CPU"), so this block-sparse SDPA
-path is what runs on CPU; it also runs unchanged on CUDA (SDPA picks its fused kernels for the blocks).
-A flex-attention path for CUDA is not built yet.
+on CPU it has no backward ("FlexAttention does not support backward on CPU"); SDPA with a boolean mask
+works but its CPU backward was several times slower than the explicit matmuls used here. So this
+block-sparse path runs on CPU, and the same code runs on CUDA (plain matmuls, no fused kernel). A fused
+flex-attention path for CUDA is not built yet.
 
 The function is registered with transformers as the attention implementation `ATTENTION_NAME`; called
 without a layout (e.g. plain generation on the same model) it falls back to the stock SDPA attention.
@@ -27,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 ATTENTION_NAME = "lodestar_tree"
 LAYOUT_KWARG = "lodestar_layout"
@@ -87,58 +88,77 @@ def _key_index(key: slice | torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def _block(
-    layout: TreeLayout, index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(queries, keys, values, mask) of query block `index`; q/k/v are [B, H, T, D]."""
+    layout: TreeLayout, index: int, k: torch.Tensor, v: torch.Tensor
+) -> tuple[slice, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(query span, keys, values, mask) of query block `index`; k/v are [B, Hkv, T, D], mask [Bq, K]."""
     q_start = index * layout.block
-    q_end = min(q.shape[2], q_start + layout.block)
+    q_end = min(k.shape[2], q_start + layout.block)
     key = layout.keys[index]
     if isinstance(key, slice):
         k_block, v_block = k[:, :, key], v[:, :, key]
     else:
         k_block, v_block = k.index_select(2, key), v.index_select(2, key)
-    k_index = _key_index(key, q.device)
-    q_index = torch.arange(q_start, q_end, device=q.device)[:, None]
+    k_index = _key_index(key, k.device)
+    q_index = torch.arange(q_start, q_end, device=k.device)[:, None]
     mask = (k_index[None, :] <= q_index) & (q_index < layout.end[k_index][None, :])
-    return q[:, :, q_start:q_end], k_block, v_block, mask
+    return slice(q_start, q_end), k_block, v_block, mask
+
+
+def _probabilities(
+    qb: torch.Tensor, kb: torch.Tensor, mask: torch.Tensor, scale: float, lse: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax probabilities [B, Hkv, G, Bq, K] of grouped queries qb [B, Hkv, G, Bq, D] over kb [B, Hkv, K, D],
+    and their logsumexp [B, Hkv, G, Bq] (given, in the backward pass)."""
+    scores = (qb @ kb.unsqueeze(2).transpose(-1, -2)).mul_(scale).masked_fill_(~mask, float("-inf"))
+    if lse is None:
+        lse = torch.logsumexp(scores, -1)
+    return scores.sub_(lse[..., None]).exp_(), lse
 
 
 class _TreeAttention(torch.autograd.Function):
+    """Masked softmax attention per query block (explicit math: on CPU, SDPA's backward with a boolean mask
+    is several times slower than these matmuls), keeping only the logsumexp of each query for backward."""
+
     @staticmethod
     def forward(
         ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TreeLayout, scale: float | None
     ) -> torch.Tensor:
-        out = torch.empty_like(q)
+        batch, heads, size, dim = q.shape
+        groups = heads // k.shape[1]
+        qg = q.view(batch, k.shape[1], groups, size, dim)
+        scale = scale if scale is not None else dim**-0.5
+        out = torch.empty_like(qg)
+        lse = torch.empty(qg.shape[:-1], dtype=q.dtype, device=q.device)
         for index in range(len(layout.keys)):
-            qb, kb, vb, mask = _block(layout, index, q, k, v)
-            start = index * layout.block
-            out[:, :, start : start + qb.shape[2]] = F.scaled_dot_product_attention(
-                qb, kb, vb, attn_mask=mask, scale=scale, enable_gqa=True
-            )
-        ctx.save_for_backward(q, k, v)
+            span, kb, vb, mask = _block(layout, index, k, v)
+            probabilities, lse[..., span] = _probabilities(qg[..., span, :], kb, mask, scale, None)
+            out[..., span, :] = probabilities @ vb.unsqueeze(2)
+        ctx.save_for_backward(q, k, v, out, lse)
         ctx.layout, ctx.scale = layout, scale
-        return out
+        return out.view(q.shape)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, k, v = ctx.saved_tensors
+        q, k, v, out, lse = ctx.saved_tensors
         layout: TreeLayout = ctx.layout
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        qg, grad = q.view(out.shape), grad_out.reshape(out.shape)
+        dq, dk, dv = torch.zeros_like(qg), torch.zeros_like(k), torch.zeros_like(v)
         for index, key in enumerate(layout.keys):
-            with torch.enable_grad():
-                qb, kb, vb, mask = _block(layout, index, q.detach(), k.detach(), v.detach())
-                qb, kb, vb = (tensor.detach().requires_grad_() for tensor in (qb, kb, vb))
-                out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=ctx.scale, enable_gqa=True)
-                start = index * layout.block
-                gq, gk, gv = torch.autograd.grad(out, (qb, kb, vb), grad_out[:, :, start : start + qb.shape[2]])
-            dq[:, :, start : start + qb.shape[2]] = gq
+            span, kb, vb, mask = _block(layout, index, k, v)
+            qb, gb = qg[..., span, :], grad[..., span, :]
+            probabilities, _ = _probabilities(qb, kb, mask, ctx.scale, lse[..., span])
+            gv = (probabilities.transpose(-1, -2) @ gb).sum(2)
+            d_scores = (gb @ vb.unsqueeze(2).transpose(-1, -2)).sub_((gb * out[..., span, :]).sum(-1, keepdim=True))
+            d_scores.mul_(probabilities).mul_(ctx.scale)
+            dq[..., span, :] = d_scores @ kb.unsqueeze(2)
+            gk = (d_scores.transpose(-1, -2) @ qb).sum(2)
             if isinstance(key, slice):
                 dk[:, :, key] += gk
                 dv[:, :, key] += gv
             else:
                 dk.index_add_(2, key, gk)
                 dv.index_add_(2, key, gv)
-        return dq, dk, dv, None, None
+        return dq.view(q.shape), dk, dv, None, None
 
 
 def tree_attention(
