@@ -21,8 +21,8 @@ from lodestar.errors import (
     LodestarError,
     NotFoundError,
 )
-from lodestar.grpc.client import connect
 from lodestar.grpc.errors import error_from_rpc
+from lodestar.grpc.server import MAX_MESSAGE_BYTES
 from lodestar.logging import get_logger
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
 
@@ -55,8 +55,15 @@ class GrpcRollout:
 
     def __init__(self, target: str) -> None:
         self.target = target
-        # No channel-level retries: the lifecycle retries a result itself, with its own budget.
-        self._channel = connect(target, default_timeout=ACQUIRE_TIMEOUT_S, max_attempts=1)
+        # No channel-level retries (every call passes its own deadline): the lifecycle retries a result
+        # itself, with its own budget, and polls again anyway.
+        self._channel = grpc.aio.insecure_channel(
+            target,
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
         self._stub = rollout_pb2_grpc.RolloutServiceStub(self._channel)
 
     async def close(self) -> None:

@@ -61,6 +61,7 @@ class NetworkIsolation:
         self.enabled = enabled
         self._prefix: list[str] | None = None
         self._probed = False
+        self._lock = asyncio.Lock()
 
     def unshare_argv(self) -> list[str]:
         return ["unshare", *_user_flags(), "--net", "--"]
@@ -69,11 +70,12 @@ class NetworkIsolation:
         """True when `unshare` works here (probed once; a log line says why not)."""
         if not self.enabled:
             return False
-        if not self._probed:
-            self._probed = True
-            argv = self.unshare_argv()
-            if await _probe([*argv, "true"], "network isolation (harnesses run without it)"):
-                self._prefix = argv
+        async with self._lock:  # concurrent first runs wait for the one probe
+            if not self._probed:
+                argv = self.unshare_argv()
+                if await _probe([*argv, "true"], "network isolation (harnesses run without it)"):
+                    self._prefix = argv
+                self._probed = True
         return self._prefix is not None
 
 
@@ -83,14 +85,16 @@ class MountIsolation:
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self._available: bool | None = None
+        self._lock = asyncio.Lock()
 
     async def available(self) -> bool:
         if not self.enabled:
             return False
-        if self._available is None:
-            argv = ["unshare", *_user_flags(), "--mount", "--", "true"]
-            self._available = await _probe(argv, "mount namespaces (sessions see their real paths)")
-        return self._available
+        async with self._lock:
+            if self._available is None:
+                argv = ["unshare", *_user_flags(), "--mount", "--", "true"]
+                self._available = await _probe(argv, "mount namespaces (sessions see their real paths)")
+            return self._available
 
 
 def wrap(

@@ -1,0 +1,200 @@
+"""The node lifecycle against a RolloutService stand-in: real gateway node, real scripted inference, real
+etcd membership, the example agent (official openai SDK) as a `command` harness, real verifier processes.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import grpc
+
+from lodestar.v1 import gateway_pb2, rollout_pb2
+from tests.gateway.node.conftest import (
+    AGENT,
+    HANG_AGENT,
+    NodeFactory,
+    kill_pids,
+    read_pids,
+    sessions_dir,
+    wait_dead,
+)
+from tests.gateway.node.standin import RolloutStandIn, assignment
+
+TOOL_SCRIPT = {
+    "replies": [
+        {"tool_calls": [{"name": "shell", "arguments": {"command": "echo hi > out.txt"}}]},
+        {"text": "done"},
+    ]
+}
+CHECK_FILE = {"kind": "command", "config": {"command": 'test "$(cat out.txt)" = hi', "timeout_s": 30}}
+SCORED = rollout_pb2.SESSION_OUTCOME_SCORED
+INFRA = rollout_pb2.SESSION_OUTCOME_INFRA_FAILED
+
+
+def test_sessions_pass_every_stage_and_report_scored_results(node_factory: NodeFactory, standin: RolloutStandIn):
+    stack = node_factory(TOOL_SCRIPT, slots=1, ready_buffer=2)
+    ids = [f"s{i}" for i in range(3)]
+    standin.offer(*(assignment(sid, command=AGENT, verifier=CHECK_FILE) for sid in ids))
+    status = stack.stub().GetNodeStatus(gateway_pb2.GetNodeStatusRequest(), timeout=5)
+    assert status.capacity == 1
+
+    results = standin.wait_results(3, timeout=90)
+
+    for result in results:
+        assert result.outcome == SCORED, standin.describe(result)
+        assert result.reward == 1.0
+        assert result.node_id == stack.node.node_id
+        assert result.final_answer == "done"
+        assert len(result.calls) == 2
+        for call in result.calls:
+            assert call.prompt_token_ids
+            assert call.completion_token_ids
+            assert len(call.completion_logprobs) == len(call.completion_token_ids)
+        assert result.calls[0].completion.tool_calls[0].name == "shell"
+        assert result.exit_code == 0
+        assert "done" in result.stdout_tail
+        assert result.verifier_details["exit_code"] == 0
+        assert result.verifier_details["runtime"]["fixed_paths"] is True
+        assert result.agent_duration.ToNanoseconds() > 0
+        assert result.session_duration.ToNanoseconds() > 0
+    # One run slot: the later sessions waited in the READY buffer, and that time is reported.
+    assert max(r.ready_duration.ToNanoseconds() for r in results) > 0.3e9
+    # Never more than slots + ready_buffer held before POST; every attempt reported with its stage.
+    for request in standin.acquires:
+        busy = sum(1 for p in request.in_flight if p.stage != rollout_pb2.SESSION_STAGE_POST)
+        assert request.free_slots + busy <= 3
+        assert request.node_id == stack.node.node_id
+        assert request.lease_id > 0
+    waited = [sid for sid in ids if rollout_pb2.SESSION_STAGE_READY in standin.stages_seen(sid)]
+    assert waited, [standin.stages_seen(sid) for sid in ids]
+    for sid in ids:
+        stages = standin.stages_seen(sid)
+        assert stages == sorted(stages), stages
+    assert not any(sessions_dir(stack).iterdir()), "every workspace is removed"
+    standin.wait_for(lambda: not standin.acquires[-1].in_flight, 5, "an empty in_flight report")
+    status = stack.stub().GetNodeStatus(gateway_pb2.GetNodeStatusRequest(), timeout=5)
+    assert dict(status.stage_counts) == {"INIT": 0, "READY": 0, "RUN": 0, "POST": 0}
+
+
+def test_same_task_same_first_prompt_ids_with_fixed_paths(node_factory: NodeFactory, standin: RolloutStandIn):
+    node_factory({"replies": [{"text": "done"}]})
+    standin.offer(*(assignment(sid, command=AGENT) for sid in ("a", "b")))
+    first, second = (result.calls[0] for result in standin.wait_results(2))
+    assert "/tmp/lodestar-session/work" in first.messages[0].content[0].text.text
+    assert list(first.prompt_token_ids) == list(second.prompt_token_ids)
+
+
+def test_without_mount_namespaces_paths_differ_and_say_so(node_factory: NodeFactory, standin: RolloutStandIn):
+    node_factory({"replies": [{"text": "done"}]}, mount_namespaces=False)
+    standin.offer(*(assignment(sid, command=AGENT) for sid in ("a", "b")))
+    results = standin.wait_results(2)
+    first, second = (result.calls[0] for result in results)
+    assert list(first.prompt_token_ids) != list(second.prompt_token_ids)
+    assert results[0].verifier_details["runtime"]["fixed_paths"] is False
+
+
+def test_hanging_harness_times_out_keeps_calls_kills_group_removes_workspace(
+    node_factory: NodeFactory, standin: RolloutStandIn, tmp_path: Path
+):
+    stack = node_factory({"replies": [{"text": "first answer"}]})
+    pidfile = tmp_path / "pids"
+    verifier = {"kind": "command", "config": {"command": "echo '{\"reward\": 0.25}'"}}
+    standin.offer(
+        assignment("hang", command=HANG_AGENT, verifier=verifier, agent_timeout_s=3, env={"PIDFILE": str(pidfile)})
+    )
+    started = time.monotonic()
+    try:
+        (result,) = standin.wait_results(1, timeout=60)
+        assert result.outcome == rollout_pb2.SESSION_OUTCOME_TIMED_OUT, standin.describe(result)
+        assert result.reward == 0.25, "a timed-out session is scored by the verifier"
+        assert len(result.calls) == 1
+        assert result.final_answer == "first answer"
+        assert result.exit_code == -1
+        assert "time limit" in result.error
+        assert 3.0 <= result.agent_duration.ToNanoseconds() / 1e9 < 8.0
+        assert time.monotonic() - started < 30
+        pids = read_pids(pidfile)
+        assert len(pids) == 2
+        assert wait_dead(pids), "harness and its background child are killed"
+        assert not any(sessions_dir(stack).iterdir())
+    finally:
+        kill_pids(read_pids(pidfile))
+
+
+def test_silent_failures_are_infra_failures(node_factory: NodeFactory, standin: RolloutStandIn):
+    # Replies in call order: the first call is answered, every later one fails before its first token.
+    script = {"select": "sequence", "replies": [{"text": "ok"}], "default": {"text": "no", "fail_after_tokens": 0}}
+    node_factory(script)
+    standin.offer(
+        assignment("no-call", command=["true"]),
+        assignment("died", command=["{python}", "-c", "import sys; sys.exit(0)"]),
+        assignment("unanswered", command=HANG_AGENT, env={"CALLS": "2", "PIDFILE": "/dev/null"}),
+    )
+    results = {r.session_id: r for r in standin.wait_results(3, timeout=60)}
+    for sid in ("no-call", "died"):
+        assert results[sid].outcome == INFRA, standin.describe(results[sid])
+        assert "without any answered model call" in results[sid].error
+        assert results[sid].reward == 0.0
+    unanswered = results["unanswered"]
+    assert unanswered.outcome == INFRA, standin.describe(unanswered)
+    assert "got no answer" in unanswered.error
+    assert len(unanswered.calls) == 1
+
+
+def test_inference_down_is_an_infra_failure(node_factory: NodeFactory, standin: RolloutStandIn):
+    node_factory(inference=False)
+    standin.offer(assignment("down", command=HANG_AGENT, env={"PIDFILE": "/dev/null"}))
+    (result,) = standin.wait_results(1, timeout=60)
+    assert result.outcome == INFRA, standin.describe(result)
+    assert "model call(s) failed" in result.error
+    assert not result.calls
+
+
+def test_crashing_verifier_is_an_infra_failure(node_factory: NodeFactory, standin: RolloutStandIn):
+    node_factory({"replies": [{"text": "done"}]})
+    crash = {"kind": "python", "config": {"function": "tests.gateway.node.verifier_functions:crash"}}
+    standin.offer(assignment("crash", command=AGENT, verifier=crash))
+    (result,) = standin.wait_results(1)
+    assert result.outcome == INFRA, standin.describe(result)
+    assert "verifier failed" in result.error
+    assert "ZeroDivisionError" in result.error
+    assert len(result.calls) == 1, "the captured calls still travel with the failure"
+
+
+def test_cancellation_from_rollout_kills_the_attempt(
+    node_factory: NodeFactory, standin: RolloutStandIn, tmp_path: Path
+):
+    stack = node_factory({"replies": [{"text": "first"}]})
+    pidfile = tmp_path / "pids"
+    standin.offer(assignment("c", command=HANG_AGENT, env={"PIDFILE": str(pidfile)}))
+    try:
+        standin.wait_for(lambda: len(read_pids(pidfile)) == 2, 30, "the harness to hang")
+        standin.cancel("c")
+        (result,) = standin.wait_results(1, timeout=30)
+        assert result.outcome == rollout_pb2.SESSION_OUTCOME_CANCELLED, standin.describe(result)
+        assert result.error == "cancelled by rollout"
+        assert len(result.calls) == 1
+        assert wait_dead(read_pids(pidfile))
+        assert not any(sessions_dir(stack).iterdir())
+    finally:
+        kill_pids(read_pids(pidfile))
+
+
+def test_complete_session_is_retried_then_fenced_results_are_dropped(
+    node_factory: NodeFactory, standin: RolloutStandIn
+):
+    node_factory({"replies": [{"text": "done"}]})
+    standin.fail_next_completes(grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAVAILABLE)
+    standin.offer(assignment("retried", command=AGENT))
+    (result,) = standin.wait_results(1, timeout=60)
+    assert result.outcome == SCORED
+    assert standin.complete_calls == 3
+
+    standin.fence("fenced")
+    standin.offer(assignment("fenced", command=AGENT))
+    standin.wait_for(lambda: standin.complete_calls == 4, 60, "the fenced report")
+    time.sleep(1.0)
+    assert standin.complete_calls == 4, "a fenced result is not retried"
+    assert [r.session_id for r in standin.results] == ["retried"]
+    standin.wait_for(lambda: not standin.acquires[-1].in_flight, 5, "the node to drop the fenced attempt")
