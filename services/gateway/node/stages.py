@@ -143,7 +143,7 @@ class SessionStages:
                     final_answer=final_answer(attempt.calls),
                     workspace=runtime.visible.workdir,
                     timed_out=harness.timed_out,
-                    run=_SessionProcess(self._launcher, runtime),
+                    run=SessionProcessRunner(self._launcher, runtime),
                     scratch=runtime.real.tmpdir,
                     scratch_visible=runtime.visible.tmpdir,
                 )
@@ -167,7 +167,7 @@ class SessionStages:
             await attempt.runtime.cleanup()
 
 
-class _SessionProcess:
+class SessionProcessRunner:
     """Runs a verifier process in the session's runtime (workspace cwd, fixed paths, clean env)."""
 
     def __init__(self, launcher: Launcher, runtime: SessionRuntime) -> None:
