@@ -9,9 +9,9 @@ FAILED_PRECONDITION answer means the attempt was superseded (fenced) and the res
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc.aio
 
@@ -21,8 +21,8 @@ from lodestar.errors import (
     LodestarError,
     NotFoundError,
 )
+from lodestar.grpc.client import LeaderChannel
 from lodestar.grpc.errors import error_from_rpc
-from lodestar.grpc.server import MAX_MESSAGE_BYTES
 from lodestar.logging import get_logger
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
 
@@ -51,23 +51,37 @@ class RolloutLink(Protocol):
 
 
 class GrpcRollout:
-    """RolloutLink over gRPC."""
+    """RolloutLink over gRPC, following the rollout leader: a follower's redirect (UNAVAILABLE naming the
+    leader) is followed at once (`LeaderChannel`), and an address that does not answer at all is replaced
+    by the next of the configured ones (`--rollout A,B`: leader and standby), so a node survives a
+    leader failover."""
 
-    def __init__(self, target: str) -> None:
-        self.target = target
-        # No channel-level retries (every call passes its own deadline): the lifecycle retries a result
-        # itself, with its own budget, and polls again anyway.
-        self._channel = grpc.aio.insecure_channel(
-            target,
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ],
-        )
-        self._stub = rollout_pb2_grpc.RolloutServiceStub(self._channel)
+    def __init__(self, targets: str | Sequence[str]) -> None:
+        addresses = [t.strip() for t in targets.split(",")] if isinstance(targets, str) else list(targets)
+        self.targets = [address for address in addresses if address]
+        if not self.targets:
+            raise InvalidArgumentError("--rollout needs at least one address")
+        self._next = 1
+        self._leader = LeaderChannel(self.targets[0], default_timeout=ACQUIRE_TIMEOUT_S)
+
+    @property
+    def target(self) -> str:
+        return self._leader.target
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._leader.close()
+
+    async def _call(self, rpc: Callable[[rollout_pb2_grpc.RolloutServiceStub], Any]) -> Any:
+        """Run `rpc` on the current leader (the generated stubs type aio calls as sync: Any here)."""
+        try:
+            return await self._leader.call(lambda channel: rpc(rollout_pb2_grpc.RolloutServiceStub(channel)))
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.UNAVAILABLE and len(self.targets) > 1:
+                target = self.targets[self._next % len(self.targets)]
+                self._next += 1
+                _log.warning("rollout unreachable; trying the next address", failed=self._leader.target, next=target)
+                await self._leader.redirect(target)
+            raise error_from_rpc(error) from None
 
     async def acquire(
         self, node_id: str, lease_id: int, free_slots: int, in_flight: Sequence[rollout_pb2.SessionProgress]
@@ -75,18 +89,16 @@ class GrpcRollout:
         request = rollout_pb2.AcquireSessionsRequest(
             node_id=node_id, lease_id=lease_id, free_slots=free_slots, in_flight=in_flight
         )
-        try:
-            response = await self._stub.AcquireSessions(request, timeout=ACQUIRE_TIMEOUT_S)
-        except grpc.aio.AioRpcError as error:
-            raise error_from_rpc(error) from None
+        response: rollout_pb2.AcquireSessionsResponse = await self._call(
+            lambda stub: stub.AcquireSessions(request, timeout=ACQUIRE_TIMEOUT_S)
+        )
         return Acquired(list(response.sessions), list(response.cancelled))
 
     async def complete(self, result: rollout_pb2.SessionResult, timeout_s: float) -> bool:
         request = rollout_pb2.CompleteSessionRequest(result=result)
-        try:
-            response = await self._stub.CompleteSession(request, timeout=timeout_s)
-        except grpc.aio.AioRpcError as error:
-            raise error_from_rpc(error) from None
+        response: rollout_pb2.CompleteSessionResponse = await self._call(
+            lambda stub: stub.CompleteSession(request, timeout=timeout_s)
+        )
         return response.counted
 
 
