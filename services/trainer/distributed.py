@@ -157,6 +157,26 @@ class Parallel:
             grad.copy_(flat[offset : offset + count].view_as(grad))
             offset += count
 
+    def clip_grad_norm(self, model: Any, max_norm: float) -> float:
+        """Scale the gradients so their global L2 norm is at most `max_norm` (<= 0: no clipping); returns the
+        norm before clipping. Works on a mix of FSDP2-sharded (DTensor) and replicated gradients, which
+        torch.nn.utils.clip_grad_norm_ refuses."""
+        from torch.distributed.tensor import DTensor
+
+        grads = [param.grad for param in model.parameters() if param.grad is not None]
+        local = [grad.to_local() if isinstance(grad, DTensor) else grad for grad in grads]
+        sharded = sum((float(g.float().pow(2).sum()) for g, grad in zip(local, grads, strict=True)
+                       if isinstance(grad, DTensor)), 0.0)  # fmt: skip
+        replicated = sum((float(g.float().pow(2).sum()) for g, grad in zip(local, grads, strict=True)
+                          if not isinstance(grad, DTensor)), 0.0)  # fmt: skip
+        (sharded,) = self.sum([sharded])
+        total = (sharded + replicated) ** 0.5
+        if max_norm > 0 and total > max_norm:
+            scale = max_norm / (total + 1e-6)
+            for grad in local:
+                grad.mul_(scale)
+        return total
+
     def full_state(self, model: Any) -> dict[str, torch.Tensor]:
         """Full CPU weights (tied ones once) on rank 0; an empty dict elsewhere. Collective."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -283,9 +283,7 @@ class Trainer:
                 totals = output if totals is None else totals.merge(output)
         self.parallel.reduce_replicated_grads(self.model)
         totals = self._merge_ranks(totals)
-        limit = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit)
-        return totals, float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        return totals, self.parallel.clip_grad_norm(self.model, self.config.max_grad_norm)
 
     def _reference_logprobs(self, batch: MicroBatch) -> torch.Tensor | None:
         if self.reference is None or not self.config.loss.kl_coef:

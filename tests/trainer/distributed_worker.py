@@ -1,0 +1,38 @@
+"""One rank of the distributed test, started by torchrun: two steps on fixed groups, then a checkpoint.
+
+    python -m torch.distributed.run --nproc-per-node 2 tests/trainer/distributed_worker.py MODEL OUT MODE
+
+Rank 0 reads the groups (an in-memory feed) and hands them to every rank; the checkpoint (written by rank 0
+from the gathered full state) is what the test compares with a one-process run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from services.trainer.distributed import Parallel
+from services.trainer.settings import TrainerSettings
+from services.trainer.wiring import create_trainer
+from tests.trainer.groups_helpers import RUN, FeedSource, make_group
+
+GROUPS = [make_group(seed) for seed in range(4)]
+SETTINGS = {"run": RUN, "lr": 1e-3, "micro_batch_tokens": 160, "groups_per_step": 2, "steps": 2, "checkpoint_every": 2}
+
+
+def main() -> int:
+    model_dir, out_dir, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    settings = TrainerSettings(model=model_dir, run_dir=out_dir, parallel=mode, **SETTINGS)  # type: ignore[arg-type]
+    parallel = Parallel.from_env(mode=settings.parallel)
+    trainer = create_trainer(settings, parallel, connect=False)
+    if parallel.is_main:
+        trainer.source = FeedSource(GROUPS)
+    trainer.run()
+    status = trainer.board.snapshot()
+    print(f"rank {parallel.rank}/{parallel.world}: {status.phase} step {status.step} {status.error}", flush=True)
+    parallel.close()
+    return 0 if status.step == 2 and not status.error else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
