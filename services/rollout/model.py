@@ -151,6 +151,8 @@ class Changes:
     """Ownership keys to delete: (session_id, attempt) of running attempts that ended here."""
     group_events: set[str] = field(default_factory=set)
     """Runs whose group stream may have something new (a group completed, the run ended)."""
+    policy_version: int | None = None
+    """The latest policy version, when this operation set it."""
 
     def merge(self, other: Changes) -> None:
         self.created |= other.created
@@ -161,6 +163,16 @@ class Changes:
         self.results.extend(other.results)
         self.released.extend(other.released)
         self.group_events |= other.group_events
+        if other.policy_version is not None:
+            self.policy_version = other.policy_version
 
     def __bool__(self) -> bool:
-        return bool(self.runs or self.groups or self.sessions or self.attempts or self.results or self.released)
+        return bool(
+            self.runs
+            or self.groups
+            or self.sessions
+            or self.attempts
+            or self.results
+            or self.released
+            or self.policy_version is not None
+        )

@@ -16,8 +16,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 from lodestar import errors
 from lodestar.etcd import EtcdClient
@@ -29,10 +28,10 @@ from services.rollout.model import Changes, Session
 from services.rollout.scheduler import Progress, Scheduler
 from services.rollout.spec import validate_spec, with_defaults
 from services.rollout.store import Store, rows_for
+from services.rollout.writer import KeyReleaser, StoreWriter
 
 STREAM_RECHECK_S = 5.0
 """A waiting group stream re-checks its run at least this often (besides being woken)."""
-T = TypeVar("T")
 _log = get_logger("rollout.service")
 
 
@@ -79,7 +78,8 @@ class RolloutCore:
         self.ownership = Ownership(etcd, prefix)
         self.watch = OwnershipWatch(self.ownership, self._reconcile, self._on_deleted)
         self._clock = clock
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="rollout-store")
+        self.writer = StoreWriter(store)
+        self._releaser = KeyReleaser(self.ownership)
         self._gate = ClaimGate()
         self._run_events: dict[str, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -87,7 +87,7 @@ class RolloutCore:
 
     async def start(self) -> None:
         """Load the store and start following etcd (its first pass reconciles running attempts)."""
-        state = await self._in_store(self.store.load)
+        state = await self.writer.read(self.store.load)
         self.scheduler.restore(state.runs, state.groups, state.sessions)
         self.scheduler.policy_version = state.policy_version
         running = len(self.scheduler.running())
@@ -101,8 +101,8 @@ class RolloutCore:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for event in self._run_events.values():
             event.set()
-        await asyncio.get_running_loop().run_in_executor(self._executor, self.store.close)
-        self._executor.shutdown(wait=True)
+        await self._releaser.close()
+        await self.writer.close()
 
     # -- plumbing ----------------------------------------------------------------------------------
 
@@ -111,28 +111,16 @@ class RolloutCore:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _in_store(self, function: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
-
     def _persist(self, changes: Changes) -> asyncio.Future[None]:
-        """Queue the write of `changes` (FIFO), wake group streams, and release ended attempts' keys
-        once the write landed."""
+        """Queue the write of `changes` (in order), wake group streams, and release the keys of ended
+        attempts once the write landed."""
         scheduler = self.scheduler
-        rows = rows_for(changes, scheduler.runs, scheduler.groups, scheduler.sessions)
-        written = asyncio.get_running_loop().run_in_executor(self._executor, self.store.write, rows)
+        written = self.writer.write(rows_for(changes, scheduler.runs, scheduler.groups, scheduler.sessions))
         for run_id in changes.group_events:
             self._run_events.pop(run_id, asyncio.Event()).set()
         if changes.released:
-            self._spawn(self._release(written, list(changes.released)), "release-keys")
+            self._releaser.release(list(changes.released), written)
         return written
-
-    async def _release(self, written: asyncio.Future[None], attempts: list[tuple[str, int]]) -> None:
-        with contextlib.suppress(Exception):
-            await written
-        try:
-            await self.ownership.release(attempts)
-        except errors.LodestarError as error:  # the next reconciliation deletes them
-            _log.warning("could not delete ownership keys", keys=len(attempts), error=error.message)
 
     async def _reconcile(self) -> int:
         async with self._gate.exclusive():
@@ -142,7 +130,7 @@ class RolloutCore:
             lost = len(changes.attempts)
             await self._persist(changes)
         if stale:
-            self._spawn(self._release(asyncio.get_running_loop().create_future(), stale), "release-stale")
+            self._releaser.release(stale)
         _log.info("reconciled with etcd", keys=len(owners), lost=lost, stale=len(stale), revision=revision)
         return revision
 
@@ -174,7 +162,7 @@ class RolloutCore:
 
     async def report_policy_version(self, version: int) -> int:
         self.scheduler.policy_version = version
-        await self._in_store(self.store.set_policy_version, version)
+        await self._persist(Changes(policy_version=version))
         return version
 
     # -- nodes -------------------------------------------------------------------------------------
@@ -225,7 +213,7 @@ class RolloutCore:
                 await self._persist(changes)
             for group in ready:
                 session_ids = groups.scored_session_ids(self.scheduler, group)
-                results = await self._in_store(self.store.counted_results, session_ids)
+                results = await self.writer.read(self.store.counted_results, session_ids)
                 if tokens_only:
                     for result in results:
                         views.strip_bodies(result)

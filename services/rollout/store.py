@@ -5,7 +5,8 @@ process; `synchronous="full"` also survives power loss). Tables: runs (+ run_spe
 groups, sessions (current state), attempts (node, lease, outcome, stage timings), results (every
 node report with all its CallRecords, as one serialized `SessionResult` blob, and whether it counted)
 and meta (the latest policy version). `rows_for` snapshots what an operation changed on the event
-loop; `write` persists it in one transaction (the service calls it on the store's own thread).
+loop; `write` persists a batch of such snapshots in one transaction (the service calls it on the
+store's own thread with every snapshot queued since its last commit: a group commit).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class Rows:
     sessions: list[tuple[Any, ...]] = field(default_factory=list)
     attempts: list[AttemptRecord] = field(default_factory=list)
     results: list[StoredResult] = field(default_factory=list)
+    policy_version: int | None = None
 
 
 @dataclass
@@ -81,11 +83,9 @@ class Store(Protocol):
 
     def load(self) -> StoredState: ...
 
-    def write(self, rows: Rows) -> None: ...
+    def write(self, batch: Sequence[Rows]) -> None: ...
 
     def counted_results(self, session_ids: Sequence[str]) -> list[rollout_pb2.SessionResult]: ...
-
-    def set_policy_version(self, version: int) -> None: ...
 
     def attempts(self, session_id: str) -> list[AttemptRecord]: ...
 
@@ -94,7 +94,7 @@ class Store(Protocol):
 
 def rows_for(changes: Changes, runs: dict[str, Run], groups: dict[str, Group], sessions: dict[str, Session]) -> Rows:
     """Snapshot the rows `changes` touched (values copied: the state may change while they are written)."""
-    rows = Rows(attempts=list(changes.attempts), results=list(changes.results))
+    rows = Rows(attempts=list(changes.attempts), results=list(changes.results), policy_version=changes.policy_version)
     rows.specs = [(run_id, runs[run_id].spec) for run_id in changes.created]
     for run_id in changes.runs:
         r = runs[run_id]
@@ -169,54 +169,47 @@ class SqliteStore:
     def close(self) -> None:
         self._db.close()
 
-    def write(self, rows: Rows) -> None:
+    def write(self, batch: Sequence[Rows]) -> None:
+        """Persist every snapshot of `batch`, in order, in one transaction (a group commit)."""
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            db.executemany(
-                "INSERT OR IGNORE INTO run_specs VALUES (?, ?)",
-                [(run_id, spec.SerializeToString()) for run_id, spec in rows.specs],
-            )
-            db.executemany("INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?,?)", rows.runs)
-            db.executemany("INSERT OR REPLACE INTO groups VALUES (?,?,?,?,?,?,?,?,?,?)", rows.groups)
-            db.executemany("INSERT OR REPLACE INTO sessions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows.sessions)
-            db.executemany(
-                "INSERT OR REPLACE INTO attempts VALUES (?,?,?,?,?,?,?,?,?)",
-                [
-                    (
-                        a.session_id,
-                        a.attempt,
-                        a.node_id,
-                        a.lease_id,
-                        a.acquired_at,
-                        a.ended_at,
-                        a.outcome,
-                        a.error,
-                        json.dumps(a.stage_seconds),
-                    )
-                    for a in rows.attempts
-                ],
-            )
-            db.executemany(
-                "INSERT OR REPLACE INTO results VALUES (?,?,?,?,?)",
-                [
-                    (
-                        s.result.session_id,
-                        s.result.attempt,
-                        s.result.node_id,
-                        int(s.counted),
-                        s.result.SerializeToString(),
-                    )
-                    for s in rows.results
-                ],
-            )
+            for rows in batch:
+                self._write(rows)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
 
-    def set_policy_version(self, version: int) -> None:
-        self._db.execute("INSERT OR REPLACE INTO meta VALUES ('policy_version', ?)", (str(version),))
+    def _write(self, rows: Rows) -> None:
+        db = self._db
+        specs = [(run_id, spec.SerializeToString()) for run_id, spec in rows.specs]
+        db.executemany("INSERT OR IGNORE INTO run_specs VALUES (?, ?)", specs)
+        db.executemany("INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?,?)", rows.runs)
+        db.executemany("INSERT OR REPLACE INTO groups VALUES (?,?,?,?,?,?,?,?,?,?)", rows.groups)
+        db.executemany("INSERT OR REPLACE INTO sessions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows.sessions)
+        attempts = [
+            (
+                a.session_id,
+                a.attempt,
+                a.node_id,
+                a.lease_id,
+                a.acquired_at,
+                a.ended_at,
+                a.outcome,
+                a.error,
+                json.dumps(a.stage_seconds),
+            )
+            for a in rows.attempts
+        ]
+        db.executemany("INSERT OR REPLACE INTO attempts VALUES (?,?,?,?,?,?,?,?,?)", attempts)
+        results = [
+            (r.result.session_id, r.result.attempt, r.result.node_id, int(r.counted), r.result.SerializeToString())
+            for r in rows.results
+        ]
+        db.executemany("INSERT OR REPLACE INTO results VALUES (?,?,?,?,?)", results)
+        if rows.policy_version is not None:
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('policy_version', ?)", (str(rows.policy_version),))
 
     def counted_results(self, session_ids: Sequence[str]) -> list[rollout_pb2.SessionResult]:
         """The counted result of each session, in the order given (sessions without one are skipped)."""
