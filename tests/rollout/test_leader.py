@@ -20,10 +20,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lodestar.etcd import EtcdClient
+from lodestar.etcd import Lease as EtcdLease
 from lodestar.grpc.client import LEADER_METADATA_KEY, LeaderChannel, connect
 from lodestar.local import free_port, wait_serving
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
-from tests.rollout.helpers import make_spec, sim_node
+from services.rollout.leader import leader_key
+from services.rollout.settings import RolloutSettings
+from tests.rollout.helpers import make_spec, settings, sim_node, start_rollout, wait_leading
 
 REPO = Path(__file__).resolve().parents[2]
 LEADER_TTL_S = 2
@@ -121,3 +124,29 @@ async def test_standby_redirects_then_takes_over_when_the_leader_is_killed(
     with sqlite3.connect(store) as db:
         counted = db.execute("SELECT COUNT(*), COUNT(DISTINCT session_id) FROM results WHERE counted = 1").fetchone()
     assert counted == (4, 4)
+
+
+async def test_a_leader_that_loses_its_lease_steps_down_and_leads_again_from_the_store(
+    tmp_path: Path, etcd_endpoint: str, etcd_prefix: str
+) -> None:
+    config = settings(tmp_path / "rollout.sqlite", etcd_endpoint, etcd_prefix)
+    async with start_rollout(config) as rollout, EtcdClient(etcd_endpoint) as etcd:
+        run_id = await rollout.create_run(make_spec(tasks=2, group_size=1))
+        stream = asyncio.create_task(rollout.groups(run_id))
+        await asyncio.sleep(0.2)
+        leader = await etcd.get(leader_key(etcd_prefix))
+        assert leader is not None
+        await EtcdLease(etcd, leader.lease_id, 2, expires_at=0).revoke()  # as if etcd expired it
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await asyncio.wait_for(stream, 10)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE  # open streams end: reconnect
+        await wait_leading(rollout.server, 15)
+        assert rollout.server.role.terms == 2
+        assert (await rollout.get_run(run_id)).sessions_pending == 2  # state reloaded from the store
+        assert await _health(rollout.address) == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_the_old_database_setting_still_names_the_store(tmp_path: Path) -> None:
+    assert settings(tmp_path / "default", "http://127.0.0.1:1", "/x/").store_path == tmp_path / "default"
+    old = RolloutSettings(database=tmp_path / "old.sqlite")
+    assert old.store_path == tmp_path / "old.sqlite"

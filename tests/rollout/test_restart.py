@@ -55,7 +55,7 @@ async def test_etcd_stop_and_restart(tmp_path: Path, private_etcd: EtcdServer, e
         async with sim_node(etcd, rollout.stub, "a", ttl=10) as node:
             assigned = await node.acquire(2)
             private_etcd.stop()
-            assert await node.complete(assigned[0])  # results do not need etcd
+            assert await node.complete(assigned[0])  # results do not need etcd (its key stays for now)
             assert (await rollout.get_run(run_id)).sessions_succeeded == 1
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await node.acquire(1)
@@ -70,5 +70,11 @@ async def test_etcd_stop_and_restart(tmp_path: Path, private_etcd: EtcdServer, e
             assert await node.complete(assigned[1])
             for assignment in await node.acquire(2):
                 assert await node.complete(assignment)
+            # The key of the session completed while etcd was down was deleted by the reconciliation
+            # (the node's lease, and so its keys, is still alive here).
+            started = time.monotonic()
+            while (await etcd.get_prefix(f"{etcd_prefix}rollout/owners/")).items:
+                assert time.monotonic() - started < 5, "stale ownership keys were not deleted"
+                await asyncio.sleep(0.1)
         run = await rollout.get_run(run_id)
         assert (run.state, run.sessions_succeeded) == (rollout_pb2.RUN_STATE_COMPLETED, 4)
