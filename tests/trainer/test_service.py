@@ -6,21 +6,27 @@ stops, and a new trainer resumed from the checkpoint continues where it stopped.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc.aio
 import pytest
 
+from lodestar.local import free_port
 from lodestar.v1 import common_pb2, inference_pb2, trainer_pb2, trainer_pb2_grpc
 from services.trainer.runner import TrainerRunner
 from services.trainer.server import build_server
 from services.trainer.settings import TrainerSettings
 from services.trainer.wiring import create_trainer
-from tests.trainer.groups_helpers import RUN, RolloutStandIn, group_from_calls, start_rollout
+from tests.trainer.groups_helpers import RUN, RolloutStandIn, group_from_calls, make_group, start_rollout
 from tests.trainer.inference_helpers import InferenceThread, generate, served_version, session_calls, text_message
 
 REWARDS = (1.0, 0.0, 1.0, 0.0)
+REPO = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +128,48 @@ async def test_real_run_pushes_checkpoints_stops_and_resumes(
     assert served_version(inference.address) == 3
     assert standin.reported[-1] == 3
     await rollout.stop(0)
+
+
+async def test_cli_serve_trains_from_a_config_table_and_drains_on_sigterm(
+    trainer_model_dir: Path, tmp_path: Path
+) -> None:
+    standin = RolloutStandIn([make_group(0)], hold=True)
+    rollout, rollout_address = await start_rollout(standin)
+    config = tmp_path / "lodestar.toml"
+    config.write_text(
+        f'[trainer]\nrun = "{RUN}"\nbuilder = "tree"\nmicro_batch_tokens = 4096\nsteps = 1\ninference = ""\n'
+        f'rollout = "{rollout_address}"\nrun_dir = "{tmp_path / "run"}"\n'
+    )
+    port = free_port()
+    command = [sys.executable, "-m", "lodestar.cli.main", "trainer", "serve", "--config", str(config),
+               "--model", str(trainer_model_dir), "--port", str(port), "--log-json"]  # fmt: skip
+    log = tmp_path / "trainer.log"
+    with log.open("wb") as output:
+        process = await asyncio.create_subprocess_exec(
+            *command, cwd=REPO, stdout=output, stderr=asyncio.subprocess.STDOUT, env=ENV
+        )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = trainer_pb2_grpc.TrainerServiceStub(channel)
+            status = None
+            for _ in range(1200):
+                assert process.returncode is None, log.read_text()[-3000:]
+                try:
+                    status = await stub.GetStatus(trainer_pb2.GetStatusRequest(), timeout=2)
+                except grpc.aio.AioRpcError:
+                    status = None
+                if status is not None and status.state == trainer_pb2.TRAINER_STATE_STOPPED:
+                    break
+                await asyncio.sleep(0.1)
+            assert status is not None, log.read_text()[-3000:]
+            assert status.state == trainer_pb2.TRAINER_STATE_STOPPED, log.read_text()[-3000:]
+            assert (status.step, status.run_id) == (1, RUN)
+            assert status.last_metrics.values["sequences"] == 1  # tree: the whole group is one sequence
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await rollout.stop(0)
+    assert standin.reported == [1]
