@@ -25,6 +25,7 @@ is a no-op. With several, it initialises the process group (nccl on CUDA, gloo o
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -170,7 +171,7 @@ class Parallel:
         replicated = sum((float(g.float().pow(2).sum()) for g, grad in zip(local, grads, strict=True)
                           if not isinstance(grad, DTensor)), 0.0)  # fmt: skip
         (sharded,) = self.sum([sharded])
-        total = (sharded + replicated) ** 0.5
+        total = math.sqrt(sharded + replicated)
         if max_norm > 0 and total > max_norm:
             scale = max_norm / (total + 1e-6)
             for grad in local:
