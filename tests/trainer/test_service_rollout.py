@@ -1,0 +1,51 @@
+"""The trainer on the real RolloutService (in-process, real etcd, real SQLite): a simulated gateway node
+completes the sessions of a run, the trainer reads the run's groups with StreamGroups(tokens_only), trains
+one step per group and reports each new policy version back to rollout."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from lodestar.etcd import EtcdClient
+from services.trainer.settings import TrainerSettings
+from services.trainer.status import Phase
+from services.trainer.synthetic import synthetic_group
+from services.trainer.wiring import create_trainer
+from tests.rollout.helpers import make_spec, settings, sim_node, start_rollout
+from tests.trainer.groups_helpers import SHAPE
+
+REWARDS = (1.0, 0.0, 0.5, 0.0)
+
+
+async def test_trainer_consumes_a_real_rollout_run(
+    trainer_model_dir: Path, tmp_path: Path, etcd_endpoint: str, etcd_prefix: str
+) -> None:
+    config = settings(tmp_path / "rollout.sqlite", etcd_endpoint, etcd_prefix)
+    async with EtcdClient(etcd_endpoint) as etcd, start_rollout(config) as rollout:
+        run_id = await rollout.create_run(make_spec(tasks=2, group_size=4))
+        async with sim_node(etcd, rollout.stub, "node-a") as node:
+            assigned = await node.acquire(8)
+            by_group: dict[str, list] = {}
+            for assignment in assigned:
+                by_group.setdefault(assignment.group_id, []).append(assignment)
+            assert sorted(len(sessions) for sessions in by_group.values()) == [4, 4]
+            for seed, sessions in enumerate(by_group.values()):
+                calls = synthetic_group(SHAPE, group_size=4, seed=seed, group_id=f"g{seed}")
+                for assignment, session_calls, reward in zip(sessions, calls, REWARDS, strict=True):
+                    for call in session_calls:
+                        call.session_id = assignment.session_id
+                    assert await node.complete(assignment, reward=reward, calls=session_calls)
+
+        trainer_settings = TrainerSettings(
+            run=run_id, model=trainer_model_dir, rollout=rollout.address, inference="",
+            run_dir=tmp_path / "trainer", steps=2, lr=1e-3, micro_batch_tokens=512,
+        )  # fmt: skip
+        trainer = await asyncio.to_thread(create_trainer, trainer_settings)
+        await asyncio.wait_for(asyncio.to_thread(trainer.run), 120)
+        status = trainer.board.snapshot()
+        assert (status.phase, status.step, status.policy_version) == (Phase.STOPPED, 2, 2), status.error
+        assert status.last_record is not None
+        assert status.last_record.values["samples"] == 4
+        run = await rollout.get_run(run_id)
+        assert (run.groups_delivered, run.policy_version) == (2, 2)
