@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -74,3 +75,14 @@ def test_infra_failed_sessions_never_reach_the_loss(trainer_model_dir: Path, tmp
     assert record.values["samples"] == 2
     assert record.values["sessions_dropped"] == 2
     assert record.values["reward_mean"] == 0.5
+
+
+def test_a_bfloat16_step_keeps_the_loss_in_float32(trainer_model_dir: Path, tmp_path: Path) -> None:
+    trainer, _ = trainer_for(trainer_model_dir, tmp_path, [make_group(0)], steps=1, dtype="bfloat16")
+    before = trainer.model.lm_head.weight.detach().clone()
+    trainer.run()
+    record = trainer.board.snapshot().last_record
+    assert record is not None, trainer.board.snapshot().error
+    assert trainer.model.lm_head.weight.dtype == torch.bfloat16
+    assert not torch.equal(trainer.model.lm_head.weight, before)
+    assert math.isfinite(record.values["loss"])
