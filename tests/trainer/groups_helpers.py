@@ -120,13 +120,13 @@ class RolloutStandIn(rollout_pb2_grpc.RolloutServiceServicer):
         return rollout_pb2.ReportPolicyVersionResponse(policy_version=request.policy_version)
 
 
-async def start_rollout(standin: RolloutStandIn) -> tuple[GrpcServer, str]:
-    server = GrpcServer("rollout-standin", port=0, drain_seconds=0.5)
+async def start_rollout(standin: RolloutStandIn, *, port: int = 0) -> tuple[GrpcServer, str]:
+    server = GrpcServer("rollout-standin", port=port, drain_seconds=0.5)
     server.add_service(
         rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
         standin,
         service_name(rollout_pb2.DESCRIPTOR, "RolloutService"),
     )
-    port = await server.start()
+    bound = await server.start()
     await server.set_serving(True)
-    return server, f"127.0.0.1:{port}"
+    return server, f"127.0.0.1:{bound}"

@@ -8,12 +8,14 @@ import asyncio
 from pathlib import Path
 
 from lodestar.etcd import EtcdClient
+from services.trainer.rollout_client import RolloutClient
 from services.trainer.settings import TrainerSettings
 from services.trainer.status import Phase
 from services.trainer.synthetic import synthetic_group
 from services.trainer.wiring import create_trainer
 from tests.rollout.helpers import make_spec, settings, sim_node, start_rollout
-from tests.trainer.groups_helpers import SHAPE
+from tests.trainer.groups_helpers import RUN, SHAPE, RolloutStandIn, make_group
+from tests.trainer.groups_helpers import start_rollout as start_rollout_standin
 
 REWARDS = (1.0, 0.0, 0.5, 0.0)
 
@@ -49,3 +51,29 @@ async def test_trainer_consumes_a_real_rollout_run(
         assert status.last_record.values["samples"] == 4
         run = await rollout.get_run(run_id)
         assert (run.groups_delivered, run.policy_version) == (2, 2)
+
+
+async def test_the_group_stream_reconnects_after_the_groups_it_already_read() -> None:
+    groups = [make_group(seed) for seed in range(3)]
+    first = RolloutStandIn(groups[:2], hold=True)
+    server, address = await start_rollout_standin(first)
+    client = RolloutClient(address, RUN)
+    received: list[str] = []
+    reader = asyncio.create_task(asyncio.to_thread(lambda: received.extend(g.group_id for g in client.groups(0))))
+    try:
+        for _ in range(200):
+            if len(received) == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert received == ["g0", "g1"]
+        await server.stop(0)  # rollout goes away mid-stream (a restart, a new leader)
+        await asyncio.sleep(0.5)
+        second = RolloutStandIn(groups)  # the same groups, and one more; this stream ends after them
+        restarted, _ = await start_rollout_standin(second, port=int(address.rsplit(":", 1)[1]))
+        await asyncio.wait_for(reader, 30)
+        assert received == ["g0", "g1", "g2"]
+        assert [request.start_after for request in second.requests] == [2]
+        await restarted.stop(0)
+    finally:
+        client.close()
+        await asyncio.wait_for(reader, 10)
