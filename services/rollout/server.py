@@ -48,9 +48,10 @@ class RolloutServer:
 
     async def stop(self, grace: float | None = None) -> None:
         await self.grpc.stop(grace)
-        await self._stop_role()
+        await self.stop_role()
 
-    async def _stop_role(self) -> None:
+    async def stop_role(self) -> None:
+        """Stop campaigning and leading (a leader revokes its lease, so a standby takes over at once)."""
         if self._campaign is not None:
             self._campaign.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -65,4 +66,4 @@ async def serve(settings: RolloutSettings) -> None:
     try:
         await server.grpc.wait_for_termination()
     finally:
-        await server._stop_role()
+        await server.stop_role()

@@ -178,7 +178,7 @@ class RolloutCore:
             if assigned:
                 try:
                     await self.ownership.claim([(s.session_id, node_id, s.attempt) for s in assigned], lease_id)
-                except errors.LodestarError:
+                except BaseException:  # etcd refused, or the caller went away: nothing was handed out
                     self.scheduler.revert(assigned)
                     self._persist(Changes(sessions={s.session_id for s in assigned}))
                     await written
