@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import grpc.aio
@@ -82,8 +82,16 @@ LEADER_METADATA_KEY = "lodestar-leader"
 T = TypeVar("T")
 
 
-def leader_from_error(error: grpc.aio.AioRpcError) -> str | None:
-    """The leader a follower named in its UNAVAILABLE answer, if any."""
+class _FailedCall(Protocol):
+    """A failed call, sync (`grpc.Call` errors) or async (`grpc.aio.AioRpcError`)."""
+
+    def code(self) -> grpc.StatusCode: ...
+
+    def trailing_metadata(self) -> Any: ...
+
+
+def leader_from_error(error: _FailedCall) -> str | None:
+    """The leader a follower named in its UNAVAILABLE answer, if any (sync or async call errors)."""
     if error.code() != grpc.StatusCode.UNAVAILABLE:
         return None
     for key, value in error.trailing_metadata() or ():

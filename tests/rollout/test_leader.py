@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lodestar.etcd import EtcdClient
 from lodestar.etcd import Lease as EtcdLease
-from lodestar.grpc.client import LEADER_METADATA_KEY, LeaderChannel, connect
+from lodestar.grpc.client import LEADER_METADATA_KEY, LeaderChannel, connect, leader_from_error
 from lodestar.local import free_port, wait_serving
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
 from services.rollout.leader import leader_key
@@ -66,6 +66,16 @@ def _serve(store: Path, etcd: str, prefix: str, port: int, log: Path) -> Iterato
                 process.wait()
 
 
+def _sync_redirect(address: str) -> str | None:
+    """The leader a standby names to a synchronous client (as the trainer's)."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            rollout_pb2_grpc.RolloutServiceStub(channel).GetRun(rollout_pb2.GetRunRequest(run_id="x"), timeout=5)
+        except grpc.RpcError as error:
+            return leader_from_error(error)  # type: ignore[arg-type]
+    return None
+
+
 async def _health(address: str) -> int:
     async with connect(address) as channel:
         reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
@@ -90,6 +100,8 @@ async def test_standby_redirects_then_takes_over_when_the_leader_is_killed(
             assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
             assert (LEADER_METADATA_KEY, leader_address) in tuple(caught.value.trailing_metadata() or ())
             assert leader_address in (caught.value.details() or "")
+
+            assert await asyncio.to_thread(_sync_redirect, standby_address) == leader_address
 
             client = LeaderChannel(standby_address)  # follows the redirect to the leader
             reply = await client.call(
