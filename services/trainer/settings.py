@@ -54,13 +54,14 @@ class TrainerSettings(ServiceSettings):
     groups_per_step: int = 1
     """Groups (of sessions that all got some reward signal) per optimizer step."""
     steps: int = 0
-    """Optimizer steps to run, counting from the resumed step; 0 runs until stopped."""
+    """Optimizer steps to run, counting from the resumed step; 0 runs until stopped or the run has no more groups."""
     lr: float = 1e-6
+    """AdamW learning rate (constant)."""
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this (0 disables clipping)."""
     checkpoint_every: int = 0
-    """Write a checkpoint every N steps (0: only on SaveCheckpoint / Stop)."""
+    """Write a checkpoint every N steps and at the end (0: only on SaveCheckpoint / Stop with save_checkpoint)."""
     pass_threshold: float = 1.0
     """A sample counts as passed in the pass-rate metric when its reward is at least this."""
     device: str = "cpu"
@@ -68,6 +69,7 @@ class TrainerSettings(ServiceSettings):
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Parameter dtype (the loss and the log-softmax are always computed in fp32)."""
     seed: int = 0
+    """torch seed of a fresh start (a resumed run restores the checkpoint's RNG state)."""
     parallel: Literal["fsdp2", "ddp"] = "fsdp2"
     """Under torchrun: shard the model with FSDP2, or replicate it (DDP-style gradient all-reduce)."""
     push_timeout_s: float = 300.0
@@ -75,7 +77,7 @@ class TrainerSettings(ServiceSettings):
     push_attempts: int = 3
     """UpdateWeights attempts on UNAVAILABLE / DEADLINE_EXCEEDED before the trainer fails."""
     rpc_timeout_s: float = 30.0
-    """Deadline of ReportPolicyVersion and of reconnecting the group stream."""
+    """Deadline of ReportPolicyVersion (the group stream itself waits without one and reconnects for 10 min)."""
 
 
 SETTINGS = TrainerSettings
