@@ -146,3 +146,62 @@ def test_target_without_parent_raises(tiny_lm: Any) -> None:
     batch.target_tokens[0] = 0
     with pytest.raises(ValueError, match="no parent"):
         target_logprobs(tiny_lm, batch)
+
+
+MEMORY_PROBE = """
+import ctypes, sys
+from pathlib import Path
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+from services.trainer.batch import TrainingSequence
+from services.trainer.forward import target_logprobs
+from services.trainer.pack import pack
+
+def rss(field):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+
+tokens, targets, vocab = 32_768, 2_048, 151_936
+config = Qwen3Config(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                     num_attention_heads=1, num_key_value_heads=1, head_dim=16, max_position_embeddings=tokens)
+model = Qwen3ForCausalLM(config)
+sequence = TrainingSequence(
+    token_ids=torch.randint(0, vocab, (tokens,)).tolist(), parents=list(range(-1, tokens - 1)),
+    position_ids=list(range(tokens)), target_tokens=list(range(tokens - targets, tokens)),
+    target_samples=[0] * targets, behaviour_logprobs=[-1.0] * targets, advantages=[1.0] * targets)
+(batch,) = pack([sequence], tokens)
+ctypes.CDLL("libc.so.6").malloc_trim(0)
+Path("/proc/self/clear_refs").write_text("5")
+before = rss("VmRSS")
+logprobs = target_logprobs(model, batch)
+logprobs.sum().backward()
+assert logprobs.shape == (targets,) and model.lm_head.weight.grad is not None
+print(rss("VmHWM") - before)
+"""
+
+
+@pytest.mark.slow
+def test_32k_tokens_with_a_151k_vocabulary_never_hold_their_logits() -> None:
+    """Forward + backward of 2,048 targets on a 32,768-token sequence with Qwen's vocabulary, in a fresh
+    process: its full logits would be 19.9 GB and even the targets' rows 1.2 GB (fp32); the peak RSS
+    growth must stay far below the latter."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    done = subprocess.run(
+        [sys.executable, "-c", MEMORY_PROBE],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    growth = int(done.stdout.strip().splitlines()[-1])
+    assert growth < 800 * 1024**2, f"peak RSS grew by {growth / 1024**2:.0f} MB"  # measured ~450 MB
