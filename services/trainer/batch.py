@@ -4,10 +4,11 @@ A group's sessions become `Sample`s (one per scored session: its calls and its a
 the samples of a group into `TrainingSequence`s. A sequence is a set of tokens with, for each token, the
 index of its parent (the token before it; -1 for the first); a linear sequence has parent t-1 at every t,
 a tree (shared prefixes computed once) has branching parents. Attention goes to ancestors only, position
-ids are depths. The loss is defined over sparse *targets*: each target names a token of the sequence that
-was sampled by the policy, and its logprob is read from the logits at that token's parent. Every sampled
-token of every call of every sample is exactly one target, whatever the builder, which is why the three
-builders give the same loss.
+ids are depths. Tokens are laid out in DFS pre-order: a parent comes before its children and every
+subtree is a contiguous run (services/trainer/attention.py relies on it and checks it). The loss is
+defined over sparse *targets*: each target names a token of the sequence that was sampled by the policy,
+and its logprob is read from the logits at that token's parent. Every sampled token of every call of every
+sample is exactly one target, whatever the builder, which is why the three builders give the same loss.
 
 This module owns the shapes only: no torch.
 """
