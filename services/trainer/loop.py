@@ -57,7 +57,7 @@ from services.trainer.loss import LossConfig, LossNormalizer, LossOutput, policy
 from services.trainer.metrics import MetricsWriter, StepRecord
 from services.trainer.publish import PublishResult
 from services.trainer.status import Phase, StatusBoard
-from services.trainer.stepstats import step_values
+from services.trainer.stepstats import loss_over_ranks, step_values
 
 _log = get_logger("trainer")
 
@@ -90,6 +90,8 @@ class LoopConfig:
     checkpoint_every: int = 0
     checkpoint_dir: Path = Path(".lodestar/trainer/checkpoints")
     pass_threshold: float = 1.0
+    vocab_size: int = 0
+    """The model's vocabulary size: larger token ids in a group are bad input (0: unchecked)."""
 
 
 @dataclass
@@ -145,8 +147,12 @@ class Trainer:
                     self._skip(plan)
                     continue
                 self.board.update(phase=Phase.TRAINING)
-                with self._step_lock:
-                    self.train_step(plan)
+                try:
+                    with self._step_lock:
+                        self.train_step(plan)
+                except BadGroupError as error:  # raised before anything changed: the step is skipped
+                    plan.error = error.message
+                    self._skip(plan)
             else:
                 plan = _Plan()
             if plan.save or (self.config.checkpoint_every and 0 < self.state.step != self._saved_step):
@@ -239,16 +245,28 @@ class Trainer:
         return plan
 
     def _skip(self, plan: _Plan) -> None:
+        self._counters["groups_no_signal"] += plan.no_signal
         skipped = self.board.snapshot().skipped_steps + 1
         self._advance(steps=0, version=0, read=plan.read, skipped=1)
         _log.warning("step skipped", reason=plan.error, skipped_steps=skipped, step=self.state.step)
         self.board.update(error=plan.error, skipped_steps=skipped)
 
     def _build(self, groups: list[GroupSamples]) -> tuple[list[TrainingSequence], BuildStats]:
+        """Sequences of every group (BadGroupError when a builder refuses a call or a token id is out of the
+        model's vocabulary: records of another model)."""
         sequences: list[TrainingSequence] = []
         totals = BuildStats(calls=0, sequences=0, call_tokens=0, sequence_tokens=0)
         for group in groups:
-            result = build_sequences(self.config.builder, group.samples)
+            try:
+                result = build_sequences(self.config.builder, group.samples)
+            except ValueError as error:
+                raise BadGroupError(f"group {group.group_id}: {error}") from error
+            largest = max((max(sequence.token_ids, default=0) for sequence in result.sequences), default=0)
+            if self.config.vocab_size and largest >= self.config.vocab_size:
+                raise BadGroupError(
+                    f"group {group.group_id} has token id {largest}, outside the model's vocabulary "
+                    f"of {self.config.vocab_size} (calls of another model?)"
+                )
             sequences.extend(result.sequences)
             stats = result.stats
             totals = BuildStats(
@@ -282,7 +300,7 @@ class Trainer:
             if weight:
                 totals = output if totals is None else totals.merge(output)
         self.parallel.reduce_replicated_grads(self.model)
-        totals = self._merge_ranks(totals)
+        totals = loss_over_ranks(self.parallel, totals)
         return totals, self.parallel.clip_grad_norm(self.model, self.config.max_grad_norm)
 
     def _reference_logprobs(self, batch: MicroBatch) -> torch.Tensor | None:
@@ -291,19 +309,6 @@ class Trainer:
         with torch.no_grad():
             logprobs: torch.Tensor = target_logprobs(self.reference, batch)
             return logprobs
-
-    def _merge_ranks(self, totals: LossOutput | None) -> LossOutput | None:
-        if not self.parallel.distributed or totals is None:
-            return totals
-        summed = self.parallel.sum(
-            [float(totals.loss.detach()), totals.targets, totals.clipped, totals.ratio_sum, totals.kl_sum,
-             totals.mismatch_abs_sum, totals.tis_clipped]
-        )  # fmt: skip
-        (largest,) = self.parallel.max([totals.mismatch_abs_max])
-        return LossOutput(
-            loss=torch.tensor(summed[0]), targets=int(summed[1]), clipped=int(summed[2]), ratio_sum=summed[3],
-            kl_sum=summed[4], mismatch_abs_sum=summed[5], mismatch_abs_max=largest, tis_clipped=int(summed[6]),
-        )  # fmt: skip
 
     def _publish(self) -> PublishResult | None:
         """Push the new weights to inference and tell rollout (rank 0; the state gather is collective)."""

@@ -1,10 +1,14 @@
-"""The metric values of one step (names documented in services/trainer/metrics.py), from what the loop saw."""
+"""The metric values of one step (names documented in services/trainer/metrics.py), from what the loop saw,
+and the loss metrics of all ranks combined."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import torch
+
 from services.trainer.batch import BuildStats
+from services.trainer.distributed import Parallel
 from services.trainer.groups import GroupSamples
 from services.trainer.loss import LossOutput
 from services.trainer.metrics import mean_std
@@ -65,3 +69,18 @@ def step_values(
             tis_clip_fraction=summary["tis_clip_fraction"],
         )
     return values
+
+
+def loss_over_ranks(parallel: Parallel, totals: LossOutput | None) -> LossOutput | None:
+    """The loss metrics summed (clip counts, sums) and maxed (mismatch) over every rank's micro-batches."""
+    if not parallel.distributed or totals is None:
+        return totals
+    summed = parallel.sum(
+        [float(totals.loss.detach()), totals.targets, totals.clipped, totals.ratio_sum, totals.kl_sum,
+         totals.mismatch_abs_sum, totals.tis_clipped]
+    )  # fmt: skip
+    (largest,) = parallel.max([totals.mismatch_abs_max])
+    return LossOutput(
+        loss=torch.tensor(summed[0]), targets=int(summed[1]), clipped=int(summed[2]), ratio_sum=summed[3],
+        kl_sum=summed[4], mismatch_abs_sum=summed[5], mismatch_abs_max=largest, tis_clipped=int(summed[6]),
+    )  # fmt: skip

@@ -8,6 +8,7 @@ inference clients and the metrics writer. The KL reference (kl_coef > 0) is the 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -71,6 +72,7 @@ def create_trainer(settings: TrainerSettings, parallel: Parallel | None = None, 
             f"checkpoint {settings.resume} is of run {checkpoint.state.run_id!r}, not {config.run_id!r}"
         )
     model = parallel.wrap(load_model(start, device=settings.device, dtype=settings.dtype))
+    config = dataclasses.replace(config, vocab_size=int(model.config.vocab_size))
     reference: Any = None
     if settings.kl_coef:
         reference = load_model(settings.model or start, device=settings.device, dtype=settings.dtype).eval()

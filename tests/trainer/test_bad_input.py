@@ -37,12 +37,17 @@ def _short_logprobs(group: rollout_pb2.Group) -> None:
     group.sessions[2].calls[1].completion_logprobs.pop()
 
 
+def _foreign_tokens(group: rollout_pb2.Group) -> None:
+    group.sessions[1].calls[0].completion_token_ids[0] = 1_000_000
+
+
 @pytest.mark.parametrize(
     ("spoil", "reason"),
     [
         (_other_run, "group bad belongs to run 'run-other', not to the trained run 'run-test'"),
         (_empty, "group bad has no scored session (0 sessions in all)"),
         (_short_logprobs, "group bad, session bad-s2: call bad-s2#1 has"),
+        (_foreign_tokens, "group bad has token id 1000000, outside the model's vocabulary of"),
     ],
 )
 def test_a_bad_group_skips_its_step_and_says_why(
