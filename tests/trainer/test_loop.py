@@ -86,3 +86,19 @@ def test_a_bfloat16_step_keeps_the_loss_in_float32(trainer_model_dir: Path, tmp_
     assert trainer.model.lm_head.weight.dtype == torch.bfloat16
     assert not torch.equal(trainer.model.lm_head.weight, before)
     assert math.isfinite(record.values["loss"])
+
+
+def test_kl_to_the_starting_model_and_truncated_importance_sampling(trainer_model_dir: Path, tmp_path: Path) -> None:
+    groups = [make_group(0), make_group(1)]
+    trainer, _ = trainer_for(trainer_model_dir, tmp_path, groups, steps=2, kl_coef=0.1, behaviour_correction="tis")
+    assert trainer.reference is not None
+    trainer.run()
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2, trainer.board.snapshot().error
+    assert lines[0]["kl"] == 0.0  # step 1: the policy is still the reference
+    assert lines[1]["kl"] > 0.0
+    # tis: the ratio is against the trainer's own pre-step logprobs, so it is 1 and nothing is clipped; the
+    # captured logprobs (~-8.3 vs the model's own) are far off, so every importance weight hits the cap.
+    assert lines[1]["ratio_mean"] == 1.0
+    assert lines[1]["clip_fraction"] == 0.0
+    assert lines[1]["tis_clip_fraction"] > 0.0

@@ -173,3 +173,22 @@ async def test_cli_serve_trains_from_a_config_table_and_drains_on_sigterm(
             await process.wait()
         await rollout.stop(0)
     assert standin.reported == [1]
+
+
+async def test_an_idle_trainer_answers_every_rpc(tmp_path: Path) -> None:
+    server = build_server(TrainerSettings(port=0, run_dir=tmp_path))
+    port = await server.start()
+    await server.set_serving(True)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = trainer_pb2_grpc.TrainerServiceStub(channel)
+            status = await stub.GetStatus(trainer_pb2.GetStatusRequest(), timeout=10)
+            assert status.state == trainer_pb2.TRAINER_STATE_WAITING
+            assert "--run RUN_ID --model DIR" in status.error
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            stopped = await stub.Stop(trainer_pb2.StopRequest(), timeout=10)
+            assert stopped.state == trainer_pb2.TRAINER_STATE_STOPPED
+    finally:
+        await server.stop(0)
