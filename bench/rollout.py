@@ -233,10 +233,13 @@ def _section(config: SimConfig, sim: list[SimResult], result: DispatchResult) ->
         "- Policies: synchronous batches wait for the slowest of 128 heavy-tailed sessions, so the trainer idles "
         "and slots empty out. Early stop cuts each group's tail (the cancelled sessions are the slow ones: their "
         "slot time is the 'cancelled' column, the price of not waiting). Asynchronous rollout without early stop "
-        "still idles: groups wait for their slowest session and many become too stale. Asynchronous rollout with "
-        "early stop keeps the trainer busy (idle < 5%, trainer-bound at 16 groups per 120 s step) while "
-        "(ahead + 1) = 2 batches of groups are in flight; 'max staleness trained' exceeds max_staleness (3) "
-        "because the trainer's own queue holds groups after the stream delivered them.",
+        "still idles: groups wait for their slowest session. Asynchronous rollout with early stop but without "
+        "admission control keeps the trainer busy only by running far ahead: most of what it produces goes stale "
+        "and is dropped (wasted slot time). With the scheduler's admission control (a run starts no new group "
+        "while 2.5 trainer batches of its groups are in play, the trainer's pace learned from its policy-version "
+        "reports) the trainer stays busy (trainer-bound at 16 groups per 120 s step) and few groups go stale. "
+        "The trainer here reads the stream lazily (one batch when free), so no group is trained staler than "
+        "max_staleness (4, the default).",
         "",
     ]
     return "\n".join(lines)

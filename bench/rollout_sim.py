@@ -11,11 +11,11 @@ Policies:
   starts (nodes idle while it trains).
 - `sync+ready+early-stop`: the same batches, but nodes prepare sessions in a READY buffer (preparation
   off the run slot) and a group completes at `early_stop` of its sessions (the rest are cancelled).
-- `async+ready` and `async+ready+early-stop` (the policy lodestar is built for): the trainer trains on
-  any `batch_groups` complete groups while rollout continues; runs of one batch are created so that
-  (ahead + 1) batches of groups are always open or waiting for the trainer (dropped groups are
-  replaced); groups staler than `max_staleness` when the trainer takes them are dropped; READY buffer
-  (and early stop) as above; the scheduler serves the oldest group first.
+- `async...`: one big run; the trainer takes the next `batch_groups` groups from the stream whenever it
+  is free (groups too stale at that moment are dropped by the stream) while rollout continues, and
+  reports each new policy version. With admission control (the scheduler's default) a run starts no
+  new group while 2.5 trainer batches of its groups are in play; `no-admission` disables that to show
+  what it prevents. READY buffer (and early stop) as above; the scheduler serves the oldest group first.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 
 from lodestar.v1 import rollout_pb2
 from services.rollout import groups
-from services.rollout.model import GroupStatus
 from services.rollout.scheduler import Progress, Scheduler
 from services.rollout.spec import with_defaults
 
@@ -39,16 +38,17 @@ class Policy:
     ready_buffer: int
     """Prepared sessions a node may hold beyond its run slots (0: preparation occupies the run slot)."""
     early_stop: float
-    ahead: int = 1
-    """Async only: batches created beyond the one the trainer is waiting for."""
-    max_staleness: int = 1
+    max_staleness: int = 4
+    admission: bool = True
+    """Async only: the scheduler's admission control (off: every group may start at once)."""
 
 
 POLICIES = (
     Policy("sync", asynchronous=False, ready_buffer=0, early_stop=1.0),
     Policy("sync+ready+early-stop", asynchronous=False, ready_buffer=4, early_stop=0.75),
-    Policy("async+ready", asynchronous=True, ready_buffer=4, early_stop=1.0, ahead=1, max_staleness=3),
-    Policy("async+ready+early-stop", asynchronous=True, ready_buffer=4, early_stop=0.75, ahead=1, max_staleness=3),
+    Policy("async+ready", asynchronous=True, ready_buffer=4, early_stop=1.0),
+    Policy("async+ready+early-stop, no admission", asynchronous=True, ready_buffer=4, early_stop=0.75, admission=False),
+    Policy("async+ready+early-stop", asynchronous=True, ready_buffer=4, early_stop=0.75),
 )
 
 
@@ -102,7 +102,7 @@ class Simulation:
         self.now = 0.0
         self.runs: list[str] = []
         self.delivered: dict[str, int] = {}
-        self.queue: list[groups.Group] = []
+        self.batch: list[groups.Group] = []
         self.training = False
         self.busy_s = self.slot_s = self.cancelled_s = 0.0
         self.steps = self.trained_groups = self.max_stale = 0
@@ -113,7 +113,7 @@ class Simulation:
         self.seq += 1
         heapq.heappush(self.events, (time, self.seq, kind, payload))
 
-    def _new_run(self) -> None:
+    def _new_run(self, tasks: int) -> None:
         spec = rollout_pb2.RunSpec(
             group_size=self.config.group_size,
             early_stop_fraction=self.policy.early_stop,
@@ -121,7 +121,7 @@ class Simulation:
             max_attempts=3,
         )
         spec.harness.kind, spec.verifier.kind = "command", "exact_match"
-        for index in range(self.config.batch_groups):
+        for index in range(tasks):
             spec.tasks.add(task_id=f"b{len(self.runs)}-t{index}")
         run_id = f"r{len(self.runs)}"
         self.scheduler.add_run(run_id, with_defaults(spec), self.now)
@@ -130,8 +130,8 @@ class Simulation:
 
     def run(self) -> SimResult:
         horizon = self.config.hours * 3600
-        self._new_run()
-        self._top_up()
+        # Async: one run with more tasks than the horizon can use; sync: one run per batch.
+        self._new_run(int(self.config.hours * 60 * 20) if self.policy.asynchronous else self.config.batch_groups)
         self._pull_all()
         while self.events and self.events[0][0] <= horizon:
             self.now, _, kind, payload = heapq.heappop(self.events)
@@ -219,7 +219,6 @@ class Simulation:
         self._start_runs(node)
         if changes.group_events:
             self._maybe_train()
-            self._top_up()
 
     def _free(self, node: _Node, session_id: str, *, cancelled: bool) -> None:
         node.attempts.pop(session_id, None)
@@ -232,32 +231,8 @@ class Simulation:
             if cancelled:
                 self.cancelled_s += self.now - started
 
-    def _top_up(self) -> None:
-        """Async: keep (ahead + 1) batches of groups that are open or complete but not yet trained (dropped
-        and failed groups are replaced), creating runs of one batch each."""
-        if not self.policy.asynchronous:
-            return
-        scheduler = self.scheduler
-        live = len(self.queue)
-        for run_id in self.runs:
-            run = scheduler.runs[run_id]
-            live += sum(
-                1
-                for gid in run.group_ids
-                if (g := scheduler.groups[gid]).status is GroupStatus.OPEN
-                or (g.status is GroupStatus.COMPLETE and g.delivery_seq == 0 and not g.dropped)
-            )
-        added = False
-        while live < (self.policy.ahead + 1) * self.config.batch_groups:
-            self._new_run()
-            live += self.config.batch_groups
-            added = True
-        if added:
-            self._pull_all()
-
-    # -- trainer -----------------------------------------------------------------------------------
-
     def _maybe_train(self) -> None:
+        """A free trainer reads the next groups from the stream (lazily, as a flow-controlled reader)."""
         if self.training:
             return
         scheduler = self.scheduler
@@ -265,13 +240,15 @@ class Simulation:
             run = scheduler.runs[run_id]
             if not self.policy.asynchronous and not run.finished:
                 continue
-            ready, _ = groups.deliverable(scheduler, run, self.delivered[run_id])
-            for group in ready:
+            while len(self.batch) < self.config.batch_groups:
+                group, _ = groups.next_group(scheduler, run, self.delivered[run_id])
+                if group is None:
+                    break
                 self.delivered[run_id] = group.delivery_seq
-                self.queue.append(group)
-        if len(self.queue) < self.config.batch_groups:
+                self.batch.append(group)
+        if len(self.batch) < self.config.batch_groups:
             return
-        batch, self.queue = self.queue[: self.config.batch_groups], self.queue[self.config.batch_groups :]
+        batch, self.batch = self.batch, []
         self.max_stale = max(self.max_stale, *(scheduler.policy_version - g.min_policy_version for g in batch))
         self.training = True
         self.busy_s += self.config.train_s
@@ -281,13 +258,20 @@ class Simulation:
     def _on_trained(self) -> None:
         self.training = False
         self.steps += 1
-        self.scheduler.policy_version += 1
+        self.scheduler.report_policy_version(self.scheduler.policy_version + 1)
         if not self.policy.asynchronous:
-            self._new_run()
-            self._pull_all()
+            self._new_run(self.config.batch_groups)
+        self._pull_all()  # new groups may be admitted now
         self._maybe_train()
-        self._top_up()
 
 
 def simulate(config: SimConfig, policies: tuple[Policy, ...] = POLICIES) -> list[SimResult]:
-    return [Simulation(config, policy).run() for policy in policies]
+    results = []
+    for policy in policies:
+        lead = groups.LEAD_BATCHES
+        groups.LEAD_BATCHES = lead if policy.admission else math.inf
+        try:
+            results.append(Simulation(config, policy).run())
+        finally:
+            groups.LEAD_BATCHES = lead
+    return results

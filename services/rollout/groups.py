@@ -1,4 +1,5 @@
-"""Groups: when one completes, and the order in which complete groups are streamed to the trainer.
+"""Groups: when one completes, the order in which complete groups reach the trainer, and how far
+rollout may run ahead of it.
 
 A group (one task, `group_size` sessions) completes as soon as `required` = ceil(early_stop_fraction x
 group_size) of its sessions are scored; its other live sessions are cancelled (their nodes are told on
@@ -7,11 +8,18 @@ completes when none is live any more, with the sessions that scored — or FAILS
 none scored.
 
 Complete groups get a completion sequence number in their run. The stream walks them in that order and
-fixes, once, each group's fate: too stale (latest reported policy version - the group's oldest call's
-version > max_staleness) -> dropped, counted and logged, its task is NOT re-sampled (a trainer that
-outruns rollout would otherwise never finish the run); else it gets the next delivery sequence number.
-`StreamGroups(start_after=k)` sends the groups with delivery sequence > k, so a consumer that
-reconnects with the number it already received loses and repeats nothing.
+fixes each group's fate only when it is about to be sent (a reader that does not keep up holds back the
+decision): too stale (latest reported policy version - the group's oldest call's version >
+max_staleness) -> dropped, counted and logged, its task is NOT re-sampled (a trainer that outruns rollout
+would otherwise never finish the run); else it takes the next delivery sequence number.
+`StreamGroups(start_after=k)` sends the groups with delivery sequence > k, so a consumer that reconnects
+with the number it already received loses and repeats nothing.
+
+Admission control: once the trainer has reported two policy versions, each run estimates how many
+groups the trainer takes per version (`batch_estimate`) and starts no new group while
+`LEAD_BATCHES x batch_estimate` of its groups are in play (started, not yet delivered or dropped).
+Sessions of started groups are always handed out. Without version reports (evaluation runs) nothing is held
+back. See docs/benchmarks.md (Rollout) for why: without it rollout races ahead and its groups go stale.
 """
 
 from __future__ import annotations
@@ -25,6 +33,9 @@ from services.rollout.model import LIVE, Changes, Group, GroupStatus, Run, Sessi
 if TYPE_CHECKING:
     from services.rollout.scheduler import Scheduler
 
+LEAD_BATCHES = 2.5
+"""Trainer batches' worth of groups a run keeps in play once the trainer's pace is known (chosen with
+bench/rollout_sim.py: 2.0 left the trainer 4% idle, 3.0 dropped 2.6x more stale groups than 2.5)."""
 _log = get_logger("rollout.groups")
 
 
@@ -44,10 +55,12 @@ def settle(scheduler: Scheduler, group_id: str) -> Changes:
         group.status = GroupStatus.COMPLETE
         run.groups_completed += 1
         group.completion_seq = run.groups_completed
+        run.completion_order.append(group_id)
         group.min_policy_version = min(session.min_policy_version for session in scored)
         group.max_policy_version = max(session.max_policy_version for session in scored)
     else:
         group.status = GroupStatus.FAILED
+        _leave_play(run, group)
         _log.warning("group failed: no session scored", run=run.run_id, group=group_id)
     for session in live:
         scheduler.cancel_session(session, changes)
@@ -65,6 +78,7 @@ def cancel_open(scheduler: Scheduler, run: Run) -> Changes:
         if group.status is not GroupStatus.OPEN:
             continue
         group.status = GroupStatus.CANCELLED
+        _leave_play(run, group)
         changes.groups.add(group_id)
         for session_id in group.session_ids:
             session = scheduler.sessions[session_id]
@@ -73,42 +87,71 @@ def cancel_open(scheduler: Scheduler, run: Run) -> Changes:
     return changes
 
 
+def _leave_play(run: Run, group: Group) -> None:
+    if group.started:
+        run.groups_in_play -= 1
+
+
 def is_stale(group: Group, run: Run, policy_version: int) -> bool:
     return policy_version - group.min_policy_version > run.spec.max_staleness
 
 
-def deliverable(scheduler: Scheduler, run: Run, start_after: int) -> tuple[list[Group], Changes]:
-    """The complete groups to send after delivery sequence `start_after`, in order, deciding (once) the
-    fate of groups not decided yet."""
+def next_group(scheduler: Scheduler, run: Run, start_after: int) -> tuple[Group | None, Changes]:
+    """The group with delivery sequence `start_after + 1`, deciding the fate of the next undecided complete
+    groups (in completion order) if it has none yet; None when there is none yet."""
     changes = Changes()
-    complete = sorted(
-        (g for gid in run.group_ids if (g := scheduler.groups[gid]).completion_seq > 0),
-        key=lambda g: g.completion_seq,
-    )
-    out = []
-    for group in complete:
-        if group.dropped:
+    if start_after < len(run.delivery_order):
+        return scheduler.groups[run.delivery_order[start_after]], changes
+    while run.decided < len(run.completion_order):
+        group = scheduler.groups[run.completion_order[run.decided]]
+        run.decided += 1
+        _leave_play(run, group)
+        changes.runs.add(run.run_id)
+        changes.groups.add(group.group_id)
+        if is_stale(group, run, scheduler.policy_version):
+            group.dropped = True
+            run.groups_dropped += 1
+            _log.warning("group dropped as stale", run=run.run_id, group=group.group_id,
+                         min_policy_version=group.min_policy_version, policy_version=scheduler.policy_version,
+                         max_staleness=run.spec.max_staleness)  # fmt: skip
             continue
-        if group.delivery_seq == 0:
-            changes.runs.add(run.run_id)
-            changes.groups.add(group.group_id)
-            if is_stale(group, run, scheduler.policy_version):
-                group.dropped = True
-                run.groups_dropped += 1
-                _log.warning(
-                    "group dropped as stale",
-                    run=run.run_id,
-                    group=group.group_id,
-                    min_policy_version=group.min_policy_version,
-                    policy_version=scheduler.policy_version,
-                    max_staleness=run.spec.max_staleness,
-                )
-                continue
-            run.groups_delivered += 1
-            group.delivery_seq = run.groups_delivered
-        if group.delivery_seq > start_after:
-            out.append(group)
-    return out, changes
+        run.groups_delivered += 1
+        group.delivery_seq = run.groups_delivered
+        run.delivery_order.append(group.group_id)
+        if start_after < len(run.delivery_order):
+            return group, changes
+    return None, changes
+
+
+def restore_delivery(scheduler: Scheduler, run: Run) -> None:
+    """Rebuild a loaded run's derived stream and admission state from its groups."""
+    groups = [scheduler.groups[gid] for gid in run.group_ids]
+    complete = sorted((g for g in groups if g.completion_seq > 0), key=lambda g: g.completion_seq)
+    run.completion_order = [g.group_id for g in complete]
+    run.delivery_order = [g.group_id for g in sorted(complete, key=lambda g: g.delivery_seq) if g.delivery_seq]
+    run.decided = sum(1 for g in complete if g.delivery_seq or g.dropped)
+    for group in groups:
+        group.started = any(scheduler.sessions[sid].attempt > 0 for sid in group.session_ids)
+    undecided = {g.group_id for g in complete if not (g.delivery_seq or g.dropped)}
+    run.groups_in_play = sum(
+        1 for g in groups if g.started and (g.status is GroupStatus.OPEN or g.group_id in undecided)
+    )
+
+
+def observe_policy_version(run: Run, version: int) -> None:
+    """Learn the trainer's pace: groups delivered per policy version since the last report."""
+    last_version, last_delivered = run.version_mark
+    if version <= last_version:
+        return
+    taken = run.groups_delivered - last_delivered
+    if last_version > 0 and taken > 0:
+        pace = taken / (version - last_version)
+        run.batch_estimate = pace if run.batch_estimate <= 0 else 0.5 * run.batch_estimate + 0.5 * pace
+    run.version_mark = (version, run.groups_delivered)
+
+
+def admits_new_group(run: Run) -> bool:
+    return run.batch_estimate <= 0 or run.groups_in_play < LEAD_BATCHES * run.batch_estimate
 
 
 def scored_session_ids(scheduler: Scheduler, group: Group) -> list[str]:

@@ -88,6 +88,8 @@ class Group:
     """Decided too stale to deliver (against the latest reported policy version)."""
     min_policy_version: int = 0
     max_policy_version: int = 0
+    started: bool = False
+    """Some session of it was handed out (derived, not stored)."""
 
 
 @dataclass
@@ -106,6 +108,19 @@ class Run:
     infra_failures: int = 0
     stage_sums: dict[str, float] = field(default_factory=dict)
     stage_counts: dict[str, int] = field(default_factory=dict)
+    # Derived, in memory only (rebuilt on load): the group stream and admission control.
+    completion_order: list[str] = field(default_factory=list)
+    """Complete groups by completion sequence."""
+    delivery_order: list[str] = field(default_factory=list)
+    """Delivered groups by delivery sequence."""
+    decided: int = 0
+    """How many of `completion_order` have their fate (delivered or dropped) fixed."""
+    groups_in_play: int = 0
+    """Groups started and not yet delivered, dropped, failed or cancelled."""
+    batch_estimate: float = 0.0
+    """Groups the trainer takes per policy version (0: unknown, no admission control)."""
+    version_mark: tuple[int, int] = (0, 0)
+    """(policy version, groups delivered) when the version was last reported."""
 
     @property
     def finished(self) -> bool:

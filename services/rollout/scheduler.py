@@ -89,7 +89,8 @@ class Scheduler:
         self.groups: dict[str, Group] = {}
         self.sessions: dict[str, Session] = {}
         self.policy_version = 0
-        self._queue: list[tuple[int, int, int, str]] = []
+        self._queues: dict[str, list[tuple[int, int, str]]] = {}
+        """run id -> its pending sessions, a heap in (task, sample) order (stale entries skipped)."""
         self._queued: set[str] = set()
         self._held: dict[str, set[str]] = {}
         """node id -> sessions that node runs."""
@@ -102,6 +103,7 @@ class Scheduler:
         """Create a run of `spec` (already validated, defaults filled): one group per task."""
         ordinal = max((run.ordinal for run in self.runs.values()), default=0) + 1
         run = Run(run_id=run_id, ordinal=ordinal, spec=spec, created_at=created_at)
+        self.runs[run_id] = run
         required = required_scored(spec)
         changes = Changes(created={run_id}, runs={run_id})
         for task_index in range(len(spec.tasks)):
@@ -112,9 +114,8 @@ class Scheduler:
             changes.groups.add(group_id)
             for sample, session_id in enumerate(session_ids):
                 self.sessions[session_id] = Session(session_id, run_id, group_id, task_index, sample)
+                self._enqueue(self.sessions[session_id])
                 changes.sessions.add(session_id)
-        self.runs[run_id] = run
-        self.restore_queue()
         return changes
 
     def restore(self, runs: Iterable[Run], group_list: Iterable[Group], sessions: Iterable[Session]) -> None:
@@ -126,19 +127,24 @@ class Scheduler:
         for session in self.sessions.values():
             if session.status is SessionStatus.RUNNING:
                 self._held.setdefault(session.node_id, set()).add(session.session_id)
-        self.restore_queue()
-
-    def restore_queue(self) -> None:
-        for session in self.sessions.values():
             if session.status is SessionStatus.PENDING:
                 self._enqueue(session)
+        for run in self.runs.values():
+            groups.restore_delivery(self, run)
 
     def _enqueue(self, session: Session) -> None:
         if session.session_id in self._queued:
             return
-        run = self.runs[session.run_id]
-        heapq.heappush(self._queue, (run.ordinal, session.task_index, session.sample, session.session_id))
+        queue = self._queues.setdefault(session.run_id, [])
+        heapq.heappush(queue, (session.task_index, session.sample, session.session_id))
         self._queued.add(session.session_id)
+
+    def report_policy_version(self, version: int) -> None:
+        """The trainer's policy version now; running runs learn the trainer's pace from it."""
+        self.policy_version = version
+        for run in self.runs.values():
+            if not run.finished:
+                groups.observe_policy_version(run, version)
 
     def run(self, run_id: str) -> Run:
         run = self.runs.get(run_id)
@@ -187,17 +193,25 @@ class Scheduler:
                 cancels[(session_id, session.attempt)] = None
                 result.changes.merge(self.lose(session_id, session.attempt, "the node no longer lists it", now))
         result.cancelled = list(cancels)
-        while len(result.assigned) < free_slots and self._queue:
-            *_, session_id = heapq.heappop(self._queue)
-            self._queued.discard(session_id)
-            session = self.sessions[session_id]
-            if session.status is not SessionStatus.PENDING or self.runs[session.run_id].finished:
-                continue
-            self._assign(session, node_id, lease_id, now, result.changes)
-            result.assigned.append(session)
+        for run in self.runs.values():  # oldest run first
+            queue = self._queues.get(run.run_id)
+            while queue and len(result.assigned) < free_slots:
+                session = self.sessions[queue[0][2]]
+                if session.status is SessionStatus.PENDING and not run.finished:
+                    group = self.groups[session.group_id]
+                    if not group.started and not groups.admits_new_group(run):
+                        break  # the trainer is behind: start no new group of this run for now
+                    self._assign(session, node_id, lease_id, now, result.changes)
+                    result.assigned.append(session)
+                heapq.heappop(queue)
+                self._queued.discard(session.session_id)
         return result
 
     def _assign(self, session: Session, node_id: str, lease_id: int, now: float, changes: Changes) -> None:
+        group = self.groups[session.group_id]
+        if not group.started:
+            group.started = True
+            self.runs[session.run_id].groups_in_play += 1
         session.status = SessionStatus.RUNNING
         session.attempt += 1
         session.node_id, session.lease_id = node_id, lease_id

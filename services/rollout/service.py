@@ -161,7 +161,7 @@ class RolloutCore:
         return self.run_view(run_id)
 
     async def report_policy_version(self, version: int) -> int:
-        self.scheduler.policy_version = version
+        self.scheduler.report_policy_version(version)
         await self._persist(Changes(policy_version=version))
         return version
 
@@ -208,10 +208,10 @@ class RolloutCore:
             if self.stopped:
                 raise errors.UnavailableError("this rollout instance stopped leading: reconnect to the leader")
             event = self._run_events.setdefault(run_id, asyncio.Event())
-            ready, changes = groups.deliverable(self.scheduler, run, sent)
+            group, changes = groups.next_group(self.scheduler, run, sent)
             if changes:
                 await self._persist(changes)
-            for group in ready:
+            if group is not None:
                 session_ids = groups.scored_session_ids(self.scheduler, group)
                 results = await self.writer.read(self.store.counted_results, session_ids)
                 if tokens_only:
@@ -219,7 +219,6 @@ class RolloutCore:
                         views.strip_bodies(result)
                 yield views.group_message(group, run, results)
                 sent = group.delivery_seq
-            if ready:
                 continue
             if run.finished:
                 return

@@ -105,7 +105,7 @@ def test_a_group_where_nothing_scored_fails() -> None:
     scheduler.complete(_result("r-g0-s0", 1, "a", INFRA_FAILED), 1.0)
     assert scheduler.groups["r-g0"].status is GroupStatus.FAILED
     assert scheduler.runs["r"].state == rollout_pb2.RUN_STATE_COMPLETED
-    assert groups.deliverable(scheduler, scheduler.runs["r"], 0)[0] == []
+    assert groups.next_group(scheduler, scheduler.runs["r"], 0)[0] is None
 
 
 def test_a_node_cancelling_on_its_own_requeues_without_counting_a_failure() -> None:
@@ -145,8 +145,40 @@ def test_stream_order_skips_stale_groups_once_and_resumes_after_a_count() -> Non
         scheduler.complete(_result(f"r-g{task}-s0", 1, "a", versions=(version,)), 1.0)
     scheduler.policy_version = 5
     run = scheduler.runs["r"]
-    sent, _ = groups.deliverable(scheduler, run, 0)
-    assert [g.group_id for g in sent] == ["r-g2", "r-g1"]  # r-g0 (version 1) is 4 behind 5: dropped
+    first, _ = groups.next_group(scheduler, run, 0)
+    assert first is not None
+    assert first.group_id == "r-g2"
+    assert (run.groups_delivered, run.groups_dropped) == (1, 0)  # nothing decided beyond what is sent
+    second, _ = groups.next_group(scheduler, run, 1)
+    assert second is not None
+    assert second.group_id == "r-g1"  # r-g0 (version 1) is 4 behind 5: dropped on the way
     assert (run.groups_delivered, run.groups_dropped) == (2, 1)
     scheduler.policy_version = 100  # decisions already made stay made
-    assert [g.group_id for g in groups.deliverable(scheduler, run, 1)[0]] == ["r-g1"]
+    again, _ = groups.next_group(scheduler, run, 1)
+    assert again is second
+    assert groups.next_group(scheduler, run, 2)[0] is None
+
+
+def test_new_groups_wait_while_the_trainer_is_behind_but_started_groups_go_on() -> None:
+    scheduler, _ = _scheduler(tasks=9, group_size=2)
+    run = scheduler.runs["r"]
+    scheduler.report_policy_version(1)
+    assert len(scheduler.acquire("a", 1, 4, [], 0.0).assigned) == 4  # no pace known yet: no limit
+    for task in (0, 1):
+        for sample in (0, 1):
+            scheduler.complete(_result(f"r-g{task}-s{sample}", 1, "a"), 1.0)
+    for sent in range(2):
+        assert groups.next_group(scheduler, run, sent)[0] is not None
+    scheduler.report_policy_version(2)  # the trainer took 2 groups in one version
+    assert run.batch_estimate == 2
+    assert run.groups_in_play == 0
+    first = scheduler.acquire("b", 1, 10, [], 2.0).assigned  # (each call from a new node: no in_flight needed)
+    assert [s.session_id for s in first] == [f"r-g{t}-s{s}" for t in (2, 3, 4, 5, 6) for s in (0, 1)]  # 2.5 batches
+    scheduler.complete(_result("r-g2-s1", 1, "b", INFRA_FAILED), 3.0)
+    (retry,) = scheduler.acquire("c", 1, 10, [], 3.0).assigned
+    assert (retry.session_id, retry.attempt) == ("r-g2-s1", 2)  # a started group is never held back
+    scheduler.complete(_result("r-g2-s0", 1, "b"), 4.0)
+    scheduler.complete(_result("r-g2-s1", 2, "c"), 4.0)
+    assert scheduler.acquire("d", 1, 10, [], 4.0).assigned == []  # complete but not delivered: still in play
+    assert groups.next_group(scheduler, run, 2)[0] is not None
+    assert [s.session_id for s in scheduler.acquire("e", 1, 10, [], 5.0).assigned] == ["r-g7-s0", "r-g7-s1"]
