@@ -142,6 +142,46 @@ DIALECT_OPENAI_RESPONSES: Dialect.ValueType  # 3
 DIALECT_GOOGLE_GENERATE_CONTENT: Dialect.ValueType  # 4
 Global___Dialect: _TypeAlias = Dialect  # noqa: Y015
 
+class _ChainStart:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ChainStartEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ChainStart.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CHAIN_START_UNSPECIFIED: _ChainStart.ValueType  # 0
+    """Not recorded (records written before this field existed)."""
+    CHAIN_START_CONTINUED: _ChainStart.ValueType  # 1
+    """Its prompt extends an earlier call's tokens (continued_from_sequence names it)."""
+    CHAIN_START_FIRST: _ChainStart.ValueType  # 2
+    """No earlier call in the session."""
+    CHAIN_START_BRANCH: _ChainStart.ValueType  # 3
+    """A new conversation: it shares at most its leading system/developer messages with any earlier call
+    (after a compaction, a sub-agent, a retried first turn), or no earlier call is shorter than it.
+    """
+    CHAIN_START_DRIFT: _ChainStart.ValueType  # 4
+    """It shares conversation beyond the system messages with an earlier call but differs from it (an
+    edited or re-serialized history, or changed tools): the token chain breaks where one was expected.
+    """
+
+class ChainStart(_ChainStart, metaclass=_ChainStartEnumTypeWrapper):
+    """How a captured call relates to the earlier calls of its session."""
+
+CHAIN_START_UNSPECIFIED: ChainStart.ValueType  # 0
+"""Not recorded (records written before this field existed)."""
+CHAIN_START_CONTINUED: ChainStart.ValueType  # 1
+"""Its prompt extends an earlier call's tokens (continued_from_sequence names it)."""
+CHAIN_START_FIRST: ChainStart.ValueType  # 2
+"""No earlier call in the session."""
+CHAIN_START_BRANCH: ChainStart.ValueType  # 3
+"""A new conversation: it shares at most its leading system/developer messages with any earlier call
+(after a compaction, a sub-agent, a retried first turn), or no earlier call is shorter than it.
+"""
+CHAIN_START_DRIFT: ChainStart.ValueType  # 4
+"""It shares conversation beyond the system messages with an earlier call but differs from it (an
+edited or re-serialized history, or changed tools): the token chain breaks where one was expected.
+"""
+Global___ChainStart: _TypeAlias = ChainStart  # noqa: Y015
+
 @_typing.final
 class TextPart(_message.Message):
     """Plain text."""
@@ -571,6 +611,7 @@ class CallRecord(_message.Message):
     STARTED_AT_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     FIRST_TOKEN_MS_FIELD_NUMBER: _builtins.int
+    CHAIN_START_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Session this call belongs to."""
     sequence: _builtins.int
@@ -587,6 +628,8 @@ class CallRecord(_message.Message):
     """Sequence number of the earlier call whose tokens this prompt extends; -1 when it starts a new chain."""
     first_token_ms: _builtins.float
     """Time until the first token reached the gateway, in milliseconds."""
+    chain_start: Global___ChainStart.ValueType
+    """How this call relates to the session's earlier calls (continued, first, branch or drift)."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatMessage]:
         """The canonical chat the dialect normalized it to."""
@@ -638,10 +681,11 @@ class CallRecord(_message.Message):
         started_at: _timestamp_pb2.Timestamp | None = ...,
         finished_at: _timestamp_pb2.Timestamp | None = ...,
         first_token_ms: _builtins.float = ...,
+        chain_start: Global___ChainStart.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["completion", b"completion", "finished_at", b"finished_at", "sampling", b"sampling", "started_at", b"started_at", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion", b"completion", "completion_logprobs", b"completion_logprobs", "completion_token_ids", b"completion_token_ids", "continued_from_sequence", b"continued_from_sequence", "dialect", b"dialect", "finish_reason", b"finish_reason", "finished_at", b"finished_at", "first_token_ms", b"first_token_ms", "messages", b"messages", "original_request_json", b"original_request_json", "policy_version", b"policy_version", "prompt_token_ids", b"prompt_token_ids", "sampling", b"sampling", "sequence", b"sequence", "session_id", b"session_id", "started_at", b"started_at", "tools", b"tools", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chain_start", b"chain_start", "completion", b"completion", "completion_logprobs", b"completion_logprobs", "completion_token_ids", b"completion_token_ids", "continued_from_sequence", b"continued_from_sequence", "dialect", b"dialect", "finish_reason", b"finish_reason", "finished_at", b"finished_at", "first_token_ms", b"first_token_ms", "messages", b"messages", "original_request_json", b"original_request_json", "policy_version", b"policy_version", "prompt_token_ids", b"prompt_token_ids", "sampling", b"sampling", "sequence", b"sequence", "session_id", b"session_id", "started_at", b"started_at", "tools", b"tools", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

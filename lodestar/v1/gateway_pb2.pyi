@@ -311,6 +311,8 @@ class GetNodeStatusResponse(_message.Message):
     STAGE_COUNTS_FIELD_NUMBER: _builtins.int
     CALLS_CAPTURED_FIELD_NUMBER: _builtins.int
     CHAIN_BREAKS_FIELD_NUMBER: _builtins.int
+    UNKNOWN_FIELDS_FIELD_NUMBER: _builtins.int
+    BRANCHES_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     """Stable id of this node (also its etcd membership key)."""
     http_base_url: _builtins.str
@@ -324,12 +326,24 @@ class GetNodeStatusResponse(_message.Message):
     calls_captured: _builtins.int
     """Calls captured since the node started."""
     chain_breaks: _builtins.int
-    """Calls whose request did not extend any earlier call of their session although the session had
-    earlier calls (a new token chain started; each is also logged with the reason).
+    """Calls whose request shares its conversation beyond the system messages with an earlier call of
+    their session but does not extend it (CHAIN_START_DRIFT: a new token chain where one was expected;
+    each is also logged with the first differing message).
+    """
+    branches: _builtins.int
+    """Calls that started a new conversation in a session with earlier calls (CHAIN_START_BRANCH:
+    a compaction, a sub-agent, a re-sent first turn). Not included in chain_breaks.
     """
     @_builtins.property
     def stage_counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Sessions per lifecycle stage (INIT, READY, RUN, POST) when the node runs harnesses."""
+
+    @_builtins.property
+    def unknown_fields(self) -> _containers.RepeatedCompositeFieldContainer[Global___UnknownFieldCount]:
+        """Top-level request fields this node accepted without knowing them (kept in the CallRecord's
+        original_request_json, otherwise ignored), counted per dialect and field name since the node started.
+        Empty with --strict-fields, which refuses them with 400 instead.
+        """
 
     def __init__(
         self,
@@ -342,11 +356,43 @@ class GetNodeStatusResponse(_message.Message):
         stage_counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         calls_captured: _builtins.int = ...,
         chain_breaks: _builtins.int = ...,
+        unknown_fields: _abc.Iterable[Global___UnknownFieldCount] | None = ...,
+        branches: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls_captured", b"calls_captured", "capacity", b"capacity", "chain_breaks", b"chain_breaks", "http_base_url", b"http_base_url", "inference_target", b"inference_target", "node_id", b"node_id", "open_sessions", b"open_sessions", "stage_counts", b"stage_counts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["branches", b"branches", "calls_captured", b"calls_captured", "capacity", b"capacity", "chain_breaks", b"chain_breaks", "http_base_url", b"http_base_url", "inference_target", b"inference_target", "node_id", b"node_id", "open_sessions", b"open_sessions", "stage_counts", b"stage_counts", "unknown_fields", b"unknown_fields"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetNodeStatusResponse: _TypeAlias = GetNodeStatusResponse  # noqa: Y015
+
+@_typing.final
+class UnknownFieldCount(_message.Message):
+    """How often one unknown top-level request field was seen."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIALECT_FIELD_NUMBER: _builtins.int
+    FIELD_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    dialect: _common_pb2.Dialect.ValueType
+    """The wire format the field came in."""
+    field: _builtins.str
+    """The field name as sent."""
+    count: _builtins.int
+    """Requests that carried it."""
+    def __init__(
+        self,
+        *,
+        dialect: _common_pb2.Dialect.ValueType = ...,
+        field: _builtins.str = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "dialect", b"dialect", "field", b"field"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnknownFieldCount: _TypeAlias = UnknownFieldCount  # noqa: Y015
