@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+import structlog
 import torch
 
 from lodestar.errors import LodestarError
@@ -133,6 +134,10 @@ class Trainer:
 
     def run(self) -> None:
         """Train until `steps` are done, Stop, or the run's groups end; FAILED with the reason on an error."""
+        with structlog.contextvars.bound_contextvars(run_id=self.config.run_id, rank=self.parallel.rank):
+            self._run()
+
+    def _run(self) -> None:
         try:
             self._sync_inference()
             groups = self.source.groups(self.state.groups_read) if self.source and self.parallel.is_main else None

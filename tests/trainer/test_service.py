@@ -111,6 +111,9 @@ async def test_real_run_pushes_checkpoints_stops_and_resumes(
             assert stopped.checkpoint_path.endswith("step-000002")
             final = await stub.GetStatus(trainer_pb2.GetStatusRequest(), timeout=10)
             assert final.state == trainer_pb2.TRAINER_STATE_STOPPED
+            # A stopped trainer's metric stream gives the latest step and ends.
+            replies = [reply async for reply in stub.StreamMetrics(trainer_pb2.StreamMetricsRequest(), timeout=10)]
+            assert [reply.metrics.step for reply in replies] == [2]
     finally:
         await runner.close()
         await server.stop(0)
