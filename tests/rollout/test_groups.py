@@ -87,3 +87,20 @@ async def test_a_200_call_session_of_100_kb_bodies_round_trips(rollout: Rollout,
     (group,) = await rollout.groups(run_id)
     assert len(group.sessions[0].calls) == 200
     assert group.sessions[0].calls[199].original_request_json == body
+
+
+async def test_policy_version_reports_hold_back_new_groups_while_the_trainer_is_behind(rollout: Rollout, etcd) -> None:
+    run_id = await rollout.create_run(make_spec(tasks=10, group_size=1))
+    report = rollout.stub.ReportPolicyVersion
+    await report(rollout_pb2.ReportPolicyVersionRequest(policy_version=1))
+    async with sim_node(etcd, rollout.stub, "a") as node:
+        first = await node.acquire(2)
+        await _finish(node, [0, 1], first, version=1)
+        assert len(await rollout.groups(run_id, limit=2)) == 2  # the trainer takes 2 groups...
+        await report(rollout_pb2.ReportPolicyVersionRequest(policy_version=2))  # ...per policy version
+        held_back = await node.acquire(10)
+        assert len(held_back) == 5  # 2.5 batches of 2 groups in play, the other 3 tasks wait
+        await _finish(node, [0], held_back, version=2)
+        assert await node.acquire(10) == []  # complete but not yet delivered: still in play
+        assert len(await rollout.groups(run_id, start_after=2, limit=1)) == 1
+        assert len(await node.acquire(10)) == 1
