@@ -1,7 +1,8 @@
 """Leased pull scheduling of sessions (pure domain: no gRPC, no etcd, no SQLite).
 
 Sessions are task x sample index. `acquire` hands a node up to `free_slots` pending sessions, oldest
-run first, then oldest group (task order) first, so started groups finish before new ones begin; each
+run first, then oldest group (task order) first, so started groups finish before new ones begin, and
+starts a new group only while `groups.admits_new_group` (rollout must not outrun the trainer); each
 hand-out is a new attempt. `complete` is fenced: only the current attempt, reported by the node that
 holds it, counts. SCORED and TIMED_OUT count toward the group; INFRA_FAILED and a lost attempt (the
 node's lease ended, or the node stopped listing it in `in_flight` for `MISSED_POLLS_LIMIT` polls) requeue
