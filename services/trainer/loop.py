@@ -56,6 +56,7 @@ from services.trainer.forward import target_logprobs
 from services.trainer.groups import BadGroupError, GroupSamples, group_samples
 from services.trainer.loss import LossConfig, LossNormalizer, LossOutput, policy_loss
 from services.trainer.metrics import MetricsWriter, StepRecord
+from services.trainer.pack import pack
 from services.trainer.publish import PublishResult
 from services.trainer.status import Phase, StatusBoard
 from services.trainer.stepstats import loss_over_ranks, step_values
@@ -175,7 +176,7 @@ class Trainer:
         """One optimizer step on the plan's groups (module docstring, steps 2-6)."""
         started = time.perf_counter()
         sequences, stats = self._build(plan.groups)
-        micro_batches = self._pack(sequences)
+        micro_batches = pack(sequences, self.config.micro_batch_tokens)
         built = time.perf_counter()
 
         totals, grad_norm = self._forward_backward(micro_batches)
@@ -284,11 +285,6 @@ class Trainer:
             )
         return sequences, totals
 
-    def _pack(self, sequences: list[TrainingSequence]) -> list[MicroBatch]:
-        from services.trainer.pack import pack
-
-        return pack(sequences, self.config.micro_batch_tokens)
-
     def _forward_backward(self, micro_batches: list[MicroBatch]) -> tuple[LossOutput | None, float]:
         """Accumulate the step gradient over this rank's micro-batches; (merged loss metrics, grad norm)."""
         norm = LossNormalizer.of(micro_batches)
@@ -324,7 +320,12 @@ class Trainer:
             return None
         result = self.publisher.publish(weights, self.state.policy_version) if self.publisher else None
         if self.source is not None:
-            self.source.report_policy_version(self.state.policy_version)
+            try:
+                self.source.report_policy_version(self.state.policy_version)
+            except LodestarError as error:  # best effort: the next step reports a newer version anyway
+                _log.warning(
+                    "policy version not reported", policy_version=self.state.policy_version, error=error.message
+                )
         return result
 
     def _sync_inference(self) -> None:

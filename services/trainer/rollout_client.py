@@ -4,7 +4,8 @@
 groups one by one. Waiting for the next group has no deadline (sessions take minutes); a stream that
 breaks with UNAVAILABLE is reopened after `start_after + groups already yielded` with backoff, so no
 group is read twice or skipped. A stream that ends normally means the run has no more groups. `cancel()`
-(from any thread) ends a blocked read: the iterator stops.
+(from any thread) ends a blocked read: the iterator stops. A follower rollout instance answers UNAVAILABLE
+naming the leader (`lodestar-leader` trailing metadata): both calls move to the leader and carry on.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import grpc
 
 from lodestar.errors import UnavailableError
+from lodestar.grpc.client import leader_from_error
 from lodestar.logging import get_logger
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
 from services.trainer.rpc import RETRYABLE, details_of, domain_error, status_of, sync_channel
@@ -39,6 +41,18 @@ class RolloutClient:
         self._lock = threading.Lock()
         self._call: Any = None
         self._cancelled = threading.Event()
+
+    def _follow_leader(self, error: grpc.RpcError) -> bool:
+        """Move to the leader a follower named in `error`; False when it named none (or this one)."""
+        leader = leader_from_error(error) if isinstance(error, grpc.Call) else None
+        if leader is None or leader == self.target:
+            return False
+        _log.info("following the rollout leader", previous=self.target, leader=leader)
+        old, self.target = self._channel, leader
+        self._channel = sync_channel(leader)
+        self._stub = rollout_pb2_grpc.RolloutServiceStub(self._channel)
+        old.close()
+        return True
 
     def close(self) -> None:
         self.cancel()
@@ -72,6 +86,8 @@ class RolloutClient:
             except grpc.RpcError as error:
                 if self._cancelled.is_set() or status_of(error) == grpc.StatusCode.CANCELLED:
                     return
+                if self._follow_leader(error):
+                    continue
                 if status_of(error) not in RETRYABLE:
                     raise domain_error(error, f"StreamGroups from {self.target}") from error
                 now = time.monotonic()
@@ -89,13 +105,15 @@ class RolloutClient:
                     self._call = None
 
     def report_policy_version(self, version: int) -> None:
-        """Tell rollout which version inference serves now (one retry on UNAVAILABLE)."""
+        """Tell rollout which version inference serves now (retried on UNAVAILABLE, following the leader)."""
         request = rollout_pb2.ReportPolicyVersionRequest(policy_version=version)
-        for attempt in (1, 2):
+        for attempt in (1, 2, 3):
             try:
                 self._stub.ReportPolicyVersion(request, timeout=self._rpc_timeout_s)
                 return
             except grpc.RpcError as error:
-                if attempt == 2 or status_of(error) not in RETRYABLE:
+                if self._follow_leader(error):
+                    continue
+                if attempt == 3 or status_of(error) not in RETRYABLE:
                     raise domain_error(error, f"ReportPolicyVersion to {self.target}") from error
                 time.sleep(0.5)

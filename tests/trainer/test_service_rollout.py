@@ -7,7 +7,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import grpc.aio
+
 from lodestar.etcd import EtcdClient
+from lodestar.grpc.client import LEADER_METADATA_KEY
+from lodestar.grpc.server import GrpcServer, service_name
+from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
 from services.trainer.rollout_client import RolloutClient
 from services.trainer.settings import TrainerSettings
 from services.trainer.status import Phase
@@ -77,3 +82,44 @@ async def test_the_group_stream_reconnects_after_the_groups_it_already_read() ->
     finally:
         client.close()
         await asyncio.wait_for(reader, 10)
+
+
+class Follower(rollout_pb2_grpc.RolloutServiceServicer):
+    """A rollout instance that does not lead: every call is UNAVAILABLE naming the leader."""
+
+    def __init__(self, leader: str) -> None:
+        self.leader = leader
+
+    async def _redirect(self, context: grpc.aio.ServicerContext) -> None:
+        context.set_trailing_metadata(((LEADER_METADATA_KEY, self.leader),))
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "not the leader")
+
+    async def StreamGroups(self, request, context):  # type: ignore[no-untyped-def]
+        await self._redirect(context)
+        yield rollout_pb2.StreamGroupsResponse()
+
+    async def ReportPolicyVersion(self, request, context):  # type: ignore[no-untyped-def]
+        await self._redirect(context)
+
+
+async def test_a_follower_sends_the_trainer_to_the_leader() -> None:
+    leader = RolloutStandIn([make_group(0), make_group(1)])
+    leader_server, leader_address = await start_rollout_standin(leader)
+    follower_server = GrpcServer("rollout-follower", port=0, drain_seconds=0.5)
+    follower_server.add_service(
+        rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
+        Follower(leader_address),
+        service_name(rollout_pb2.DESCRIPTOR, "RolloutService"),
+    )
+    follower_port = await follower_server.start()
+    client = RolloutClient(f"127.0.0.1:{follower_port}", RUN)
+    try:
+        received = await asyncio.to_thread(lambda: [group.group_id for group in client.groups(0)])
+        assert received == ["g0", "g1"]
+        assert client.target == leader_address
+        await asyncio.to_thread(client.report_policy_version, 4)
+        assert leader.reported == [4]
+    finally:
+        client.close()
+        await follower_server.stop(0)
+        await leader_server.stop(0)
