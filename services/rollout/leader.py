@@ -57,8 +57,8 @@ class LeaderRole:
 
     async def _term(self, etcd: EtcdClient) -> None:
         election = Election(etcd, leader_key(self._settings.etcd_prefix))
-        follower = asyncio.create_task(self._follow(election))
         lease = await etcd.grant_lease(self._settings.leader_ttl_s)
+        follower = asyncio.create_task(self._follow(election))
         try:
             leadership = await election.campaign(lease, self.address)
             await self._lead(etcd, leadership.wait_lost())
