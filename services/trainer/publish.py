@@ -2,7 +2,8 @@
 
 The stream is a `WeightsHeader` (total bytes, the version to publish) and chunks of the payload.
 Inference validates the whole update before it swaps, and keeps serving the old version until the new
-one is complete, so a push that fails midway changes nothing there. Each attempt has a deadline;
+one is complete, so a push that fails midway changes nothing there. Each attempt has a deadline and waits
+for the channel within it (an inference server that is restarting is waited for, not failed on);
 UNAVAILABLE and DEADLINE_EXCEEDED are retried with backoff (after asking GetModelInfo whether the
 timed-out attempt landed after all). A refusal (INVALID_ARGUMENT: names, shapes, dtypes, or a version
 not newer than the served one) is not retried: it raises `WeightsRefusedError` with inference's reason.
@@ -57,7 +58,7 @@ def _requests(payload: bytes, version: int) -> Iterator[inference_pb2.UpdateWeig
 class WeightPublisher:
     """UpdateWeights client with deadline and retries (see the module docstring)."""
 
-    def __init__(self, target: str, *, timeout_s: float = 300.0, attempts: int = 3, backoff_s: float = 1.0) -> None:
+    def __init__(self, target: str, *, timeout_s: float = 300.0, attempts: int = 3, backoff_s: float = 2.0) -> None:
         self.target = target
         self._timeout_s = timeout_s
         self._attempts = max(1, attempts)
@@ -83,7 +84,9 @@ class WeightPublisher:
         last = ""
         for attempt in range(1, self._attempts + 1):
             try:
-                reply = self._stub.UpdateWeights(_requests(payload, version), timeout=self._timeout_s)
+                reply = self._stub.UpdateWeights(
+                    _requests(payload, version), timeout=self._timeout_s, wait_for_ready=True
+                )
             except grpc.RpcError as error:
                 code = status_of(error)
                 if code == grpc.StatusCode.INVALID_ARGUMENT:
