@@ -105,16 +105,18 @@ class Launcher:
             proc = await self._spawn(invocation, invocation.argv, (), None)
         readers = [asyncio.create_task(self._read(proc.stdout)), asyncio.create_task(self._read(proc.stderr))]
         timed_out = False
+        setup_error: OSError | None = None
         try:
             if channel is not None:
                 try:
                     listeners = await receive_setup(channel, timeout_s=min(30.0, timeout_s))
                 except OSError as exc:
-                    raise FailedPreconditionError(f"{invocation.harness}: {exc}") from exc
-                if isolated:
+                    setup_error = exc
+                if isolated and setup_error is None:
                     relay = GatewayRelay(listeners, host, port)
                     await relay.start()
-            timed_out = not await _exited(proc, deadline=started + timeout_s)
+            if setup_error is None:
+                timed_out = not await _exited(proc, deadline=started + timeout_s)
         finally:
             await _kill_group(proc)
             if channel is not None:
@@ -125,6 +127,9 @@ class Launcher:
             for task in pending:
                 task.cancel()
         out, err = (task.result() if task in done and not task.cancelled() else b"" for task in readers)
+        if setup_error is not None:
+            detail = err.decode("utf-8", errors="replace").strip()[-500:]
+            raise FailedPreconditionError(f"{invocation.harness}: {setup_error}" + (f" ({detail})" if detail else ""))
         result = HarnessResult(
             harness=invocation.harness,
             returncode=proc.returncode if proc.returncode is not None else -signal.SIGKILL,

@@ -112,7 +112,7 @@ def wrap(
         flags.append("--net")
     if binds:
         flags.append("--mount")
-    child = [sys.executable, "-I", str(CHILD_SCRIPT), str(channel_fd)]
+    child = [sys.executable, "-I", str(CHILD_SCRIPT), str(channel_fd), "--parent", str(os.getpid())]
     for source, target in binds or []:
         child += ["--bind", f"{source}:{target}"]
     if chdir is not None:

@@ -7,6 +7,10 @@ program in its own place (same pid, same process group) it sets up what it was a
   if missing). This is how every session sees the same absolute HOME/TMPDIR/workspace paths: its private
   directories are mounted onto fixed paths that only this process tree sees (`unshare --mount` makes the
   new namespace's mounts private, so nothing propagates back to the host).
+- `--parent PID`: die (SIGKILL) when the process that started this one dies, even by SIGKILL, so a harness
+  never outlives its node (PR_SET_PDEATHSIG, kept across exec; set here rather than in a preexec_fn,
+  which would fork the node's multi-threaded gRPC process without exec'ing at once). Exit at once when
+  the parent is already gone (no longer PID).
 - `--chdir DIR`: change into DIR after the mounts (the launcher cannot start the process in a directory
   that exists only inside the namespace).
 - `--listen HOSTS PORT` (needs a network namespace): bring `lo` up and bind a listening TCP socket on each
@@ -16,7 +20,7 @@ program in its own place (same pid, same process group) it sets up what it was a
 The result goes back to the launcher over the inherited Unix socket FD: b"ok" (with the listening
 sockets attached, SCM_RIGHTS) or b"error: ...".
 
-Usage: netns_child.py FD [--bind SRC:DST]... [--chdir DIR] [--listen HOSTS PORT] -- ARGV...
+Usage: netns_child.py FD [--parent PID] [--bind SRC:DST]... [--chdir DIR] [--listen HOSTS PORT] -- ARGV...
 (HOSTS: comma-separated IP addresses). Exit status 125 when set-up fails (after telling the launcher why).
 """
 
@@ -27,6 +31,7 @@ import ctypes.util
 import fcntl
 import ipaddress
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -37,6 +42,7 @@ SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
 MS_BIND = 4096
 MS_REC = 16384
+PR_SET_PDEATHSIG = 1
 
 
 def loopback_up() -> None:
@@ -70,9 +76,21 @@ def bind_mount(source: str, target: str) -> None:
         raise OSError(errno, f"bind mount {source} -> {target}: {os.strerror(errno)}")
 
 
-def parse(args: list[str]) -> tuple[int, list[tuple[str, str]], str | None, tuple[str, int] | None, list[str]]:
-    """(fd, binds, chdir, (hosts, port) or None, argv); ValueError on a malformed command line."""
+def die_with_parent(parent: int) -> None:
+    """SIGKILL this process when its parent dies; exit now if the parent already did."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(125)
+
+
+Parsed = tuple[int, int | None, list[tuple[str, str]], str | None, tuple[str, int] | None, list[str]]
+
+
+def parse(args: list[str]) -> Parsed:
+    """(fd, parent, binds, chdir, (hosts, port) or None, argv); ValueError on a malformed command line."""
     fd, rest = int(args[0]), args[1:]
+    parent: int | None = None
     binds: list[tuple[str, str]] = []
     chdir: str | None = None
     listen: tuple[str, int] | None = None
@@ -83,6 +101,8 @@ def parse(args: list[str]) -> tuple[int, list[tuple[str, str]], str | None, tupl
             if not source or not target:
                 raise ValueError("--bind needs SRC:DST")
             binds.append((source, target))
+        elif option == "--parent":
+            parent = int(rest.pop(0))
         elif option == "--chdir":
             chdir = rest.pop(0)
         elif option == "--listen":
@@ -91,15 +111,17 @@ def parse(args: list[str]) -> tuple[int, list[tuple[str, str]], str | None, tupl
             raise ValueError(f"unknown option {option}")
     if not rest or len(rest) < 2:
         raise ValueError("missing -- ARGV")
-    return fd, binds, chdir, listen, rest[1:]
+    return fd, parent, binds, chdir, listen, rest[1:]
 
 
 def main(args: list[str]) -> int:
     try:
-        fd, binds, chdir, listen, argv = parse(args)
+        fd, parent, binds, chdir, listen, argv = parse(args)
     except (ValueError, IndexError) as exc:
         print(f"netns_child.py: {exc}", file=sys.stderr)
         return 2
+    if parent is not None:
+        die_with_parent(parent)
     channel = socket.socket(fileno=fd)
     listeners: list[socket.socket] = []
     try:

@@ -1,0 +1,217 @@
+"""End to end on the real stack (processes): scripted inference, the rollout service, two gateway nodes
+pulling sessions, the example agent (official openai SDK, a `shell` tool round trip) as the harness.
+
+One stack for the module; each test creates its own run through the `lodestar run` CLI.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from lodestar.v1 import rollout_pb2
+from tests.e2e.node_stack import AGENT, NodeStack
+
+pytestmark = pytest.mark.slow
+HANG_AGENT = ["{python}", "{repo}/tests/gateway/node/hang_agent.py", "{prompt}"]
+SCRIPT = {
+    "replies": [
+        {"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 1; echo hi > out.txt"}}]},
+        {"text": "done"},
+    ]
+}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, etcd_endpoint: str) -> Iterator[NodeStack]:
+    prefix = f"/e2e/{uuid.uuid4().hex}/"
+    with NodeStack.start(tmp_path_factory.mktemp("node-e2e"), etcd_endpoint, prefix, script=SCRIPT) as started:
+        yield started
+
+
+def _spec(name: str, tasks: list[dict[str, Any]], group_size: int, **fields: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": name,
+        "tasks": tasks,
+        "groupSize": group_size,
+        "harness": {"kind": "command", "command": AGENT, "model": "lodestar-tiny"},
+        "verifier": {"kind": "exact_match"},
+        "earlyStopFraction": 1.0,
+        "maxAttempts": 3,
+        "sessionTimeout": "120s",
+        "agentTimeout": "60s",
+    }
+    spec.update(fields)
+    return spec
+
+
+def test_example_agent_run_three_tasks_by_four(stack: NodeStack):
+    tasks = [
+        {"taskId": f"t{i}", "prompt": f"Write hi into out.txt ({i}), then say done.", "metadata": {"answer": answer}}
+        for i, answer in enumerate(["done", "done", "something else"])
+    ]
+    run_id = stack.create_run(_spec("example-agent", tasks, 4))
+
+    run = stack.wait_run(run_id)
+
+    assert run.state == rollout_pb2.RUN_STATE_COMPLETED, run
+    assert (run.sessions_total, run.sessions_succeeded, run.sessions_failed) == (12, 12, 0)
+    assert run.groups_complete == 3
+    assert run.reward_mean == pytest.approx(2 / 3)
+    groups = stack.groups(run_id)
+    assert sorted(group.task_id for group in groups) == ["t0", "t1", "t2"]
+    nodes = set()
+    for group in groups:
+        assert len(group.sessions) == 4
+        expected = 0.0 if group.task_id == "t2" else 1.0
+        first_prompts = set()
+        for session in group.sessions:
+            nodes.add(session.node_id)
+            assert session.outcome == rollout_pb2.SESSION_OUTCOME_SCORED
+            assert session.reward == expected
+            assert session.final_answer == "done"
+            assert len(session.calls) == 2
+            for call in session.calls:
+                assert len(call.prompt_token_ids) > 0
+                assert len(call.completion_token_ids) > 0
+                assert len(call.completion_logprobs) == len(call.completion_token_ids)
+            assert session.calls[0].completion.tool_calls[0].name == "shell"
+            assert session.verifier_details["runtime"]["fixed_paths"] is True
+            first_prompts.add(tuple(session.calls[0].prompt_token_ids))
+        assert len(first_prompts) == 1, "every sample of a task starts from the same prompt tokens"
+    assert nodes == {"node-0", "node-1"}
+    status = stack.status(run_id)
+    assert status["sessionsSucceeded"] == 12
+    assert status["groupsComplete"] == 3
+    assert status["state"] == "RUN_STATE_COMPLETED"
+    assert set(status["stageSecondsMean"]) >= {"init", "run", "post"}
+
+
+def test_sigkill_of_a_node_requeues_its_sessions_counted_once(stack: NodeStack):
+    slow = {"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 4; echo hi > out.txt"}}]}
+    stack.set_script({"replies": [slow, {"text": "done"}]})
+    tasks = [{"taskId": f"k{i}", "prompt": "Write hi into out.txt.", "metadata": {"answer": "done"}} for i in range(2)]
+    run_id = stack.create_run(_spec("sigkill", tasks, 4), name="sigkill.yaml")
+    victim = stack.nodes[0]
+    deadline = time.monotonic() + 30
+    while stack.node_status(victim).stage_counts["RUN"] < 2:
+        assert time.monotonic() < deadline, "node-0 never ran two sessions"
+        time.sleep(0.1)
+    held = stack.store_rows(
+        "SELECT session_id, attempt FROM sessions WHERE run_id = ? AND node_id = 'node-0' AND counted = 0", run_id
+    )
+    assert held
+
+    victim.stop(signal.SIGKILL)
+    killed_at = time.monotonic()
+    requeued_within = None
+    while time.monotonic() - killed_at < 15:
+        now = {sid: (status, attempt) for sid, status, attempt in stack.store_rows(
+            "SELECT session_id, status, attempt FROM sessions WHERE run_id = ?", run_id)}  # fmt: skip
+        if all(now[sid][0] == "pending" or now[sid][1] > attempt for sid, attempt in held):
+            requeued_within = time.monotonic() - killed_at
+            break
+        time.sleep(0.2)
+    assert requeued_within is not None, "the dead node's sessions were not requeued"
+    assert requeued_within < 3 + 3, f"requeued {requeued_within:.1f} s after the kill (lease TTL 3 s)"
+    stack.nodes[0] = stack.restart_node(0)
+
+    run = stack.wait_run(run_id)
+
+    assert run.state == rollout_pb2.RUN_STATE_COMPLETED
+    assert (run.sessions_succeeded, run.sessions_total) == (8, 8)
+    counted = stack.store_rows(
+        "SELECT r.session_id, SUM(r.counted) FROM results r JOIN sessions s ON s.session_id = r.session_id "
+        "WHERE s.run_id = ? GROUP BY r.session_id",
+        run_id,
+    )
+    assert len(counted) == 8
+    assert all(total == 1 for _, total in counted), counted
+    # A late result from the dead node's attempt is refused (fencing).
+    session_id, attempt = held[0]
+    late = rollout_pb2.SessionResult(
+        session_id=session_id, attempt=attempt, node_id="node-0", outcome=rollout_pb2.SESSION_OUTCOME_SCORED, reward=1
+    )
+    with pytest.raises(grpc.RpcError) as refused:
+        stack.stub().CompleteSession(rollout_pb2.CompleteSessionRequest(result=late), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    for index in range(2):
+        assert list((stack.root / f"node-{index}" / "sessions").iterdir()) == []
+
+
+def test_hanging_harness_is_timed_out_killed_and_cleaned_up(stack: NodeStack, tmp_path: Path):
+    stack.set_script(SCRIPT)
+    pidfile = tmp_path / "pids"
+    harness = {"kind": "command", "command": HANG_AGENT, "env": {"PIDFILE": str(pidfile)}}
+    verifier = {"kind": "command", "config": {"command": "echo '{\"reward\": 0.5}'"}}
+    tasks = [{"taskId": "hang", "prompt": "hang"}]
+    run_id = stack.create_run(
+        _spec("hang", tasks, 2, harness=harness, verifier=verifier, agentTimeout="3s"), name="hang.yaml"
+    )
+    run = stack.wait_run(run_id, timeout=60)
+    assert run.state == rollout_pb2.RUN_STATE_COMPLETED
+    assert (run.sessions_succeeded, run.sessions_timed_out) == (2, 2)
+    (group,) = stack.groups(run_id)
+    for session in group.sessions:
+        assert session.outcome == rollout_pb2.SESSION_OUTCOME_TIMED_OUT
+        assert session.reward == 0.5
+        assert len(session.calls) == 1
+    pids = [int(pid) for pid in pidfile.read_text().split()]
+    assert len(pids) == 4
+    assert _all_dead(pids), "every harness process and its background child are killed"
+    for index in range(2):
+        assert list((stack.root / f"node-{index}" / "sessions").iterdir()) == []
+
+
+def test_crashing_verifier_is_an_infra_failure_and_retried(stack: NodeStack, tmp_path: Path):
+    stack.set_script(SCRIPT)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    crash_once = (
+        f"m={marks}/$LODESTAR_TASK_ID; if [ -e $m ]; then echo '{{\"reward\": 1}}'; else touch $m; kill -9 $$; fi"
+    )
+    tasks = [{"taskId": f"v{i}", "prompt": "Write hi into out.txt."} for i in range(2)]
+    verifier = {"kind": "command", "config": {"command": crash_once}}
+    run_id = stack.create_run(_spec("verifier-crash", tasks, 1, verifier=verifier), name="crash.yaml")
+    run = stack.wait_run(run_id)
+    assert run.state == rollout_pb2.RUN_STATE_COMPLETED
+    attempts = stack.store_rows(
+        "SELECT a.session_id, a.attempt, a.node_id, a.outcome, a.error FROM attempts a "
+        "JOIN sessions s ON s.session_id = a.session_id WHERE s.run_id = ?",
+        run_id,
+    )
+    assert (run.sessions_succeeded, run.infra_failures) == (2, 2), attempts
+    for group in stack.groups(run_id):
+        (session,) = group.sessions
+        assert session.reward == 1.0
+        assert session.attempt == 2
+    failed = stack.store_rows(
+        "SELECT a.error FROM attempts a JOIN sessions s ON s.session_id = a.session_id WHERE s.run_id = ? "
+        "AND a.attempt = 1",
+        run_id,
+    )
+    assert len(failed) == 2
+    assert all("verifier" in error and "signal 9" in error for (error,) in failed), failed
+
+
+def _all_dead(pids: list[int], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(Path(f"/proc/{pid}").exists() and "State:\tZ" not in _status(pid) for pid in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _status(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return ""
