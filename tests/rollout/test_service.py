@@ -50,3 +50,18 @@ async def test_unknown_run_is_not_found(rollout: Rollout) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await rollout.get_run("run-nope")
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_unknown_run_in_every_run_rpc_is_not_found(rollout: Rollout) -> None:
+    calls = [
+        rollout.stub.CancelRun(rollout_pb2.CancelRunRequest(run_id="run-nope")),
+        rollout.groups("run-nope"),
+    ]
+    for call in calls:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    result = rollout_pb2.SessionResult(session_id="nope", attempt=1, node_id="a", outcome=1)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await rollout.stub.CompleteSession(rollout_pb2.CompleteSessionRequest(result=result))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
