@@ -125,11 +125,13 @@ class Trainer:
     metrics: MetricsWriter | None = None
     reference: Any = None
     model_files: list[Path] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _save_on_stop: bool = False
-    _step_lock: threading.Lock = field(default_factory=threading.Lock)
-    _saved_step: int = -1
-    _counters: dict[str, float] = field(default_factory=lambda: {"groups_no_signal": 0.0, "sessions_dropped": 0.0})
+    _stop: threading.Event = field(default_factory=threading.Event, init=False)
+    _save_on_stop: bool = field(default=False, init=False)
+    _step_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _saved_step: int = field(default=-1, init=False)
+    _counters: dict[str, float] = field(
+        default_factory=lambda: {"groups_no_signal": 0.0, "sessions_dropped": 0.0}, init=False
+    )
 
     # -- the loop --------------------------------------------------------------------------------------
 
