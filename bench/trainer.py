@@ -60,7 +60,7 @@ class Case:
 
 
 CASES = {
-    "tiny": Case("tiny", scale=1 / 8, group_size=8, groups=1, token_budget=16_384, per_request_sample=None),
+    "tiny": Case("tiny", scale=1 / 16, group_size=8, groups=1, token_budget=16_384, per_request_sample=4),
     "100m": Case("100m", scale=1 / 32, group_size=2, groups=1, token_budget=2_048, per_request_sample=3),
 }
 
@@ -134,15 +134,17 @@ def measure(model, optimizer, case: Case, kind: BuilderKind, groups, repeats: in
         timed = random.Random(0).sample(batches, case.per_request_sample)
         factor = len(batches) / len(timed)
     before = reset_peak()
-    times = []
+    times, cpu_times = [], []
     for _ in range(repeats):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         run_batches(model, timed, norm, config)
         forward_backward = (time.perf_counter() - started) * factor
-        started = time.perf_counter()
+        forward_backward_cpu = (time.process_time() - cpu_started) * factor
+        started, cpu_started = time.perf_counter(), time.process_time()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         times.append(forward_backward + time.perf_counter() - started)
+        cpu_times.append(forward_backward_cpu + time.process_time() - cpu_started)
     calls = sum(result.stats.calls for result in results)
     call_tokens = sum(result.stats.call_tokens for result in results)
     tokens = sum(result.stats.sequence_tokens for result in results)
@@ -156,6 +158,7 @@ def measure(model, optimizer, case: Case, kind: BuilderKind, groups, repeats: in
         "token_ratio": call_tokens / tokens,
         "build_s": build_s,
         "step_s": statistics.median(times),
+        "step_cpu_s": statistics.median(cpu_times),
         "peak_rss_mb": rss_mb("VmHWM"),
         "rss_before_mb": before,
         "merges": sum(result.stats.merges for result in results),
@@ -183,9 +186,10 @@ def bench_case(case: Case, repeats: int, workdir: Path) -> list[dict[str, float 
         figures = measure(model, optimizer, case, kind, groups, repeats)
         rows.append({"model": case.name, "params_m": params / 1e6, "builder": kind.value, **figures})
         print(rows[-1], flush=True)
-    base = float(rows[0]["step_s"])
+    base, base_cpu = float(rows[0]["step_s"]), float(rows[0]["step_cpu_s"])
     for row in rows:
         row["speedup"] = base / float(row["step_s"])
+        row["cpu_speedup"] = base_cpu / float(row["step_cpu_s"])
         row["of_bound"] = float(row["speedup"]) / float(row["token_ratio"])
     return rows
 
@@ -224,9 +228,9 @@ def bench_vocab_memory(tokens: int, targets: int) -> dict[str, float]:
 
 def table(rows: list[dict[str, float | str]], cases: dict[str, Case]) -> str:
     lines = [
-        "| model | builder | calls -> sequences | tokens processed | token ratio | step (s) | speedup | "
-        "speedup / bound | build (s) | peak RSS (MB) | step RSS growth (MB) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | builder | calls -> sequences | tokens processed | token ratio | step wall (s) | speedup | "
+        "speedup / bound | step CPU (s) | CPU speedup | build (s) | peak RSS (MB) | step RSS growth (MB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         case = cases[str(row["model"])]
@@ -238,7 +242,8 @@ def table(rows: list[dict[str, float | str]], cases: dict[str, Case]) -> str:
             f"{case.groups}x{case.group_size}) "
             f"| {row['builder']} | {row['calls']} -> {row['sequences']} | {int(row['tokens']):,} | "
             f"{float(row['token_ratio']):.2f}x | {float(row['step_s']):.2f}{timed} | {float(row['speedup']):.2f}x | "
-            f"{float(row['of_bound']):.2f} | {float(row['build_s']):.2f} | {float(row['peak_rss_mb']):.0f} | "
+            f"{float(row['of_bound']):.2f} | {float(row['step_cpu_s']):.2f} | {float(row['cpu_speedup']):.2f}x | "
+            f"{float(row['build_s']):.2f} | {float(row['peak_rss_mb']):.0f} | "
             f"{float(row['peak_rss_mb']) - float(row['rss_before_mb']):.0f} |"
         )
     return "\n".join(lines)
@@ -271,13 +276,17 @@ def main() -> None:
 
 
 def write_docs(text: str, vocab: dict[str, float] | None, repeats: int) -> None:
+    import os
+
     from bench.docs_section import replace_section
 
     when = time.strftime("%Y-%m-%d")
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     section = (
         f"{SECTION}\n\n`bench/trainer.py`, {when}, {platform.machine()}, {torch.get_num_threads()} torch threads, "
         f"fp32 CPU, torch {torch.__version__}; step = forward/backward over all micro-batches + AdamW "
-        f"(the builder's own time is the build column), median of {repeats}.\n\n{text}\n"
+        f"(the builder's own time is the build column), median of {repeats}; load average at the end {load} "
+        f"(other work shared the 2 cores).\n\n{text}\n"
     )
     if vocab:
         section += (

@@ -104,15 +104,9 @@ def _block(
     return slice(q_start, q_end), k_block, v_block, mask
 
 
-def _probabilities(
-    qb: torch.Tensor, kb: torch.Tensor, mask: torch.Tensor, scale: float, lse: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax probabilities [B, Hkv, G, Bq, K] of grouped queries qb [B, Hkv, G, Bq, D] over kb [B, Hkv, K, D],
-    and their logsumexp [B, Hkv, G, Bq] (given, in the backward pass)."""
-    scores = (qb @ kb.unsqueeze(2).transpose(-1, -2)).mul_(scale).masked_fill_(~mask, float("-inf"))
-    if lse is None:
-        lse = torch.logsumexp(scores, -1)
-    return scores.sub_(lse[..., None]).exp_(), lse
+def _scores(qb: torch.Tensor, kb: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Masked scores [B, Hkv, G, Bq, K] of grouped queries qb [B, Hkv, G, Bq, D] over keys kb [B, Hkv, K, D]."""
+    return ((qb * scale) @ kb.unsqueeze(2).transpose(-1, -2)).masked_fill_(~mask, float("-inf"))
 
 
 class _TreeAttention(torch.autograd.Function):
@@ -131,8 +125,12 @@ class _TreeAttention(torch.autograd.Function):
         lse = torch.empty(qg.shape[:-1], dtype=q.dtype, device=q.device)
         for index in range(len(layout.keys)):
             span, kb, vb, mask = _block(layout, index, k, v)
-            probabilities, lse[..., span] = _probabilities(qg[..., span, :], kb, mask, scale, None)
-            out[..., span, :] = probabilities @ vb.unsqueeze(2)
+            scores = _scores(qg[..., span, :], kb, mask, scale)
+            peak = scores.amax(-1, keepdim=True)
+            weights = scores.sub_(peak).exp_()
+            total = weights.sum(-1, keepdim=True)
+            out[..., span, :] = (weights @ vb.unsqueeze(2)).div_(total)
+            lse[..., span] = (peak + total.log()).squeeze(-1)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.layout, ctx.scale = layout, scale
         return out.view(q.shape)
@@ -146,12 +144,12 @@ class _TreeAttention(torch.autograd.Function):
         for index, key in enumerate(layout.keys):
             span, kb, vb, mask = _block(layout, index, k, v)
             qb, gb = qg[..., span, :], grad[..., span, :]
-            probabilities, _ = _probabilities(qb, kb, mask, ctx.scale, lse[..., span])
+            probabilities = _scores(qb, kb, mask, ctx.scale).sub_(lse[..., span, None]).exp_()
             gv = (probabilities.transpose(-1, -2) @ gb).sum(2)
             d_scores = (gb @ vb.unsqueeze(2).transpose(-1, -2)).sub_((gb * out[..., span, :]).sum(-1, keepdim=True))
-            d_scores.mul_(probabilities).mul_(ctx.scale)
-            dq[..., span, :] = d_scores @ kb.unsqueeze(2)
-            gk = (d_scores.transpose(-1, -2) @ qb).sum(2)
+            d_scores.mul_(probabilities)
+            dq[..., span, :] = (d_scores @ kb.unsqueeze(2)).mul_(ctx.scale)
+            gk = (d_scores.transpose(-1, -2) @ qb).sum(2).mul_(ctx.scale)
             if isinstance(key, slice):
                 dk[:, :, key] += gk
                 dv[:, :, key] += gv
