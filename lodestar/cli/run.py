@@ -75,12 +75,20 @@ def render(run: rollout_pb2.Run) -> Group:
         )
     )
     summary = Table(show_header=True, show_edge=False)
-    for column in ("groups complete", "groups delivered", "reward mean", "policy", *(f"{s} s" for s in _STAGES)):
+    for column in (
+        "groups complete",
+        "groups delivered",
+        "groups dropped",
+        "reward mean",
+        "policy",
+        *(f"{s} s" for s in _STAGES),
+    ):
         summary.add_column(column, justify="right")
     stage_means = [f"{run.stage_seconds_mean[s]:.2f}" if s in run.stage_seconds_mean else "-" for s in _STAGES]
     summary.add_row(
         f"{run.groups_complete}/{len(run.spec.tasks)}",
         str(run.groups_delivered),
+        str(run.groups_dropped),
         f"{run.reward_mean:.3f}",
         str(run.policy_version),
         *stage_means,

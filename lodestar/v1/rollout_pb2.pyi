@@ -356,6 +356,7 @@ class Run(_message.Message):
     REWARD_MEAN_FIELD_NUMBER: _builtins.int
     STAGE_SECONDS_MEAN_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    GROUPS_DROPPED_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     state: Global___RunState.ValueType
     sessions_total: _builtins.int
@@ -376,6 +377,8 @@ class Run(_message.Message):
     """Mean reward over scored sessions (0 when none)."""
     policy_version: _builtins.int
     """Latest policy version reported by the trainer."""
+    groups_dropped: _builtins.int
+    """Complete groups dropped instead of delivered because they were staler than max_staleness."""
     @_builtins.property
     def spec(self) -> Global___RunSpec: ...
     @_builtins.property
@@ -405,10 +408,11 @@ class Run(_message.Message):
         reward_mean: _builtins.float = ...,
         stage_seconds_mean: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         policy_version: _builtins.int = ...,
+        groups_dropped: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "groups_complete", b"groups_complete", "groups_delivered", b"groups_delivered", "infra_failures", b"infra_failures", "policy_version", b"policy_version", "reward_mean", b"reward_mean", "run_id", b"run_id", "sessions_cancelled", b"sessions_cancelled", "sessions_failed", b"sessions_failed", "sessions_pending", b"sessions_pending", "sessions_ready", b"sessions_ready", "sessions_running", b"sessions_running", "sessions_succeeded", b"sessions_succeeded", "sessions_timed_out", b"sessions_timed_out", "sessions_total", b"sessions_total", "spec", b"spec", "stage_seconds_mean", b"stage_seconds_mean", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "groups_complete", b"groups_complete", "groups_delivered", b"groups_delivered", "groups_dropped", b"groups_dropped", "infra_failures", b"infra_failures", "policy_version", b"policy_version", "reward_mean", b"reward_mean", "run_id", b"run_id", "sessions_cancelled", b"sessions_cancelled", "sessions_failed", b"sessions_failed", "sessions_pending", b"sessions_pending", "sessions_ready", b"sessions_ready", "sessions_running", b"sessions_running", "sessions_succeeded", b"sessions_succeeded", "sessions_timed_out", b"sessions_timed_out", "sessions_total", b"sessions_total", "spec", b"spec", "stage_seconds_mean", b"stage_seconds_mean", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -46,6 +46,7 @@ def run_view(run: Run, sessions: Iterable[Session], policy_version: int) -> roll
     view.reward_mean = reward_sum / scored if scored else 0.0
     view.groups_complete = run.groups_completed
     view.groups_delivered = run.groups_delivered
+    view.groups_dropped = run.groups_dropped
     view.infra_failures = run.infra_failures
     for name, total_s in run.stage_sums.items():
         view.stage_seconds_mean[name] = total_s / max(run.stage_counts.get(name, 1), 1)
