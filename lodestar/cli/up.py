@@ -1,7 +1,9 @@
 """`lodestar up`: a local etcd and all four services as supervised processes on loopback.
 
-Starts etcd (the `etcd` binary from Debian's `etcd-server`), then inference, rollout, gateway and
-trainer, each as `python -m lodestar.cli.main <service> serve` on a free port, waits until every gRPC
+Starts etcd (the `etcd` binary from Debian's `etcd-server`), then inference, rollout (store under the data
+directory), gateway (a node attached to rollout: it pulls and runs the sessions of runs created with
+`lodestar run create SPEC --rollout ADDRESS`) and trainer, each as `python -m lodestar.cli.main <service>
+serve` on a free port, waits until every gRPC
 health check answers SERVING, prints the addresses, and supervises: a service that exits is restarted
 (at most `--max-restarts` times). Ctrl-C / SIGTERM stops everything (services drain first, etcd last).
 With `--check` it exits 0 right after the self-check instead of serving.
@@ -37,7 +39,7 @@ def _service_specs(args: argparse.Namespace, data_dir: Path, etcd_url: str) -> l
         ServiceSpec(
             "rollout",
             ports["rollout"],
-            ["--etcd", etcd_url, "--database", str(data_dir / "rollout.sqlite")],
+            ["--etcd", etcd_url, "--store", str(data_dir / "rollout.sqlite")],
         ),
         ServiceSpec(
             "gateway",
@@ -53,6 +55,10 @@ def _service_specs(args: argparse.Namespace, data_dir: Path, etcd_url: str) -> l
                 etcd_url,
                 "--data-dir",
                 str(data_dir / "gateway"),
+                "--slots",
+                str(args.slots),
+                "--ready-buffer",
+                str(args.ready_buffer),
             ],
             http_port=http_port,
         ),
@@ -161,6 +167,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=0,
         help="gateway vendor-API port (default 8080, or a free port when 8080 is taken)",
     )
+    parser.add_argument("--slots", type=int, default=4, help="sessions the gateway node runs at once")
+    parser.add_argument("--ready-buffer", type=int, default=2, help="prepared sessions waiting for a run slot")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each start")
     parser.add_argument("--max-restarts", type=int, default=3, help="restarts per crashed service")
     parser.add_argument("--check", action="store_true", help="exit after the self-check passes")

@@ -9,11 +9,14 @@ endpoint in every vendor SDK's own variables, the session key as their API key:
     OPENAI_BASE_URL (ends in /v1), OPENAI_API_KEY, ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY,
     GOOGLE_GEMINI_BASE_URL, GEMINI_API_KEY, LODESTAR_SESSION_ID, LODESTAR_TASK_ID,
 
-plus LODESTAR_GATEWAY_URL, LODESTAR_SESSION_KEY, LODESTAR_MODEL, LODESTAR_PROMPT, HOME and TMPDIR.
+plus LODESTAR_GATEWAY_URL, LODESTAR_SESSION_KEY, LODESTAR_MODEL, LODESTAR_PROMPT, HOME and TMPDIR. The
+bin directory of the node's Python environment comes first on PATH, so `python` is the node's interpreter
+(with the `openai` SDK where the node has it).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -50,7 +53,8 @@ class Command(Harness):
     @property
     def binary(self) -> Path:
         program = self.binary_name
-        found = shutil.which(program) if "/" not in program else program
+        search = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"  # as the harness's own PATH
+        found = shutil.which(program, path=search) if "/" not in program else program
         return Path(found) if found else Path(program)
 
     def require_installed(self) -> Path:
@@ -89,6 +93,7 @@ class Command(Harness):
                 **self.extra_env,
             },
         )
+        env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
         return Invocation(self.name, argv, env, dirs.workdir)
 
 
