@@ -82,18 +82,25 @@ class Parallel:
         if self.distributed and dist.is_initialized():
             dist.destroy_process_group()
 
-    def wrap(self, model: Any) -> Any:
-        """The model as trained: unchanged alone or under DDP, its base FSDP2-sharded under torchrun."""
-        if not self.distributed or self.mode == "ddp":
+    @property
+    def shards(self) -> bool:
+        """Whether `wrap` shards the model (FSDP2 under torchrun)."""
+        return self.distributed and self.mode == "fsdp2"
+
+    def wrap(self, model: Any, compute_dtype: torch.dtype = torch.float32) -> Any:
+        """The model as trained: unchanged alone or under DDP, its base FSDP2-sharded under torchrun (with
+        parameters gathered in `compute_dtype` and gradients reduced in fp32 when that is lower)."""
+        if not self.shards:
             return model
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         if tied_names(model):
             raise InvalidArgumentError("FSDP2 cannot shard a model with tied embeddings here; use --parallel ddp")
+        policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
         base = model.model
         for layer in base.layers:
-            fully_shard(layer)
-        fully_shard(base)
+            fully_shard(layer, mp_policy=policy)
+        fully_shard(base, mp_policy=policy)
         return model
 
     def broadcast(self, value: T | None) -> T | None:
@@ -135,7 +142,7 @@ class Parallel:
 
     def set_grad_sync(self, model: Any, enabled: bool) -> None:
         """Let FSDP2 reduce gradients in the next backward only when `enabled` (the last of a step)."""
-        if self.distributed and self.mode == "fsdp2":
+        if self.shards:
             model.model.set_requires_gradient_sync(enabled)
 
     def reduce_replicated_grads(self, model: Any) -> None:

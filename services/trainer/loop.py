@@ -57,6 +57,7 @@ from services.trainer.groups import BadGroupError, GroupSamples, group_samples
 from services.trainer.loss import LossConfig, LossNormalizer, LossOutput, policy_loss
 from services.trainer.metrics import MetricsWriter, StepRecord
 from services.trainer.pack import pack
+from services.trainer.precision import ComputeCopy
 from services.trainer.publish import PublishResult
 from services.trainer.status import Phase, StatusBoard
 from services.trainer.stepstats import loss_over_ranks, step_values
@@ -124,6 +125,8 @@ class Trainer:
     publisher: Publisher | None = None
     metrics: MetricsWriter | None = None
     reference: Any = None
+    compute: ComputeCopy | None = None
+    """bf16 compute copy of `model` (the fp32 master) in one process / DDP mode (precision.py)."""
     model_files: list[Path] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
     _save_on_stop: bool = field(default=False, init=False)
@@ -186,6 +189,8 @@ class Trainer:
 
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.compute is not None:
+            self.compute.weights_from_master()
         version_before = self.state.policy_version
         self._advance(steps=1, version=1, read=plan.read)
         optimized = time.perf_counter()
@@ -293,15 +298,18 @@ class Trainer:
         mine = self.parallel.shard(micro_batches)
         totals: LossOutput | None = None
         self.optimizer.zero_grad(set_to_none=True)
+        net = self.compute.model if self.compute is not None else self.model
         for index, (batch, weight) in enumerate(mine):
-            self.parallel.set_grad_sync(self.model, index == len(mine) - 1)
-            new = target_logprobs(self.model, batch)
+            self.parallel.set_grad_sync(net, index == len(mine) - 1)
+            new = target_logprobs(net, batch)
             old = new.detach() if self.config.behaviour_correction == "tis" else None
             ref = self._reference_logprobs(batch)
             output = policy_loss(new, batch, self.config.loss, norm, old_logprobs=old, ref_logprobs=ref)
             torch.autograd.backward(output.loss * (weight * self.parallel.world))
             if weight:
                 totals = output if totals is None else totals.merge(output)
+        if self.compute is not None:
+            self.compute.grads_to_master()
         self.parallel.reduce_replicated_grads(self.model)
         totals = loss_over_ranks(self.parallel, totals)
         return totals, self.parallel.clip_grad_norm(self.model, self.config.max_grad_norm)

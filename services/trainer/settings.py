@@ -67,7 +67,8 @@ class TrainerSettings(ServiceSettings):
     device: str = "cpu"
     """torch device: cpu, cuda, cuda:1."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Parameter dtype (the loss and the log-softmax are always computed in fp32)."""
+    """Compute dtype of forward/backward. The trained weights, optimizer state, checkpoints and pushed weights
+    stay fp32 (master weights); the log-softmax and the loss are always fp32."""
     seed: int = 0
     """torch seed of a fresh start (a resumed run restores the checkpoint's RNG state)."""
     parallel: Literal["fsdp2", "ddp"] = "fsdp2"

@@ -3,7 +3,8 @@
 Start from `--model DIR`, or from `--resume CHECKPOINT` (weights, optimizer state, step, policy version,
 groups read and RNG state; the run must match). Under torchrun only rank 0 gets the rollout and
 inference clients and the metrics writer. The KL reference (kl_coef > 0) is the starting model
-(`--model`, else the resumed checkpoint's weights), frozen.
+(`--model`, else the resumed checkpoint's weights), frozen, in the compute dtype. The trained model is
+always fp32; `--dtype bfloat16` sets the compute dtype (precision.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from services.trainer.distributed import Parallel
 from services.trainer.loop import LoopConfig, Trainer
 from services.trainer.loss import Aggregation, LossConfig
 from services.trainer.metrics import MetricsWriter
-from services.trainer.model import load_model, model_files
+from services.trainer.model import DTYPES, load_model, model_files
+from services.trainer.precision import ComputeCopy
 from services.trainer.publish import WeightPublisher
 from services.trainer.rollout_client import RolloutClient
 from services.trainer.settings import TrainerSettings
@@ -71,7 +73,9 @@ def create_trainer(settings: TrainerSettings, parallel: Parallel | None = None, 
         raise InvalidArgumentError(
             f"checkpoint {settings.resume} is of run {checkpoint.state.run_id!r}, not {config.run_id!r}"
         )
-    model = parallel.wrap(load_model(start, device=settings.device, dtype=settings.dtype))
+    compute_dtype = DTYPES[settings.dtype]
+    model = parallel.wrap(load_model(start, device=settings.device, dtype="float32"), compute_dtype)
+    compute = None if compute_dtype == torch.float32 or parallel.shards else ComputeCopy(model, compute_dtype)
     config = dataclasses.replace(config, vocab_size=int(model.config.vocab_size))
     reference: Any = None
     if settings.kl_coef:
@@ -116,5 +120,6 @@ def create_trainer(settings: TrainerSettings, parallel: Parallel | None = None, 
         publisher=publisher,
         metrics=MetricsWriter(settings.run_dir) if main else None,
         reference=reference,
+        compute=compute,
         model_files=model_files(start),
     )

@@ -1,6 +1,6 @@
 """One rank of the distributed test, started by torchrun: two steps on fixed groups, then a checkpoint.
 
-    python -m torch.distributed.run --nproc-per-node 2 tests/trainer/distributed_worker.py MODEL OUT MODE
+    python -m torch.distributed.run --nproc-per-node 2 tests/trainer/distributed_worker.py MODEL OUT MODE [DTYPE]
 
 Rank 0 reads the groups (an in-memory feed) and hands them to every rank; the checkpoint (written by rank 0
 from the gathered full state) is what the test compares with a one-process run.
@@ -22,7 +22,8 @@ SETTINGS = {"run": RUN, "lr": 1e-3, "micro_batch_tokens": 160, "groups_per_step"
 
 def main() -> int:
     model_dir, out_dir, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-    settings = TrainerSettings(model=model_dir, run_dir=out_dir, parallel=mode, **SETTINGS)  # type: ignore[arg-type]
+    dtype = sys.argv[4] if len(sys.argv) > 4 else "float32"
+    settings = TrainerSettings(model=model_dir, run_dir=out_dir, parallel=mode, dtype=dtype, **SETTINGS)  # type: ignore[arg-type]
     parallel = Parallel.from_env(mode=settings.parallel)
     trainer = create_trainer(settings, parallel, connect=False)
     if parallel.is_main:

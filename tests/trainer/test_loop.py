@@ -77,14 +77,20 @@ def test_infra_failed_sessions_never_reach_the_loss(trainer_model_dir: Path, tmp
     assert record.values["reward_mean"] == 0.5
 
 
-def test_a_bfloat16_step_keeps_the_loss_in_float32(trainer_model_dir: Path, tmp_path: Path) -> None:
-    trainer, _ = trainer_for(trainer_model_dir, tmp_path, [make_group(0)], steps=1, dtype="bfloat16")
+def test_bfloat16_computes_in_bf16_and_steps_fp32_master_weights(trainer_model_dir: Path, tmp_path: Path) -> None:
+    # lr 1e-6: a pure-bf16 AdamW step would round almost every update away (bf16 keeps 8 significant bits).
+    trainer, _ = trainer_for(trainer_model_dir, tmp_path, [make_group(0)], steps=1, dtype="bfloat16", lr=1e-6)
+    assert trainer.compute is not None
     before = trainer.model.lm_head.weight.detach().clone()
     trainer.run()
     record = trainer.board.snapshot().last_record
     assert record is not None, trainer.board.snapshot().error
-    assert trainer.model.lm_head.weight.dtype == torch.bfloat16
-    assert not torch.equal(trainer.model.lm_head.weight, before)
+    master, copy = trainer.model.lm_head.weight, trainer.compute.model.lm_head.weight
+    assert (master.dtype, copy.dtype) == (torch.float32, torch.bfloat16)
+    moved = (master.detach() - before).abs()
+    assert float(moved.detach().max()) < 2e-6  # ~lr per element
+    assert float((moved.detach() > 0).float().mean()) > 0.9  # nearly every weight moved
+    assert torch.equal(copy, master.to(torch.bfloat16))
     assert math.isfinite(record.values["loss"])
 
 
