@@ -26,6 +26,7 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lodestar.errors import UnavailableError
+from lodestar.grpc.security import current
 
 ETCD_PACKAGE_HINT = "install the Debian/Ubuntu package etcd-server (sudo apt-get install -y etcd-server)"
 STOP_GRACE_S = 15.0
@@ -73,7 +74,7 @@ class ServiceSpec:
 async def wait_serving(address: str, timeout: float, process: asyncio.subprocess.Process | None = None) -> None:
     """Poll the gRPC health check of `address` until SERVING; fail early if `process` exits."""
     deadline = time.monotonic() + timeout
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with current().aio_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if process is not None and process.returncode is not None:

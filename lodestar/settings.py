@@ -43,6 +43,18 @@ class ServiceSettings(BaseModel):
     """JSON log lines; unset means JSON when stderr is not a terminal."""
     drain_seconds: float = 10.0
     """On SIGTERM, how long in-flight RPCs may finish before they are cancelled."""
+    tls_cert: Path | None = None
+    """PEM certificate of this process: served on the gRPC port and presented to other services."""
+    tls_key: Path | None = None
+    """PEM private key of --tls-cert."""
+    tls_ca: Path | None = None
+    """PEM CA that signs the deployment's certificates: mutual TLS (clients must present a certificate it
+    signed) and the trust root for channels to other services."""
+    auth_token: str | None = None
+    """Shared bearer token of the control plane (UpdateWeights, CreateRun, CancelRun, AcquireSessions,
+    CompleteSession, TrainerService): required by this server, sent by this process's clients."""
+    auth_token_file: Path | None = None
+    """File holding the auth token (a mounted secret; used when --auth-token is not given)."""
 
 
 S = TypeVar("S", bound=ServiceSettings)

@@ -12,9 +12,11 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from lodestar.grpc.security import current
+
 
 async def _check(address: str, service: str, timeout: float) -> str:
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with current().aio_channel(address) as channel:
         try:
             reply = await health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout

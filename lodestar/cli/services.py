@@ -13,6 +13,7 @@ from functools import partial
 from typing import Any
 
 from lodestar.cli.flags import add_settings_arguments, flags_from_args
+from lodestar.grpc import security
 from lodestar.logging import configure_logging
 from lodestar.settings import ServiceSettings, load_settings
 
@@ -34,6 +35,7 @@ def _serve(service: str, args: argparse.Namespace) -> int:
     klass = settings_class(service)
     settings = load_settings(klass, flags=flags_from_args(args, klass), config_file=args.config)
     configure_logging(settings.log_level, json=settings.log_json)
+    security.configure(security.Security.from_settings(settings))
     server: Any = importlib.import_module(f"services.{service}.server")
     asyncio.run(server.serve(settings))
     return 0

@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 import grpc.aio
 
+from lodestar.grpc.security import current
 from lodestar.grpc.server import MAX_MESSAGE_BYTES
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -64,8 +65,9 @@ class _StreamUnaryDefaultDeadline(_DefaultDeadline, grpc.aio.StreamUnaryClientIn
 
 
 def connect(target: str, *, default_timeout: float = DEFAULT_TIMEOUT_S, max_attempts: int = 5) -> grpc.aio.Channel:
-    """An insecure channel to `target` ("host:port") with retries and default unary deadlines."""
-    return grpc.aio.insecure_channel(
+    """A channel to `target` ("host:port") with retries and default unary deadlines; TLS and the
+    control-plane token come from the process's `lodestar.grpc.security.current()`."""
+    return current().aio_channel(
         target,
         options=[
             ("grpc.enable_retries", 1),

@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from lodestar.grpc.errors import RpcInterceptor
+from lodestar.grpc.security import Security, current
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 """Weight chunks and long sessions are large; keep the limit well above a CallRecord of 128K tokens."""
@@ -58,11 +59,22 @@ class _MethodAwarePool:
 class GrpcServer:
     """One grpc.aio server with health, reflection, interceptors and signal-driven drain."""
 
-    def __init__(self, name: str, *, host: str = "127.0.0.1", port: int = 0, drain_seconds: float = 10.0) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        drain_seconds: float = 10.0,
+        security: Security | None = None,
+    ) -> None:
+        """`security` (TLS, control-plane token) defaults to the process's `lodestar.grpc.security.current()`."""
         self.name = name
         self._address = f"{host}:{port}"
         self._drain_seconds = drain_seconds
-        self._server = grpc.aio.server(interceptors=[RpcInterceptor(name)], options=SERVER_OPTIONS)
+        self._security = current() if security is None else security
+        interceptors = [*self._security.server_interceptors(), RpcInterceptor(name)]
+        self._server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self._services: list[str] = []
@@ -86,12 +98,24 @@ class GrpcServer:
             self._server,
             pool=_MethodAwarePool(descriptor_pool.Default()),
         )
-        self.port = self._server.add_insecure_port(self._address)
+        credentials = self._security.server_credentials()
+        if credentials is None:
+            self.port = self._server.add_insecure_port(self._address)
+        else:
+            self.port = self._server.add_secure_port(self._address, credentials)
         if self.port == 0:
             raise OSError(f"cannot bind gRPC port {self._address}")
         await self.set_serving(False)
         await self._server.start()
-        self._log.info("grpc server started", address=self._address, port=self.port, services=self._services)
+        self._log.info(
+            "grpc server started",
+            address=self._address,
+            port=self.port,
+            services=self._services,
+            tls=credentials is not None,
+            mutual_tls=self._security.tls_ca is not None,
+            control_plane_token=bool(self._security.token),
+        )
         return self.port
 
     async def set_serving(self, serving: bool) -> None:

@@ -11,6 +11,7 @@ import grpc
 
 from lodestar import errors
 from lodestar.grpc.errors import ERROR_BY_STATUS
+from lodestar.grpc.security import current
 from lodestar.grpc.server import MAX_MESSAGE_BYTES
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
@@ -18,8 +19,9 @@ RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXC
 
 
 def sync_channel(target: str) -> grpc.Channel:
-    """An insecure synchronous channel to `target` ("host:port") with lodestar's message limits."""
-    return grpc.insecure_channel(
+    """A synchronous channel to `target` ("host:port") with lodestar's message limits (TLS and token from
+    the process's `lodestar.grpc.security.current()`)."""
+    return current().sync_channel(
         target,
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

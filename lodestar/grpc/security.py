@@ -1,0 +1,281 @@
+"""Transport security of every lodestar gRPC server and client: TLS (mutual when a CA is given) and a
+shared bearer token for the control plane.
+
+`Security` is built once in `main()` from a service's settings (`--tls-cert/--tls-key/--tls-ca`,
+`--auth-token` or `--auth-token-file`) and installed with `configure()`; `GrpcServer` and `connect()`
+use the configured one unless they are handed another. (A deliberate deviation from "no process-wide
+state": every channel of a process talks to the same deployment with the same identity, and threading
+one object through every client constructor of four services would touch dozens of call sites.)
+
+- Server: with a certificate it binds a TLS port; with a CA it also requires and verifies client
+  certificates (mutual TLS). With a token, the RPCs in `CONTROL_PLANE_METHODS` need the metadata
+  `authorization: Bearer <token>`; others (health, reflection, reads, generation) stay open.
+- Client: with a CA or a certificate it opens a TLS channel (trusting the CA, presenting its own
+  certificate when it has one); with a token it sends it on every call.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from lodestar.errors import InvalidArgumentError
+
+AUTH_METADATA_KEY = "authorization"
+
+CONTROL_PLANE_METHODS = frozenset(
+    {
+        "/lodestar.v1.InferenceService/UpdateWeights",
+        "/lodestar.v1.RolloutService/CreateRun",
+        "/lodestar.v1.RolloutService/CancelRun",
+        "/lodestar.v1.RolloutService/AcquireSessions",
+        "/lodestar.v1.RolloutService/CompleteSession",
+    }
+)
+"""Methods that replace the policy, change runs or claim/complete sessions: they need the token."""
+CONTROL_PLANE_SERVICES = frozenset({"/lodestar.v1.TrainerService/"})
+"""Services every method of which needs the token."""
+
+
+def needs_token(method: str) -> bool:
+    """Whether `method` ("/pkg.Service/Method") is part of the control plane."""
+    return method in CONTROL_PLANE_METHODS or any(method.startswith(prefix) for prefix in CONTROL_PLANE_SERVICES)
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise InvalidArgumentError(f"cannot read {what} {path}: {error.strerror}") from error
+
+
+@dataclass(frozen=True)
+class Security:
+    """TLS files and the control-plane token of one process (all optional: nothing set = plaintext, open)."""
+
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
+    token: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise InvalidArgumentError("--tls-cert and --tls-key go together")
+        if self.token is not None and not self.token.strip():
+            raise InvalidArgumentError("the auth token is empty")
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Security:
+        """From a `ServiceSettings` (tls_cert, tls_key, tls_ca, auth_token, auth_token_file)."""
+        token: str | None = settings.auth_token
+        if token is None and settings.auth_token_file is not None:
+            token = _read(settings.auth_token_file, "auth token file").decode().strip()
+        return cls(settings.tls_cert, settings.tls_key, settings.tls_ca, token)
+
+    @property
+    def client_tls(self) -> bool:
+        return self.tls_ca is not None or self.tls_cert is not None
+
+    def server_credentials(self) -> grpc.ServerCredentials | None:
+        """TLS credentials for a server port (client certificates required when a CA is set), or None."""
+        if self.tls_cert is None or self.tls_key is None:
+            if self.tls_ca is not None:
+                raise InvalidArgumentError("--tls-ca on a server needs --tls-cert and --tls-key")
+            return None
+        pair = (_read(self.tls_key, "TLS key"), _read(self.tls_cert, "TLS certificate"))
+        ca = _read(self.tls_ca, "TLS CA") if self.tls_ca is not None else None
+        return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials | None:
+        """TLS credentials for a client channel, or None for plaintext."""
+        if not self.client_tls:
+            return None
+        ca = _read(self.tls_ca, "TLS CA") if self.tls_ca is not None else None
+        key = _read(self.tls_key, "TLS key") if self.tls_key is not None else None
+        cert = _read(self.tls_cert, "TLS certificate") if self.tls_cert is not None else None
+        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+    def client_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((AUTH_METADATA_KEY, f"Bearer {self.token}"),) if self.token else ()
+
+    def client_interceptors(self) -> list[grpc.aio.ClientInterceptor]:
+        """Interceptors that send the token on every call (none without a token)."""
+        if not self.token:
+            return []
+        metadata = self.client_metadata()
+        return [
+            _UnaryUnaryToken(metadata),
+            _UnaryStreamToken(metadata),
+            _StreamUnaryToken(metadata),
+            _StreamStreamToken(metadata),
+        ]
+
+    def server_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
+        return [TokenInterceptor(self.token)] if self.token else []
+
+    def aio_channel(
+        self, target: str, *, options: list[tuple[str, Any]] | None = None, **kwargs: Any
+    ) -> grpc.aio.Channel:
+        """An async channel to `target` with this process's TLS and token (`interceptors` are appended)."""
+        interceptors = [*self.client_interceptors(), *kwargs.pop("interceptors", [])]
+        credentials = self.channel_credentials()
+        if credentials is None:
+            return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors, **kwargs)
+        return grpc.aio.secure_channel(target, credentials, options=options, interceptors=interceptors, **kwargs)
+
+    def sync_channel(self, target: str, *, options: list[tuple[str, Any]] | None = None) -> grpc.Channel:
+        """A synchronous channel to `target` with this process's TLS and token."""
+        credentials = self.channel_credentials()
+        channel = (
+            grpc.insecure_channel(target, options=options)
+            if credentials is None
+            else grpc.secure_channel(target, credentials, options=options)
+        )
+        if self.token:
+            channel = grpc.intercept_channel(channel, _SyncToken(self.client_metadata()))
+        return channel
+
+
+_current = Security()
+
+
+def configure(security: Security) -> None:
+    """Install `security` as this process's default (call once from `main()`, before any server/channel)."""
+    global _current
+    _current = security
+
+
+def current() -> Security:
+    """This process's security settings (plaintext and open until `configure()` is called)."""
+    return _current
+
+
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses control-plane calls without `authorization: Bearer <token>` with UNAUTHENTICATED.
+
+    The check runs before the handler: a refused call never reaches the servicer, so it changes nothing.
+    """
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    def _authorized(self, metadata: Any) -> bool:
+        for key, value in metadata or ():
+            if key == AUTH_METADATA_KEY:
+                given = value if isinstance(value, bytes) else str(value).encode()
+                return hmac.compare_digest(given, self._expected)
+        return False
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or not needs_token(method) or self._authorized(handler_call_details.invocation_metadata):
+            return handler
+        return _refusing(handler, method)
+
+
+def _refusing(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler of the same kind as `handler` that aborts with UNAUTHENTICATED."""
+    message = f"{method} needs the control-plane bearer token (metadata 'authorization: Bearer ...')"
+
+    async def refuse(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    async def refuse_stream(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield  # pragma: no cover - makes this an async generator
+
+    codec = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse_stream, **codec)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse, **codec)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(refuse_stream, **codec)
+    return grpc.unary_unary_rpc_method_handler(refuse, **codec)
+
+
+class _Token:
+    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._metadata = metadata
+
+    def _details(self, details: Any) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), *self._metadata)
+        return grpc.aio.ClientCallDetails(
+            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+        )
+
+
+# grpc.aio files each interceptor under the FIRST call kind it implements, so one class per kind.
+class _UnaryUnaryToken(_Token, grpc.aio.UnaryUnaryClientInterceptor):
+    async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        return await continuation(self._details(client_call_details), request)
+
+
+class _UnaryStreamToken(_Token, grpc.aio.UnaryStreamClientInterceptor):
+    async def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        return await continuation(self._details(client_call_details), request)
+
+
+class _StreamUnaryToken(_Token, grpc.aio.StreamUnaryClientInterceptor):
+    async def intercept_stream_unary(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
+        return await continuation(self._details(client_call_details), request_iterator)
+
+
+class _StreamStreamToken(_Token, grpc.aio.StreamStreamClientInterceptor):
+    async def intercept_stream_stream(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
+        return await continuation(self._details(client_call_details), request_iterator)
+
+
+class _SyncToken(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """The token on every call of a synchronous channel."""
+
+    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._metadata = metadata
+
+    def _details(self, details: Any) -> Any:
+        return _SyncDetails(
+            details.method,
+            details.timeout,
+            [*(details.metadata or ()), *self._metadata],
+            details.credentials,
+            details.wait_for_ready,
+            details.compression,
+        )
+
+    def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_stream_unary(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
+        return continuation(self._details(client_call_details), request_iterator)
+
+    def intercept_stream_stream(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
+        return continuation(self._details(client_call_details), request_iterator)
+
+
+@dataclass(frozen=True)
+class _SyncDetails(grpc.ClientCallDetails):
+    method: str
+    timeout: float | None
+    metadata: Any
+    credentials: Any
+    wait_for_ready: bool | None
+    compression: Any
