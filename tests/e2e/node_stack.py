@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -68,6 +69,14 @@ class Service:
                 time.sleep(0.1)
         raise AssertionError(f"{self.name} not SERVING within {timeout} s:\n{self.tail()}")
 
+    def wait_listening(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"{self.name} not listening within {timeout} s:\n{self.tail()}")
+
     def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 30.0) -> int | None:
         if self.process is None or self.process.poll() is not None:
             return self.process.returncode if self.process else None
@@ -91,11 +100,21 @@ class NodeStack:
     rollout: Service
     nodes: list[Service] = field(default_factory=list)
     node_settings: dict[str, str] = field(default_factory=dict)
+    standby: Service | None = None
+    """A second rollout instance on the same store (waits as standby), when started with standby=True."""
 
     @classmethod
     @contextlib.contextmanager
     def start(
-        cls, root: Path, etcd: str, prefix: str, *, script: dict[str, Any], nodes: int = 2, **node_settings: Any
+        cls,
+        root: Path,
+        etcd: str,
+        prefix: str,
+        *,
+        script: dict[str, Any],
+        nodes: int = 2,
+        standby: bool = False,
+        **node_settings: Any,
     ) -> Iterator[NodeStack]:
         root.mkdir(parents=True, exist_ok=True)
         model = build(root / "model", TinyModelSpec())
@@ -108,25 +127,42 @@ class NodeStack:
              "--script", str(root / "script.json"), "--max-new-tokens", "512", "--log-json"],
             port, root / "inference.log",
         )  # fmt: skip
-        port = free_port()
-        rollout = Service(
-            "rollout",
-            [*cli, "rollout", "serve", "--port", str(port), "--etcd", etcd, "--etcd-prefix", prefix,
-             "--store", str(root / "rollout.sqlite"), "--leader-ttl-s", "2", "--log-json"],
-            port, root / "rollout.log",
-        )  # fmt: skip
+        rollout, second = (cls._rollout(cli, root, etcd, prefix, name) for name in ("rollout", "rollout-standby"))
         stack = cls(root, etcd, prefix, inference, rollout, node_settings={k: str(v) for k, v in node_settings.items()})
         try:
             for service in (inference, rollout):
                 service.start()
             for service in (inference, rollout):
                 service.wait_serving()
+            if standby:
+                stack.standby = second
+                second.start()
+                second.wait_listening()
             for _ in range(nodes):
                 stack.add_node()
             yield stack
         finally:
-            for service in [*stack.nodes, rollout, inference]:
+            for service in [*stack.nodes, rollout, second, inference]:
                 service.stop()
+
+    @staticmethod
+    def _rollout(cli: list[str], root: Path, etcd: str, prefix: str, name: str) -> Service:
+        port = free_port()
+        return Service(
+            name,
+            [*cli, "rollout", "serve", "--port", str(port), "--etcd", etcd, "--etcd-prefix", prefix,
+             "--store", str(root / "rollout.sqlite"), "--leader-ttl-s", "2", "--log-json"],
+            port, root / f"{name}.log",
+        )  # fmt: skip
+
+    def fail_over(self) -> float:
+        """SIGKILL the rollout leader; returns the seconds until the standby serves (and is `rollout`)."""
+        assert self.standby is not None
+        self.rollout.stop(signal.SIGKILL)
+        killed = time.monotonic()
+        self.standby.wait_serving(timeout=30)
+        self.rollout, self.standby = self.standby, self.rollout
+        return time.monotonic() - killed
 
     def add_node(self) -> Service:
         node = self._node(len(self.nodes))
@@ -145,7 +181,7 @@ class NodeStack:
         }  # fmt: skip
         argv = [
             sys.executable, "-m", "lodestar.cli.main", "gateway", "serve", "--port", str(port), "--http-port", "0",
-            "--inference", self.inference.address, "--rollout", self.rollout.address, "--etcd", self.etcd,
+            "--inference", self.inference.address, "--rollout", self.rollout_addresses, "--etcd", self.etcd,
             "--etcd-prefix", self.prefix, "--node-id", f"node-{index}", "--data-dir", str(self.root / f"node-{index}"),
             "--log-json",
         ]  # fmt: skip
@@ -155,6 +191,10 @@ class NodeStack:
         node.start()
         node.wait_serving()
         return node
+
+    @property
+    def rollout_addresses(self) -> str:
+        return ",".join(s.address for s in (self.rollout, self.standby) if s is not None)
 
     def set_script(self, script: dict[str, Any]) -> None:
         path = self.root / "script.json"
@@ -190,10 +230,14 @@ class NodeStack:
 
     def wait_run(self, run_id: str, timeout: float = 120.0) -> rollout_pb2.Run:
         deadline = time.monotonic() + timeout
-        run = self.get_run(run_id)
+        run = rollout_pb2.Run()
         while time.monotonic() < deadline:
-            run = self.get_run(run_id)
-            if run.state != rollout_pb2.RUN_STATE_RUNNING:
+            try:
+                run = self.get_run(run_id)
+            except grpc.RpcError as error:  # a leader change or etcd outage in progress: ask again
+                if error.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
+                    raise
+            if run.state not in (rollout_pb2.RUN_STATE_RUNNING, rollout_pb2.RUN_STATE_UNSPECIFIED):
                 return run
             time.sleep(0.25)
         logs = "\n".join(f"--- {s.name}\n{s.tail(3000)}" for s in [self.rollout, *self.nodes])

@@ -228,7 +228,11 @@ class NodeLifecycle:
         policy = self.config.report
         if self._stopping:
             policy = RetryPolicy(attempts=2, initial_s=0.2, max_s=0.5, rpc_timeout_s=3.0)
-        status = await complete_with_retries(self._rollout, result, policy)
+        try:
+            status = await complete_with_retries(self._rollout, result, policy)
+        except Exception:  # never lose an attempt silently: log it (the lease requeues it if rollout lost it)
+            _log.exception("reporting failed unexpectedly", session_id=result.session_id, attempt=result.attempt)
+            status = "error"
         _log.info("session finished", session_id=result.session_id, attempt=result.attempt, outcome=name,
                   reward=result.reward, calls=len(result.calls), error=result.error or None, report=status,
                   seconds={k: round(v, 3) for k, v in attempt.seconds.items()})  # fmt: skip

@@ -20,6 +20,7 @@ from lodestar.errors import (
     InvalidArgumentError,
     LodestarError,
     NotFoundError,
+    UnavailableError,
 )
 from lodestar.grpc.client import LeaderChannel
 from lodestar.grpc.errors import error_from_rpc
@@ -75,6 +76,13 @@ class GrpcRollout:
         """Run `rpc` on the current leader (the generated stubs type aio calls as sync: Any here)."""
         try:
             return await self._leader.call(lambda channel: rpc(rollout_pb2_grpc.RolloutServiceStub(channel)))
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # our own task is being cancelled
+            # Not us: another call redirected the channel (leader change) and closing the old one cancelled
+            # this call. Transient: the caller retries on the new channel.
+            raise UnavailableError("the call was cut by a switch to another rollout address; retry") from None
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.UNAVAILABLE and len(self.targets) > 1:
                 target = self.targets[self._next % len(self.targets)]
