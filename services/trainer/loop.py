@@ -44,12 +44,12 @@ from typing import Any, Literal, Protocol
 import structlog
 import torch
 
-from lodestar.errors import LodestarError
+from lodestar.errors import FailedPreconditionError, LodestarError
 from lodestar.logging import get_logger
 from lodestar.v1 import rollout_pb2
 from services.trainer.advantages import AdvantageKind
-from services.trainer.batch import BuildStats, MicroBatch, TrainingSequence
-from services.trainer.builders import BuilderKind, build_sequences
+from services.trainer.batch import MicroBatch
+from services.trainer.builders import BuilderKind
 from services.trainer.checkpoint import TrainState, save_checkpoint, step_dir
 from services.trainer.distributed import Parallel
 from services.trainer.forward import target_logprobs
@@ -59,6 +59,7 @@ from services.trainer.metrics import MetricsWriter, StepRecord
 from services.trainer.pack import pack
 from services.trainer.precision import ComputeCopy
 from services.trainer.publish import PublishResult
+from services.trainer.sequences import build_step
 from services.trainer.status import Phase, StatusBoard
 from services.trainer.stepstats import loss_over_ranks, step_values
 
@@ -180,7 +181,7 @@ class Trainer:
     def train_step(self, plan: _Plan) -> StepRecord:
         """One optimizer step on the plan's groups (module docstring, steps 2-6)."""
         started = time.perf_counter()
-        sequences, stats = self._build(plan.groups)
+        sequences, stats = build_step(plan.groups, self.config.builder, self.config.vocab_size)
         micro_batches = pack(sequences, self.config.micro_batch_tokens)
         built = time.perf_counter()
 
@@ -263,34 +264,6 @@ class Trainer:
         self._advance(steps=0, version=0, read=plan.read, skipped=1)
         _log.warning("step skipped", reason=plan.error, skipped_steps=skipped, step=self.state.step)
         self.board.update(error=plan.error, skipped_steps=skipped)
-
-    def _build(self, groups: list[GroupSamples]) -> tuple[list[TrainingSequence], BuildStats]:
-        """Sequences of every group (BadGroupError when a builder refuses a call or a token id is out of the
-        model's vocabulary: records of another model)."""
-        sequences: list[TrainingSequence] = []
-        totals = BuildStats(calls=0, sequences=0, call_tokens=0, sequence_tokens=0)
-        for group in groups:
-            try:
-                result = build_sequences(self.config.builder, group.samples)
-            except ValueError as error:
-                raise BadGroupError(f"group {group.group_id}: {error}") from error
-            largest = max((max(sequence.token_ids, default=0) for sequence in result.sequences), default=0)
-            if self.config.vocab_size and largest >= self.config.vocab_size:
-                raise BadGroupError(
-                    f"group {group.group_id} has token id {largest}, outside the model's vocabulary "
-                    f"of {self.config.vocab_size} (calls of another model?)"
-                )
-            sequences.extend(result.sequences)
-            stats = result.stats
-            totals = BuildStats(
-                calls=totals.calls + stats.calls,
-                sequences=totals.sequences + stats.sequences,
-                call_tokens=totals.call_tokens + stats.call_tokens,
-                sequence_tokens=totals.sequence_tokens + stats.sequence_tokens,
-                merges=totals.merges + stats.merges,
-                breaks=totals.breaks + stats.breaks,
-            )
-        return sequences, totals
 
     def _forward_backward(self, micro_batches: list[MicroBatch]) -> tuple[LossOutput | None, float]:
         """Accumulate the step gradient over this rank's micro-batches; (merged loss metrics, grad norm)."""
@@ -390,7 +363,12 @@ class Trainer:
         return target
 
     def save_now(self, path: Path | None) -> tuple[Path, int]:
-        """SaveCheckpoint from another thread: waits for the current step to end (single process only)."""
+        """SaveCheckpoint from another thread: waits for the current step to end (single process only: under
+        torchrun the state gather needs every rank, which only the loop itself can ask for)."""
+        if self.parallel.distributed:
+            raise FailedPreconditionError(
+                "under torchrun checkpoints are collective: use --checkpoint-every or Stop with save_checkpoint"
+            )
         with self._step_lock:
             return self.save(path), self.state.step
 

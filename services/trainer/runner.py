@@ -49,12 +49,7 @@ class TrainerRunner:
         return self.trainer
 
     async def save_checkpoint(self, path: Path | None) -> tuple[Path, int]:
-        trainer = self._require()
-        if trainer.parallel.distributed:
-            raise FailedPreconditionError(
-                "under torchrun checkpoints are collective: use --checkpoint-every or Stop with save_checkpoint"
-            )
-        return await asyncio.to_thread(trainer.save_now, path)
+        return await asyncio.to_thread(self._require().save_now, path)
 
     async def stop(self, *, save_checkpoint: bool) -> Status:
         """Finish the current step (and checkpoint when asked), then stop; returns the final status."""
