@@ -165,8 +165,8 @@ class Trainer:
                 except BadGroupError as error:  # raised before anything changed: the step is skipped
                     plan.error = error.message
                     self._skip(plan)
-            else:
-                plan = _Plan()
+            else:  # steps done; a Stop asked meanwhile still gets its checkpoint (alone: no rank must agree)
+                plan = _Plan(save=self._save_on_stop and not self.parallel.distributed)
             if plan.save or (self.config.checkpoint_every and 0 < self.state.step != self._saved_step):
                 self.save(None)
             self.board.update(phase=Phase.STOPPED)
