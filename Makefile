@@ -24,6 +24,8 @@ setup: system-deps venv node-tools
 system-deps:
 	@command -v etcd >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq etcd-server etcd-client; }
 	@command -v unshare >/dev/null || { $(SUDO) apt-get install -y -qq util-linux; }
+	@# PostgreSQL server binaries for the rollout store tests (the tests start their own server).
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq postgresql; }
 
 # The CPU wheel of torch 2.13.0 lies on disk here; the exact pin keeps pip from fetching a CUDA build.
 $(VENV)/.installed: pyproject.toml

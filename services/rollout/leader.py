@@ -19,7 +19,7 @@ from lodestar.etcd import EtcdClient
 from lodestar.logging import get_logger
 from services.rollout.service import RolloutCore
 from services.rollout.settings import RolloutSettings
-from services.rollout.store import SqliteStore
+from services.rollout.stores import describe, open_store
 
 RETRY_INITIAL_S = 0.2
 RETRY_MAX_S = 5.0
@@ -69,12 +69,14 @@ class LeaderRole:
                 await lease.revoke()
 
     async def _lead(self, etcd: EtcdClient, lost: Awaitable[str]) -> None:
-        store = SqliteStore(self._settings.store_path, synchronous=self._settings.store_synchronous)
+        store = await asyncio.to_thread(
+            open_store, self._settings.store_location, synchronous=self._settings.store_synchronous
+        )
         core = RolloutCore(store, etcd, self._settings.etcd_prefix)
         await core.start()
         self.core, self.leader_address = core, self.address
         self.terms += 1
-        _log.info("leading", address=self.address, store=str(self._settings.store_path), term=self.terms)
+        _log.info("leading", address=self.address, store=describe(self._settings.store_location), term=self.terms)
         await self._on_serving(True)
         try:
             reason = await lost

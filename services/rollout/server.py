@@ -17,6 +17,7 @@ from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
 from services.rollout.leader import LeaderRole
 from services.rollout.servicer import RolloutServicer
 from services.rollout.settings import RolloutSettings
+from services.rollout.stores import describe
 
 _log = get_logger("rollout.server")
 
@@ -62,7 +63,7 @@ class RolloutServer:
 async def serve(settings: RolloutSettings) -> None:
     server = RolloutServer(settings)
     await server.start()
-    _log.info("rollout instance started", address=server.role.address, store=str(settings.store_path))
+    _log.info("rollout instance started", address=server.role.address, store=describe(settings.store_location))
     try:
         await server.grpc.wait_for_termination()
     finally:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import field_validator
+
 from lodestar.settings import ServiceSettings
 
 
@@ -15,9 +17,10 @@ class RolloutSettings(ServiceSettings):
     """etcd endpoint for node leases, session ownership and leader election."""
     etcd_prefix: str = "/lodestar/"
     """Root of lodestar's etcd keys: ownership under <prefix>rollout/owners/, the leader at <prefix>rollout/leader."""
-    store: Path = Path(".lodestar/rollout.sqlite")
-    """Durable store of runs, sessions, attempts and results (SQLite file). Instances sharing a store elect
-    one leader; the others wait as standbys."""
+    store: str = ".lodestar/rollout.sqlite"
+    """Durable store of runs, sessions, attempts and results: a SQLite file path, or a PostgreSQL URL
+    (postgresql://user:password@host:5432/db) when instances on different hosts share it. Instances
+    sharing a store elect one leader; the others wait as standbys."""
     database: Path | None = None
     """Deprecated name of --store (used when --store is not given)."""
     leader_ttl_s: int = 5
@@ -28,10 +31,21 @@ class RolloutSettings(ServiceSettings):
     """SQLite synchronous mode: normal (a committed write survives a crash of the process) or full (also
     power loss, slower)."""
 
+    @field_validator("store", mode="before")
+    @classmethod
+    def _path_as_text(cls, value: object) -> object:
+        return str(value) if isinstance(value, Path) else value
+
+    @property
+    def store_location(self) -> str:
+        """The store to open (--store, or the deprecated --database when --store is not given)."""
+        default = type(self).model_fields["store"].default
+        return str(self.database) if self.database is not None and self.store == default else self.store
+
     @property
     def store_path(self) -> Path:
-        default = type(self).model_fields["store"].default
-        return self.database if self.database is not None and self.store == default else self.store
+        """The SQLite file (meaningless for a PostgreSQL store)."""
+        return Path(self.store_location)
 
 
 SETTINGS = RolloutSettings

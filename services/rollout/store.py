@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -79,7 +79,7 @@ class StoredState:
 
 
 class Store(Protocol):
-    """What the rollout service needs from durable storage (SQLite here; PostgreSQL could follow)."""
+    """What the rollout service needs from durable storage (`SqliteStore`; `PostgresStore` in pgstore.py)."""
 
     def load(self) -> StoredState: ...
 
@@ -154,6 +154,54 @@ def rows_for(changes: Changes, runs: dict[str, Run], groups: dict[str, Group], s
     return rows
 
 
+TABLES = ("run_specs", "runs", "groups", "sessions", "attempts", "results", "meta")
+"""Every table, in the order a snapshot is written."""
+_SQLITE_UPSERT = {
+    "run_specs": "INSERT OR IGNORE INTO run_specs VALUES (?, ?)",
+    "runs": "INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?,?)",
+    "groups": "INSERT OR REPLACE INTO groups VALUES (?,?,?,?,?,?,?,?,?,?)",
+    "sessions": "INSERT OR REPLACE INTO sessions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+    "attempts": "INSERT OR REPLACE INTO attempts VALUES (?,?,?,?,?,?,?,?,?)",
+    "results": "INSERT OR REPLACE INTO results VALUES (?,?,?,?,?)",
+    "meta": "INSERT OR REPLACE INTO meta VALUES (?, ?)",
+}
+
+
+def table_rows(rows: Rows) -> list[tuple[str, list[tuple[Any, ...]]]]:
+    """The row tuples of a snapshot per table (in `TABLES` order), as both stores write them."""
+    specs: list[tuple[Any, ...]] = [(run_id, spec.SerializeToString()) for run_id, spec in rows.specs]
+    attempts: list[tuple[Any, ...]] = [
+        (
+            a.session_id,
+            a.attempt,
+            a.node_id,
+            a.lease_id,
+            a.acquired_at,
+            a.ended_at,
+            a.outcome,
+            a.error,
+            json.dumps(a.stage_seconds),
+        )
+        for a in rows.attempts
+    ]
+    results: list[tuple[Any, ...]] = [
+        (r.result.session_id, r.result.attempt, r.result.node_id, int(r.counted), r.result.SerializeToString())
+        for r in rows.results
+    ]
+    meta: list[tuple[Any, ...]] = (
+        [("policy_version", str(rows.policy_version))] if rows.policy_version is not None else []
+    )
+    return [
+        ("run_specs", specs),
+        ("runs", rows.runs),
+        ("groups", rows.groups),
+        ("sessions", rows.sessions),
+        ("attempts", attempts),
+        ("results", results),
+        ("meta", meta),
+    ]
+
+
 class SqliteStore:
     """The `Store` on one SQLite file. Not thread-safe: use it from one thread at a time."""
 
@@ -182,34 +230,9 @@ class SqliteStore:
             raise
 
     def _write(self, rows: Rows) -> None:
-        db = self._db
-        specs = [(run_id, spec.SerializeToString()) for run_id, spec in rows.specs]
-        db.executemany("INSERT OR IGNORE INTO run_specs VALUES (?, ?)", specs)
-        db.executemany("INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?,?)", rows.runs)
-        db.executemany("INSERT OR REPLACE INTO groups VALUES (?,?,?,?,?,?,?,?,?,?)", rows.groups)
-        db.executemany("INSERT OR REPLACE INTO sessions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows.sessions)
-        attempts = [
-            (
-                a.session_id,
-                a.attempt,
-                a.node_id,
-                a.lease_id,
-                a.acquired_at,
-                a.ended_at,
-                a.outcome,
-                a.error,
-                json.dumps(a.stage_seconds),
-            )
-            for a in rows.attempts
-        ]
-        db.executemany("INSERT OR REPLACE INTO attempts VALUES (?,?,?,?,?,?,?,?,?)", attempts)
-        results = [
-            (r.result.session_id, r.result.attempt, r.result.node_id, int(r.counted), r.result.SerializeToString())
-            for r in rows.results
-        ]
-        db.executemany("INSERT OR REPLACE INTO results VALUES (?,?,?,?,?)", results)
-        if rows.policy_version is not None:
-            db.execute("INSERT OR REPLACE INTO meta VALUES ('policy_version', ?)", (str(rows.policy_version),))
+        for table, values in table_rows(rows):
+            if values:
+                self._db.executemany(_SQLITE_UPSERT[table], values)
 
     def counted_results(self, session_ids: Sequence[str]) -> list[rollout_pb2.SessionResult]:
         """The counted result of each session, in the order given (sessions without one are skipped)."""
@@ -229,58 +252,60 @@ class SqliteStore:
         return [AttemptRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], json.loads(r[8])) for r in rows]
 
     def load(self) -> StoredState:
-        db = self._db
-        specs = {run_id: rollout_pb2.RunSpec.FromString(blob) for run_id, blob in db.execute("SELECT * FROM run_specs")}
-        runs: dict[str, Run] = {}
-        for row in db.execute("SELECT * FROM runs ORDER BY ordinal"):
-            stages = json.loads(row[8])
-            runs[row[0]] = Run(
-                row[0],
-                row[1],
-                specs[row[0]],
-                row[2],
-                row[3],
-                [],
-                row[4],
-                row[5],
-                row[6],
-                row[7],
-                stages["sums"],
-                stages["counts"],
-            )
-        sessions = [
-            Session(
-                r[0],
-                r[1],
-                r[2],
-                r[3],
-                r[4],
-                SessionStatus(r[5]),
-                r[6],
-                r[7],
-                r[8],
-                r[9],
-                r[10],
-                0,
-                r[11],
-                r[12],
-                bool(r[13]),
-                r[14],
-                r[15],
-                r[16],
-            )
-            for r in db.execute("SELECT * FROM sessions ORDER BY run_id, task_index, sample")
-        ]
-        members: dict[str, list[str]] = {}
-        for session in sessions:
-            members.setdefault(session.group_id, []).append(session.session_id)
-        group_list = []
-        for r in db.execute("SELECT * FROM groups ORDER BY run_id, task_index"):
-            group_list.append(
-                Group(
-                    r[0], r[1], r[2], members.get(r[0], []), r[3], GroupStatus(r[4]), r[5], r[6], bool(r[7]), r[8], r[9]
-                )
-            )
-            runs[r[1]].group_ids.append(r[0])
-        row = db.execute("SELECT value FROM meta WHERE key = 'policy_version'").fetchone()
-        return StoredState(list(runs.values()), group_list, sessions, int(row[0]) if row else 0)
+        return load_state(lambda sql: self._db.execute(sql).fetchall())
+
+
+def load_state(query: Callable[[str], Sequence[Sequence[Any]]]) -> StoredState:
+    """Rebuild the stored state from `query` (SQL -> all rows); the SQL is the same on SQLite and PostgreSQL."""
+    specs = {run_id: rollout_pb2.RunSpec.FromString(blob) for run_id, blob in query("SELECT * FROM run_specs")}
+    runs: dict[str, Run] = {}
+    for row in query("SELECT * FROM runs ORDER BY ordinal"):
+        stages = json.loads(row[8])
+        runs[row[0]] = Run(
+            row[0],
+            row[1],
+            specs[row[0]],
+            row[2],
+            row[3],
+            [],
+            row[4],
+            row[5],
+            row[6],
+            row[7],
+            stages["sums"],
+            stages["counts"],
+        )
+    sessions = [
+        Session(
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            r[4],
+            SessionStatus(r[5]),
+            r[6],
+            r[7],
+            r[8],
+            r[9],
+            r[10],
+            0,
+            r[11],
+            r[12],
+            bool(r[13]),
+            r[14],
+            r[15],
+            r[16],
+        )
+        for r in query("SELECT * FROM sessions ORDER BY run_id, task_index, sample")
+    ]
+    members: dict[str, list[str]] = {}
+    for session in sessions:
+        members.setdefault(session.group_id, []).append(session.session_id)
+    group_list = []
+    for r in query("SELECT * FROM groups ORDER BY run_id, task_index"):
+        group_list.append(
+            Group(r[0], r[1], r[2], members.get(r[0], []), r[3], GroupStatus(r[4]), r[5], r[6], bool(r[7]), r[8], r[9])
+        )
+        runs[r[1]].group_ids.append(r[0])
+    meta = query("SELECT value FROM meta WHERE key = 'policy_version'")
+    return StoredState(list(runs.values()), group_list, sessions, int(meta[0][0]) if meta else 0)

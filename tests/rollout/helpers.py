@@ -36,7 +36,7 @@ def make_spec(tasks: int = 2, group_size: int = 2, **fields: Any) -> rollout_pb2
     return spec
 
 
-def settings(store: Path, etcd: str, prefix: str, **fields: Any) -> RolloutSettings:
+def settings(store: Path | str, etcd: str, prefix: str, **fields: Any) -> RolloutSettings:
     values: dict[str, Any] = {
         "port": 0,
         "etcd": etcd,

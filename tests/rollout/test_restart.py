@@ -19,9 +19,10 @@ from tests.rollout.helpers import make_spec, settings, sim_node, start_rollout
 
 
 async def test_a_restarted_service_resumes_the_run_from_its_store(
-    tmp_path: Path, etcd_endpoint: str, etcd_prefix: str, etcd: EtcdClient
+    store_location: str, etcd_endpoint: str, etcd_prefix: str, etcd: EtcdClient
 ) -> None:
-    config = settings(tmp_path / "rollout.sqlite", etcd_endpoint, etcd_prefix)
+    """On SQLite and on PostgreSQL (`store_location`)."""
+    config = settings(store_location, etcd_endpoint, etcd_prefix)
     async with sim_node(etcd, None, "a", ttl=5) as node, sim_node(etcd, None, "dies", ttl=5) as dies:  # type: ignore[arg-type]
         async with start_rollout(config) as first:
             node.stub = dies.stub = first.stub

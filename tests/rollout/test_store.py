@@ -1,17 +1,18 @@
-"""The SQLite store on a real file: everything the scheduler changed loads back the same, results keep
+"""The store on a real SQLite file and on a real PostgreSQL (the same tests, `store_location`): everything
+the scheduler changed loads back the same, results keep
 every CallRecord, attempts keep their timings, and a group commit writes many snapshots at once."""
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 from google.protobuf import duration_pb2
 
 from services.rollout.model import Changes
 from services.rollout.scheduler import Progress, Scheduler
 from services.rollout.spec import with_defaults
-from services.rollout.store import SqliteStore, rows_for
+from services.rollout.store import rows_for
+from services.rollout.stores import open_store
 from tests.rollout.helpers import INFRA_FAILED, SCORED, call_record, make_spec
 from tests.rollout.test_scheduler import _result
 
@@ -22,7 +23,7 @@ def _fields(obj: object, skip: set[str] = frozenset()) -> dict[str, object]:  # 
     return {k: v for k, v in dataclasses.asdict(obj).items() if k not in skip}  # type: ignore[call-overload]
 
 
-def test_state_round_trips_through_the_store(tmp_path: Path) -> None:
+def test_state_round_trips_through_the_store(store_location: str) -> None:
     scheduler = Scheduler()
     changes = scheduler.add_run("r", with_defaults(make_spec(tasks=3, group_size=2, early_stop_fraction=0.5)), 1.5)
     changes.merge(scheduler.acquire("a", 7, 5, [], 2.0).changes)
@@ -35,11 +36,11 @@ def test_state_round_trips_through_the_store(tmp_path: Path) -> None:
     changes.merge(scheduler.lose("r-g1-s1", 1, "lease ended", 4.0))
     changes.merge(Changes(policy_version=9))
     changes.sessions |= set(scheduler.sessions)
-    store = SqliteStore(tmp_path / "rollout.sqlite")
+    store = open_store(store_location)
     store.write([rows_for(changes, scheduler.runs, scheduler.groups, scheduler.sessions)])
     store.close()
 
-    loaded = SqliteStore(tmp_path / "rollout.sqlite")
+    loaded = open_store(store_location)
     state = loaded.load()
     assert state.policy_version == 9
     (run,) = state.runs
@@ -66,13 +67,13 @@ def test_state_round_trips_through_the_store(tmp_path: Path) -> None:
     assert [(s.session_id, s.attempt) for s in assigned] == [("r-g1-s0", 2), ("r-g1-s1", 2), ("r-g2-s1", 1)]
 
 
-def test_a_group_commit_writes_every_snapshot_in_order(tmp_path: Path) -> None:
+def test_a_group_commit_writes_every_snapshot_in_order(store_location: str) -> None:
     scheduler = Scheduler()
     first = scheduler.add_run("r", with_defaults(make_spec(tasks=1, group_size=1)), 0.0)
     first_rows = rows_for(first, scheduler.runs, scheduler.groups, scheduler.sessions)
     second = scheduler.acquire("a", 1, 1, [], 1.0).changes
     second_rows = rows_for(second, scheduler.runs, scheduler.groups, scheduler.sessions)
-    store = SqliteStore(tmp_path / "rollout.sqlite")
+    store = open_store(store_location)
     store.write([first_rows, second_rows])
     (session,) = store.load().sessions
     assert (session.status.value, session.attempt, session.node_id) == ("running", 1, "a")
