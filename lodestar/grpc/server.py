@@ -1,6 +1,7 @@
 """A gRPC server with the parts every lodestar service needs.
 
-`GrpcServer` serves `grpc.health.v1.Health` (NOT_SERVING until `set_serving()`), server reflection for
+`GrpcServer` serves `grpc.health.v1.Health` (NOT_SERVING until `set_serving()`; the service "liveness" is
+SERVING from start to shutdown, for liveness probes), server reflection for
 every registered service, the error-mapping/logging interceptor, and a graceful drain: on SIGTERM or
 SIGINT health flips to NOT_SERVING, new RPCs are refused and in-flight ones get `drain_seconds` to finish.
 """
@@ -24,6 +25,10 @@ from lodestar.grpc.security import Security, current
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 """Weight chunks and long sessions are large; keep the limit well above a CallRecord of 128K tokens."""
+
+LIVENESS_SERVICE = "liveness"
+"""Health-check service name that is SERVING from start until shutdown, whatever the readiness (a standby
+or a loading model is alive but not ready): the target of liveness probes."""
 
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -106,6 +111,7 @@ class GrpcServer:
         if self.port == 0:
             raise OSError(f"cannot bind gRPC port {self._address}")
         await self.set_serving(False)
+        await self._health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         await self._server.start()
         self._log.info(
             "grpc server started",
