@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
@@ -145,11 +146,37 @@ def _parse_endpoint(endpoint: str) -> tuple[str, int]:
     return parts.hostname, parts.port
 
 
+def _channel_address(endpoints: str) -> tuple[str, int]:
+    """The (host, port) that aetcd joins into its gRPC target "host:port".
+
+    One endpoint is used as is (a DNS name resolving to every member, such as a Kubernetes headless
+    service, already fails over). Several comma-separated endpoints (a cluster's members) become one
+    gRPC target over all their addresses, "ipv4:A:1,B:2,C:3" (names are resolved once, here): the channel
+    connects to the first member that answers and moves to another when that one goes away.
+    """
+    addresses = [_parse_endpoint(item.strip()) for item in endpoints.split(",") if item.strip()]
+    if not addresses:
+        raise errors.InvalidArgumentError("no etcd endpoint given")
+    if len(addresses) == 1:
+        return addresses[0]
+    resolved = []
+    for host, port in addresses:
+        try:
+            infos = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
+        except OSError as error:
+            raise errors.UnavailableError(f"cannot resolve etcd endpoint {host}: {error}") from error
+        resolved.append(f"{infos[0][4][0]}:{port}")
+    *first, last = resolved
+    last_host, last_port = last.rsplit(":", 1)  # aetcd appends ":port" to the host
+    return "ipv4:" + ",".join([*first, last_host]), int(last_port)
+
+
 class EtcdClient:
-    """An async etcd client over one endpoint; use as `async with EtcdClient(endpoint) as etcd`."""
+    """An async etcd client over one endpoint or a cluster's comma-separated endpoints ("http://a:2379,
+    http://b:2379,http://c:2379"); use as `async with EtcdClient(endpoint) as etcd`."""
 
     def __init__(self, endpoint: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        host, port = _parse_endpoint(endpoint)
+        host, port = _channel_address(endpoint)
         self.endpoint = endpoint
         self.timeout = timeout
         self._client = aetcd.Client(host=host, port=port, timeout=timeout, options=_CHANNEL_OPTIONS)

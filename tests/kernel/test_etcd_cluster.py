@@ -1,0 +1,143 @@
+"""The services on a 3-member etcd cluster (three local etcd processes): the rollout leader and two
+simulated gateway nodes connect with all three endpoints; the raft leader, which is also the member
+their channels use, is SIGKILLed mid-run. The run still completes with every session counted exactly
+once, the rollout keeps its leadership term and the nodes keep their leases: losing one member loses
+nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+import pytest
+
+from lodestar.etcd import EtcdClient
+from lodestar.local import find_etcd, free_port
+from lodestar.v1 import rollout_pb2
+from tests.conftest import _healthy, _stop
+from tests.rollout.helpers import make_spec, settings, sim_node, start_rollout
+
+T = TypeVar("T")
+START_TIMEOUT_S = 30.0
+
+
+class EtcdCluster:
+    """Three etcd members on free loopback ports, each with its own data dir."""
+
+    def __init__(self, root: Path, size: int = 3) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        names = [f"m{i}" for i in range(size)]
+        peers = {name: f"http://127.0.0.1:{free_port()}" for name in names}
+        self.clients = {name: f"http://127.0.0.1:{free_port()}" for name in names}
+        cluster = ",".join(f"{name}={url}" for name, url in peers.items())
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        for name in names:
+            command = [find_etcd(), f"--name={name}", f"--data-dir={root / name}"]
+            command += [f"--listen-client-urls={self.clients[name]}", f"--advertise-client-urls={self.clients[name]}"]
+            command += [f"--listen-peer-urls={peers[name]}", f"--initial-advertise-peer-urls={peers[name]}"]
+            command += [f"--initial-cluster={cluster}", "--initial-cluster-state=new", "--log-level=warn"]
+            command += ["--logger=zap", "--heartbeat-interval=100", "--election-timeout=1000"]
+            with (root / f"{name}.log").open("ab") as log:
+                self.processes[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not all(_healthy(url) for url in self.clients.values()):
+            if time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"the etcd cluster did not become healthy; logs in {root}")
+            time.sleep(0.1)
+
+    def leader(self) -> str:
+        """Name of the raft leader (from each member's status)."""
+        for name, url in self.clients.items():
+            if self.processes[name].poll() is not None:
+                continue
+            request = urllib.request.Request(f"{url}/v3/maintenance/status", data=b"{}", method="POST")
+            with urllib.request.urlopen(request, timeout=5) as reply:
+                status = json.loads(reply.read())
+            if status["leader"] == status["header"]["member_id"]:
+                return name
+        raise AssertionError("no member is the raft leader")
+
+    def endpoints(self, first: str) -> str:
+        """Every client URL, comma-separated, `first` first."""
+        return ",".join([self.clients[first], *(url for name, url in self.clients.items() if name != first)])
+
+    def kill(self, name: str) -> None:
+        self.processes[name].kill()
+        self.processes[name].wait()
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            _stop(process)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
+    started = EtcdCluster(tmp_path / "etcd")
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+async def _retrying(call: Callable[[], Awaitable[T]], timeout: float = 30.0) -> T:
+    """What a gateway node does: retry a call that failed with UNAVAILABLE (etcd electing a leader)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await call()
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+@pytest.mark.slow
+async def test_losing_one_etcd_member_mid_run_loses_nothing(
+    cluster: EtcdCluster, tmp_path: Path, etcd_prefix: str
+) -> None:
+    victim = cluster.leader()
+    endpoints = cluster.endpoints(first=victim)  # the channels start on the member that will die
+    config = settings(tmp_path / "rollout.sqlite", endpoints, etcd_prefix, leader_ttl_s=5)
+    async with (
+        EtcdClient(endpoints) as etcd,
+        start_rollout(config) as rollout,
+        sim_node(etcd, rollout.stub, "a", ttl=5) as a,
+        sim_node(etcd, rollout.stub, "b", ttl=5) as b,
+    ):
+        run_id = await rollout.create_run(make_spec(tasks=4, group_size=2))
+        first = await a.acquire(3)
+        second = await b.acquire(3)
+        assert len(first) == len(second) == 3
+        assert await a.complete(first[0])
+        assert await b.complete(second[0])
+
+        cluster.kill(victim)
+
+        for node, held in ((a, first[1:]), (b, second[1:])):
+            for assignment in held:
+                assert await _retrying(lambda n=node, s=assignment: n.complete(s))  # type: ignore[misc]
+        rest = await _retrying(lambda: a.acquire(8))
+        assert len(rest) == 2
+        for assignment in rest:
+            assert await _retrying(lambda s=assignment: a.complete(s))  # type: ignore[misc]
+
+        run = await _retrying(lambda: rollout.get_run(run_id))
+        assert run.state == rollout_pb2.RUN_STATE_COMPLETED
+        assert (run.sessions_succeeded, run.sessions_running, run.sessions_pending) == (8, 0, 0)
+        groups = await rollout.groups(run_id)
+        sessions = [s.session_id for g in groups for s in g.sessions]
+        assert len(groups) == 4
+        assert len(sessions) == len(set(sessions)) == 8
+        assert all(s.attempt == 1 for g in groups for s in g.sessions)  # nothing was requeued
+        assert rollout.server.role.terms == 1  # leadership survived the member's loss
+        assert not a.lease.is_lost
+        assert not b.lease.is_lost
+        assert cluster.leader() != victim
