@@ -52,5 +52,20 @@ class CancelledError(LodestarError):
     """The operation was cancelled by its caller or by shutdown (gRPC CANCELLED)."""
 
 
+class InternalError(LodestarError):
+    """A bug or an unexpected failure inside a service, not the caller's fault and not transient (gRPC
+    INTERNAL, HTTP 500): never retried automatically. The message stays generic; details go to the log."""
+
+
+class ContextLengthExceededError(InvalidArgumentError):
+    """The prompt leaves no room for output in the model's context (gRPC INVALID_ARGUMENT with the numbers in
+    trailing metadata, so the gateway can answer in each vendor's own words)."""
+
+    def __init__(self, prompt_tokens: int, context_length: int) -> None:
+        super().__init__(f"the prompt has {prompt_tokens} tokens but the context length is {context_length} tokens")
+        self.prompt_tokens = prompt_tokens
+        self.context_length = context_length
+
+
 class UnimplementedError(LodestarError):
     """The operation is not implemented by this server (gRPC UNIMPLEMENTED, HTTP 501)."""

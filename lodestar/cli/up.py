@@ -20,7 +20,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from lodestar.cli import up_tls
 from lodestar.errors import UnavailableError
+from lodestar.grpc import security
 from lodestar.local import LocalCluster, ServiceSpec, find_etcd, port_or_free
 
 _console = Console(stderr=True)
@@ -127,6 +129,10 @@ async def _up(args: argparse.Namespace) -> int:
         with _console.status("starting etcd"):
             await cluster.start_etcd(timeout=args.timeout)
         specs = _service_specs(args, data_dir, cluster.etcd_url)
+        if args.tls:
+            client, pki, token_file = up_tls.secure(specs, data_dir)
+            security.configure(client)
+            _console.print(f"TLS: CA {pki.ca}, client certificate {client.tls_cert}, token in {token_file}")
         with _console.status("starting inference, rollout, gateway, trainer"):
             await cluster.start_services(specs, timeout=args.timeout)
         _print_addresses(cluster)
@@ -172,4 +178,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each start")
     parser.add_argument("--max-restarts", type=int, default=3, help="restarts per crashed service")
     parser.add_argument("--check", action="store_true", help="exit after the self-check passes")
+    parser.add_argument(
+        "--tls", action="store_true", help="mutual TLS + a control-plane token (local CA made in <data-dir>/tls)"
+    )
     parser.set_defaults(handler=_handle)

@@ -8,6 +8,7 @@ domain error, so the gateway can answer a harness in its own dialect.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,10 +31,23 @@ STATUS_BY_ERROR: dict[type[errors.LodestarError], grpc.StatusCode] = {
     errors.DeadlineExceededError: grpc.StatusCode.DEADLINE_EXCEEDED,
     errors.CancelledError: grpc.StatusCode.CANCELLED,
     errors.UnimplementedError: grpc.StatusCode.UNIMPLEMENTED,
+    errors.InternalError: grpc.StatusCode.INTERNAL,
 }
 ERROR_BY_STATUS: dict[grpc.StatusCode, type[errors.LodestarError]] = {
-    code: error for error, code in STATUS_BY_ERROR.items()
+    **{code: error for error, code in STATUS_BY_ERROR.items()},
+    grpc.StatusCode.UNKNOWN: errors.InternalError,  # an exception escaped a (non-lodestar) handler
+    grpc.StatusCode.DATA_LOSS: errors.InternalError,
+    grpc.StatusCode.ABORTED: errors.UnavailableError,  # a concurrency conflict: retrying may succeed
+    grpc.StatusCode.OUT_OF_RANGE: errors.InvalidArgumentError,
+    grpc.StatusCode.PERMISSION_DENIED: errors.UnauthenticatedError,
 }
+TRANSIENT_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
+)
+"""The only codes a caller may retry (the rest are the caller's fault or a bug: retrying cannot help)."""
+ERROR_REASON_KEY = "lodestar-error-reason"
+"""Trailing metadata naming a structured error (`context_length_exceeded`), with its numbers alongside."""
+_CONTEXT_REASON = "context_length_exceeded"
 
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
@@ -51,9 +65,27 @@ def status_for(error: errors.LodestarError) -> grpc.StatusCode:
 
 
 def error_from_rpc(error: grpc.aio.AioRpcError) -> errors.LodestarError:
-    """The domain error for a failed call; unknown codes become UnavailableError (retryable)."""
-    klass = ERROR_BY_STATUS.get(error.code(), errors.UnavailableError)
+    """The domain error for a failed call (INTERNAL/UNKNOWN and unmapped codes: InternalError, not retried);
+    a context overflow comes back as ContextLengthExceededError with its numbers."""
+    if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+        metadata = {key: value for key, value in error.trailing_metadata() or ()}
+        if metadata.get(ERROR_REASON_KEY) == _CONTEXT_REASON:
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                return errors.ContextLengthExceededError(
+                    int(metadata["lodestar-prompt-tokens"]), int(metadata["lodestar-context-length"])
+                )
+    klass = ERROR_BY_STATUS.get(error.code(), errors.InternalError)
     return klass(error.details() or error.code().name)
+
+
+def _trailing_metadata(error: errors.LodestarError) -> tuple[tuple[str, str], ...]:
+    if isinstance(error, errors.ContextLengthExceededError):
+        return (
+            (ERROR_REASON_KEY, _CONTEXT_REASON),
+            ("lodestar-prompt-tokens", str(error.prompt_tokens)),
+            ("lodestar-context-length", str(error.context_length)),
+        )
+    return ()
 
 
 class RpcInterceptor(grpc.aio.ServerInterceptor):
@@ -153,7 +185,7 @@ class RpcInterceptor(grpc.aio.ServerInterceptor):
         if isinstance(error, errors.LodestarError):
             code = status_for(error)
             self._log.info("rpc", method=method, code=code.name, duration_ms=duration_ms, error=error.message)
-            await context.abort(code, error.message)
+            await context.abort(code, error.message, trailing_metadata=_trailing_metadata(error))
         if isinstance(error, Exception) and not isinstance(error, grpc.aio.AbortError):
             self._log.error("rpc", method=method, code="INTERNAL", duration_ms=duration_ms, exc_info=error)
             await context.abort(grpc.StatusCode.INTERNAL, "internal error (see server log)")

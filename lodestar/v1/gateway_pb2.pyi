@@ -225,6 +225,7 @@ class GetSessionRequest(_message.Message):
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    """The session's id, or its key (`lsk-...`); closed sessions are found too."""
     def __init__(
         self,
         *,

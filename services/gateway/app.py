@@ -155,6 +155,7 @@ class GatewayHttp:
             raise InvalidArgumentError(f"body: malformed JSON ({_json_problem(error)})") from None
         try:
             parsed = dialect.parse(decoded, route, count_tokens=count_tokens)
+            self._proxy.unknown_fields.check(dialect.dialect, parsed.unknown_fields)
         except RecursionError:
             raise InvalidArgumentError("body: nested too deeply") from None
         except UnicodeError:

@@ -33,6 +33,8 @@ class CanonicalRequest:
     enable_thinking: bool | None = None
     render: Any = None
     """Dialect-specific rendering context (tool namespaces, reasoning options); opaque to the proxy."""
+    unknown_fields: list[str] = field(default_factory=list)
+    """Top-level body fields the dialect does not know (accepted and ignored unless --strict-fields)."""
 
 
 @dataclass

@@ -120,6 +120,27 @@ class CaptureStore:
             out.append((session, count))
         return out
 
+    async def session(self, value: str) -> tuple[gateway_pb2.Session, int] | None:
+        """One session by id or by key, with its number of captured calls (None when unknown)."""
+        row: tuple[bytes, int] | None = await self._run(self._session, value)
+        if row is None:
+            return None
+        session = gateway_pb2.Session()
+        session.ParseFromString(row[0])
+        return session, row[1]
+
+    def _session(self, value: str) -> tuple[bytes, int] | None:
+        row: tuple[bytes, int] | None = (
+            self._conn()
+            .execute(
+                "SELECT s.record, COALESCE((SELECT MAX(sequence) + 1 FROM calls c "
+                "WHERE c.session_id = s.session_id), 0) FROM sessions s WHERE s.session_id = ? OR s.session_key = ?",
+                (value, value),
+            )
+            .fetchone()
+        )
+        return row
+
     def _sessions(self) -> list[tuple[bytes, int]]:
         return (
             self._conn()

@@ -10,15 +10,24 @@ markers, client item ids and reasoning signatures play no part (they never reach
 tool-call arguments are compared as parsed JSON (harnesses re-serialize them); text is compared without
 surrounding whitespace. A re-sent assistant message WITHOUT reasoning matches a captured one with
 reasoning (Gemini CLI drops earlier `thought` parts); when reasoning is re-sent it must match.
+
+Lookups cost O(messages of the request), whatever the number of earlier calls: every link is indexed by
+the rolling digest of its covered messages (without reasoning), and the request's own rolling digests
+find the longest covered prefix directly; only the messages that carry reasoning are then compared one
+by one. A request that continues nothing is classified: FIRST (no earlier call), BRANCH (it shares at
+most its leading system messages with any earlier call, or re-sends a turn: compaction, sub-agents,
+retries) or DRIFT (it shares conversation with an earlier call but differs later, or only the tools
+differ: a chain broke where one was expected).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lodestar.v1 import common_pb2, inference_pb2
+from lodestar.v1.common_pb2 import ChainStart
 from services.gateway.digest_cache import DigestCache
 from services.gateway.sse import dump_bytes, dumps_sorted, loads
 
@@ -102,6 +111,17 @@ def _context_digest(serialized: tuple[bytes, ...]) -> bytes:
     return hasher.digest()
 
 
+def prefix_digests(keys: Sequence[MessageKey], start: int = 0, seed: bytes = b"") -> list[bytes]:
+    """Rolling digests of `keys[:k]` (reasoning left out) for k = start+1 .. len(keys); `seed` is the digest
+    of `keys[:start]` (b"" for start 0)."""
+    digests: list[bytes] = []
+    current = seed
+    for key in keys[start:]:
+        current = hashlib.blake2b(current + key.bare, digest_size=16).digest()
+        digests.append(current)
+    return digests
+
+
 @dataclass(slots=True)
 class ChainLink:
     """A captured call as a continuation source."""
@@ -115,47 +135,88 @@ class ChainLink:
 
 
 @dataclass(frozen=True, slots=True)
-class PrefixMiss:
-    """Why the closest earlier call was not continued (for the log: chain breaks are visible)."""
+class ChainMatch:
+    """The result of a lookup: the link to continue (if any) and how the request relates to the session."""
 
-    sequence: int
-    first_difference: int
-    """Index of the first message that differs (or the covered length when the tools differ)."""
-    reason: str
+    link: ChainLink | None
+    start: ChainStart.ValueType
+    digests: list[bytes]
+    """Rolling digests of the request's messages (reused when the call's own link is added)."""
+    closest_sequence: int = -1
+    """For BRANCH/DRIFT: the latest earlier call sharing the longest prefix with the request."""
+    first_difference: int = 0
+    """Index of the first message that differs from `closest_sequence` (its covered length when only the
+    tools differ)."""
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class _Session:
+    links: dict[bytes, list[ChainLink]] = field(default_factory=dict)
+    """Digest of the covered messages -> links covering exactly those messages (any tools), oldest first."""
+    prefixes: dict[bytes, int] = field(default_factory=dict)
+    """Digest of any prefix of any link's covered messages -> the first link that had it."""
+    count: int = 0
 
 
 class ChainIndex:
-    """Per-session continuation links, kept in memory for open sessions."""
+    """Per-session continuation links, kept in memory for open sessions (dropped when they close)."""
 
     def __init__(self) -> None:
-        self._links: dict[str, list[ChainLink]] = {}
+        self._sessions: dict[str, _Session] = {}
+
+    def __len__(self) -> int:
+        return len(self._sessions)
 
     def has(self, session_id: str) -> bool:
-        return session_id in self._links
+        return session_id in self._sessions
 
-    def load(self, session_id: str, links: list[ChainLink]) -> None:
-        self._links[session_id] = links
+    def load(self, session_id: str, links: Sequence[ChainLink]) -> None:
+        self._sessions[session_id] = _Session()
+        for link in links:
+            self.add(session_id, link)
 
-    def add(self, session_id: str, link: ChainLink) -> None:
-        self._links.setdefault(session_id, []).append(link)
+    def add(self, session_id: str, link: ChainLink, digests: Sequence[bytes] | None = None) -> None:
+        """Register a captured call (`digests`: `prefix_digests(link.keys)` when the caller has them).
+        Costs O(new messages): prefixes are registered from the end until one is known already."""
+        state = self._sessions.setdefault(session_id, _Session())
+        if digests is None or len(digests) != len(link.keys):
+            digests = prefix_digests(link.keys)
+        if not digests:
+            return
+        state.links.setdefault(digests[-1], []).append(link)
+        for digest in reversed(digests):
+            if digest in state.prefixes:
+                break
+            state.prefixes[digest] = link.sequence
+        state.count += 1
 
     def drop(self, session_id: str) -> None:
-        self._links.pop(session_id, None)
+        self._sessions.pop(session_id, None)
 
-    def find(self, session_id: str, context: bytes, keys: Sequence[MessageKey]) -> ChainLink | PrefixMiss | None:
-        """The link with the longest covered prefix of `keys` (latest on ties); else why the nearest failed."""
-        best: ChainLink | None = None
-        miss: PrefixMiss | None = None
-        for link in reversed(self._links.get(session_id, ())):
-            covered = len(link.keys)
-            if covered >= len(keys) or (best is not None and covered <= len(best.keys)):
-                continue
-            differs = next((i for i in range(covered) if not keys[i].matches(link.keys[i])), None)
-            if differs is None and link.context == context:
-                best = link
-                continue
-            first = covered if differs is None else differs
-            if miss is None or first > miss.first_difference:
-                reason = "tools differ" if differs is None else "message differs"
-                miss = PrefixMiss(link.sequence, first, reason)
-        return best if best is not None else miss
+    def find(
+        self, session_id: str, context: bytes, keys: Sequence[MessageKey], *, leading_system: int = 0
+    ) -> ChainMatch:
+        """The link with the longest covered prefix of `keys` under the same tools (latest on ties); else
+        how the request relates to the earlier calls. `leading_system`: the request's leading system and
+        developer messages (sharing only those makes a BRANCH, not a DRIFT)."""
+        digests = prefix_digests(keys)
+        state = self._sessions.get(session_id)
+        if state is None or state.count == 0:
+            return ChainMatch(None, common_pb2.CHAIN_START_FIRST, digests)
+        reasoning = [i for i, key in enumerate(keys) if key.has_reasoning]
+        tools_differ: ChainLink | None = None
+        for covered in range(len(keys) - 1, 0, -1):
+            for link in reversed(state.links.get(digests[covered - 1], ())):
+                if link.context != context:
+                    tools_differ = tools_differ or link
+                elif all(keys[i].full == link.keys[i].full for i in reasoning if i < covered):
+                    return ChainMatch(link, common_pb2.CHAIN_START_CONTINUED, digests)
+        shared = next((k for k in range(len(keys), 0, -1) if digests[k - 1] in state.prefixes), 0)
+        closest = state.prefixes[digests[shared - 1]] if shared else -1
+        if tools_differ is not None and len(tools_differ.keys) >= shared:
+            return ChainMatch(None, common_pb2.CHAIN_START_DRIFT, digests, tools_differ.sequence,
+                              len(tools_differ.keys), "tools differ")  # fmt: skip
+        if shared <= leading_system or shared >= len(keys):
+            return ChainMatch(None, common_pb2.CHAIN_START_BRANCH, digests, closest, shared, "new conversation")
+        return ChainMatch(None, common_pb2.CHAIN_START_DRIFT, digests, closest, shared, "message differs")

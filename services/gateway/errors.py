@@ -21,7 +21,7 @@ class MethodNotAllowedError(errors.InvalidArgumentError):
     """The path exists but not for this HTTP method (HTTP 405)."""
 
 
-class InternalError(errors.LodestarError):
+class InternalError(errors.InternalError):
     """A bug in the gateway itself (HTTP 500); the details are in the log, never in the response."""
 
 

@@ -1,7 +1,8 @@
 """The gRPC adapter from the gateway to InferenceService (the only gateway module that calls inference).
 
 Failed RPCs become domain errors (`lodestar.grpc.errors.error_from_rpc`): INVALID_ARGUMENT (e.g. a prompt
-over the context length) reaches the harness as a 400, UNAVAILABLE as a retryable 503/529. Cancelling the
+over the context length) reaches the harness as a 400, UNAVAILABLE as a retryable 503/529, INTERNAL/UNKNOWN
+(a bug) as a 500 that nobody retries. Cancelling the
 consuming task (a client that went away) cancels the RPC, which stops generation.
 """
 
@@ -12,9 +13,16 @@ from collections.abc import AsyncIterator
 import grpc
 import grpc.aio
 
-from lodestar.errors import InvalidArgumentError, LodestarError, UnavailableError
+from lodestar.errors import (
+    DeadlineExceededError,
+    InternalError,
+    InvalidArgumentError,
+    LodestarError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
 from lodestar.grpc.client import connect
-from lodestar.grpc.errors import error_from_rpc
+from lodestar.grpc.errors import TRANSIENT_CODES, error_from_rpc
 from lodestar.v1 import inference_pb2, inference_pb2_grpc
 
 
@@ -59,11 +67,14 @@ class GrpcInference:
 
 
 def _domain_error(error: grpc.aio.AioRpcError) -> LodestarError:
-    """Inference's own messages for bad requests; a generic retryable error for everything else (the
-    channel's details name internal addresses and must not reach a harness)."""
+    """What a harness may see of a failed inference call (docs/gateway.md, "Error classes"):
+    the caller's fault (INVALID_ARGUMENT, incl. a context overflow) with inference's message; the transient
+    codes (RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED) as themselves and UNAVAILABLE as a generic retryable error
+    (the channel's details name internal addresses); everything else is a bug or a misconfiguration on our
+    side: InternalError (500, not transient, never retried by the gRPC channel)."""
     domain = error_from_rpc(error)
-    if isinstance(domain, InvalidArgumentError):
+    if isinstance(domain, InvalidArgumentError | ResourceExhaustedError | DeadlineExceededError):
         return domain
-    if error.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return domain
-    return UnavailableError("the model backend is unavailable; retry shortly")
+    if error.code() in TRANSIENT_CODES or isinstance(domain, UnavailableError):
+        return UnavailableError("the model backend is unavailable; retry shortly")
+    return InternalError("the model backend failed on this request (an internal error; see the inference log)")

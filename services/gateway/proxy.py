@@ -19,8 +19,9 @@ from lodestar.logging import get_logger
 from lodestar.v1 import common_pb2, inference_pb2
 from services.gateway.canonical import CallResult, CanonicalRequest, new_id, now_seconds
 from services.gateway.capture import CaptureStore
-from services.gateway.continuation import ChainIndex, ChainLink, PrefixMiss, context_key, message_keys
+from services.gateway.continuation import ChainIndex, ChainLink, context_key, message_keys, prefix_digests
 from services.gateway.sessions import SessionEntry, timestamp_now
+from services.gateway.unknown_fields import UnknownFields
 
 _log = get_logger("gateway.proxy")
 
@@ -40,13 +41,25 @@ class InferenceBackend(Protocol):
 class Proxy:
     """Runs calls against inference and captures them."""
 
-    def __init__(self, inference: InferenceBackend, store: CaptureStore, chains: ChainIndex | None = None) -> None:
+    def __init__(
+        self,
+        inference: InferenceBackend,
+        store: CaptureStore,
+        chains: ChainIndex | None = None,
+        *,
+        unknown_fields: UnknownFields | None = None,
+    ) -> None:
         self._inference = inference
         self._store = store
         self._chains = chains or ChainIndex()
+        self.unknown_fields = unknown_fields or UnknownFields()
+        """Policy and counts of unknown top-level request fields (checked by the transport after parsing)."""
         self.calls_captured = 0
         self._background: set[asyncio.Future[None]] = set()
         self.chain_breaks = 0
+        """Calls that drifted: they share conversation with an earlier call but do not extend it."""
+        self.branches = 0
+        """Calls that started a new conversation in a session with earlier calls (compaction, sub-agents)."""
         self.unanswered: dict[str, tuple[int, str]] = {}
         """Per session: (calls that failed since its last answered call, the last failure's message). The
         node lifecycle reads it to tell "inference was down" from a harness that simply finished."""
@@ -64,13 +77,17 @@ class Proxy:
         keys = message_keys(request.messages)
         context = context_key(request.tools)
         generate = self._generate_request(request, response_id)
-        found = self._chains.find(session.session_id, context, keys)
-        if isinstance(found, ChainLink):
+        match = self._chains.find(session.session_id, context, keys, leading_system=_leading_system(request.messages))
+        found = match.link
+        if found is not None:
             generate.continuation.CopyFrom(found.continuation)
-        elif isinstance(found, PrefixMiss):
-            self.chain_breaks += 1
-            _log.info("new chain", session_id=session.session_id, closest_sequence=found.sequence,
-                      first_difference=found.first_difference, reason=found.reason)  # fmt: skip
+        elif match.start != common_pb2.CHAIN_START_FIRST:
+            drift = match.start == common_pb2.CHAIN_START_DRIFT
+            self.chain_breaks += drift
+            self.branches += not drift
+            _log.info("new chain", session_id=session.session_id, kind="drift" if drift else "branch",
+                      closest_sequence=match.closest_sequence, first_difference=match.first_difference,
+                      reason=match.reason)  # fmt: skip
         started_at = timestamp_now()
 
         def request_half() -> common_pb2.CallRecord:  # built and written on the store's thread, while generating
@@ -97,18 +114,21 @@ class Proxy:
                 arrived = time.perf_counter()
                 final = event.final
                 completion = _completion(final.message, call_ids)
-                continued = found.sequence if isinstance(found, ChainLink) and final.continuation_used else -1
+                continued = found.sequence if found is not None and final.continuation_used else -1
+                start = match.start if continued >= 0 or found is None else common_pb2.CHAIN_START_DRIFT
                 result_half = common_pb2.CallRecord(
                     session_id=session.session_id, prompt_token_ids=final.prompt_token_ids,
                     completion_token_ids=final.completion_token_ids, completion_logprobs=final.completion_logprobs,
                     finish_reason=final.finish_reason, completion=completion, policy_version=final.policy_version,
                     usage=final.usage, continued_from_sequence=continued, first_token_ms=first_token_ms,
+                    chain_start=start,
                 )  # fmt: skip
                 link_keys = [*keys, *message_keys([completion])]
                 link = ChainLink(-1, context, link_keys, _continuation(result_half, len(link_keys)))
+                digests = [*match.digests, *prefix_digests(link_keys, len(keys), match.digests[-1] if keys else b"")]
                 await begun
                 answered = True  # from here the record is completed even if this call is cancelled (shield)
-                sequence = await asyncio.shield(self._capture(session, response_id, result_half, link))
+                sequence = await asyncio.shield(self._capture(session, response_id, result_half, link, digests))
                 timings = {"prepare_ms": (sent - clock) * 1e3, "inference_ms": (arrived - sent) * 1e3,
                            "capture_ms": (time.perf_counter() - arrived) * 1e3}  # fmt: skip
                 yield CallResult(final, completion, response_id, now_seconds(), sequence, timings)
@@ -123,14 +143,19 @@ class Proxy:
                 self._discard(begun, response_id)
 
     async def _capture(
-        self, session: SessionEntry, call_id: str, result_half: common_pb2.CallRecord, link: ChainLink
+        self,
+        session: SessionEntry,
+        call_id: str,
+        result_half: common_pb2.CallRecord,
+        link: ChainLink,
+        digests: list[bytes],
     ) -> int:
         result_half.sequence = link.sequence = session.take_sequence()
         result_half.finished_at.CopyFrom(timestamp_now())
         await self._store.append(call_id, result_half)
         self.calls_captured += 1
         self.unanswered.pop(session.session_id, None)
-        self._chains.add(session.session_id, link)
+        self._chains.add(session.session_id, link, digests)
         return result_half.sequence
 
     def _discard(self, begun: asyncio.Future[None], call_id: str) -> None:
@@ -171,6 +196,12 @@ class Proxy:
 
     async def model_info(self) -> inference_pb2.GetModelInfoResponse:
         return await self._inference.model_info()
+
+
+def _leading_system(messages: list[common_pb2.ChatMessage]) -> int:
+    """How many messages at the start are system/developer instructions."""
+    system = (common_pb2.ROLE_SYSTEM, common_pb2.ROLE_DEVELOPER)
+    return next((i for i, message in enumerate(messages) if message.role not in system), len(messages))
 
 
 def _completion(message: common_pb2.ChatMessage, call_ids: dict[int, str]) -> common_pb2.ChatMessage:

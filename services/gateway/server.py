@@ -35,6 +35,7 @@ from services.gateway.proxy import InferenceBackend, Proxy
 from services.gateway.servicer import GatewayServicer
 from services.gateway.sessions import SessionRegistry
 from services.gateway.settings import GatewaySettings
+from services.gateway.unknown_fields import UnknownFields
 
 _log = get_logger("gateway")
 CAPTURE_FILE = "capture.sqlite"
@@ -61,7 +62,7 @@ class GatewayNode:
         )
         self.store = CaptureStore(settings.data_dir / CAPTURE_FILE, synchronous=settings.capture_synchronous)
         self.sessions = SessionRegistry(self.store)
-        self.proxy = Proxy(self.inference, self.store)
+        self.proxy = Proxy(self.inference, self.store, unknown_fields=UnknownFields(strict=settings.strict_fields))
         self.grpc = GrpcServer("gateway", host=settings.host, port=settings.port, drain_seconds=settings.drain_seconds)
         self.grpc.add_service(
             gateway_pb2_grpc.add_GatewayServiceServicer_to_server,

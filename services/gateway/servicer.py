@@ -60,12 +60,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     ) -> gateway_pb2.CloseSessionResponse:
         entry = await self._sessions.close(_session_id(request.session_id))
         self._proxy.chains.drop(entry.session_id)
+        self._proxy.unanswered.pop(entry.session_id, None)
         return gateway_pb2.CloseSessionResponse(session=_public(entry.session))
 
     async def GetSession(
         self, request: gateway_pb2.GetSessionRequest, context: Context
     ) -> gateway_pb2.GetSessionResponse:
-        entry = self._sessions.get(_session_id(request.session_id))
+        entry = await self._sessions.find(_session_id(request.session_id))
         calls = await self._store.calls(entry.session_id)
         return gateway_pb2.GetSessionResponse(session=_public(entry.session), calls=calls)
 
@@ -81,4 +82,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             open_sessions=self._sessions.open_count,
             calls_captured=self._proxy.calls_captured,
             chain_breaks=self._proxy.chain_breaks,
+            branches=self._proxy.branches,
+            unknown_fields=[
+                gateway_pb2.UnknownFieldCount(dialect=dialect, field=name, count=count)
+                for dialect, name, count in self._proxy.unknown_fields.counts()
+            ],
         )

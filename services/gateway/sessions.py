@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -51,21 +52,38 @@ def timestamp_now() -> Timestamp:
 
 
 class SessionRegistry:
-    """All sessions of this node, by id and by key."""
+    """The sessions of this node, by id and by key: open ones in memory, the most recently closed ones in a
+    bounded memo (so a closed key is answered "closed"), all of them in the capture store. A node's memory
+    therefore stays flat however many sessions it has opened and closed."""
 
-    def __init__(self, store: CaptureStore) -> None:
+    def __init__(self, store: CaptureStore, *, closed_memo: int = 1024) -> None:
         self._store = store
         self._by_id: dict[str, SessionEntry] = {}
         self._by_key: dict[str, SessionEntry] = {}
+        self._closed: OrderedDict[str, SessionEntry] = OrderedDict()
+        """Recently closed sessions by id AND by key (two entries each)."""
+        self._closed_memo = closed_memo
 
     async def load(self) -> None:
         for session, count in await self._store.sessions():
             session.call_count = count
-            self._index(SessionEntry(session, count))
+            if session.state == gateway_pb2.SESSION_STATE_OPEN:
+                self._index(SessionEntry(session, count))
 
     def _index(self, entry: SessionEntry) -> None:
         self._by_id[entry.session_id] = entry
         self._by_key[entry.session.session_key] = entry
+
+    def _retire(self, entry: SessionEntry) -> None:
+        self._by_id.pop(entry.session_id, None)
+        self._by_key.pop(entry.session.session_key, None)
+        self._closed[entry.session_id] = self._closed[entry.session.session_key] = entry
+        while len(self._closed) > 2 * self._closed_memo:
+            self._closed.popitem(last=False)
+
+    def __len__(self) -> int:
+        """Sessions held in memory (open + the closed memo)."""
+        return len(self._by_id) + len(self._closed) // 2
 
     async def open(self, *, run_id: str = "", labels: Mapping[str, str] | None = None) -> SessionEntry:
         session = gateway_pb2.Session(
@@ -82,7 +100,7 @@ class SessionRegistry:
         return entry
 
     async def close(self, session_id: str) -> SessionEntry:
-        entry = self.get(session_id)
+        entry = await self.find(session_id)
         if entry.is_open:
             closed = gateway_pb2.Session()
             closed.CopyFrom(entry.session)
@@ -90,19 +108,33 @@ class SessionRegistry:
             closed.closed_at.CopyFrom(timestamp_now())
             await self._store.put_session(closed)
             entry.session = closed
+            self._retire(entry)
         return entry
 
     def get(self, session_id: str) -> SessionEntry:
-        entry = self._by_id.get(session_id)
+        """An open or recently closed session (see `find` for any session)."""
+        entry = self._by_id.get(session_id) or self._closed.get(session_id)
         if entry is None:
             raise NotFoundError(f"unknown session {session_id!r}")
         return entry
+
+    async def find(self, id_or_key: str) -> SessionEntry:
+        """Any session of this node by its id or its key (the store answers for long-closed ones)."""
+        entry = self._by_id.get(id_or_key) or self._by_key.get(id_or_key) or self._closed.get(id_or_key)
+        if entry is not None:
+            return entry
+        found = await self._store.session(id_or_key)
+        if found is None:
+            raise NotFoundError(f"unknown session {id_or_key!r}")
+        session, count = found
+        session.call_count = count
+        return SessionEntry(session, count)
 
     def authenticate(self, key: str | None) -> SessionEntry:
         """The open session whose key this is."""
         if not key:
             raise UnauthenticatedError("missing API key: send the lodestar session key as the API key")
-        entry = self._by_key.get(key)
+        entry = self._by_key.get(key) or self._closed.get(key)
         if entry is None:
             raise UnauthenticatedError("invalid API key: not a session key of this gateway")
         if not entry.is_open:
@@ -111,4 +143,4 @@ class SessionRegistry:
 
     @property
     def open_count(self) -> int:
-        return sum(1 for entry in self._by_id.values() if entry.is_open)
+        return len(self._by_id)

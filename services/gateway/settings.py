@@ -37,6 +37,9 @@ class GatewaySettings(ServiceSettings):
     """Largest accepted HTTP request body; larger ones get 413 in the dialect's shape."""
     request_timeout_s: float = 600.0
     """Longest one model call may take end to end."""
+    strict_fields: bool = False
+    """Refuse unknown top-level request fields with 400 (as the vendors do) instead of accepting them (logged
+    once per dialect and field, counted in GetNodeStatus.unknown_fields, kept in original_request_json)."""
     capture_synchronous: Literal["full", "normal", "off"] = "normal"
     """SQLite synchronous mode of the capture store: normal = a record committed before its response
     survives any crash of the gateway process; full = each commit is also fsynced (survives an OS crash or

@@ -13,15 +13,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from lodestar.errors import InvalidArgumentError
+from lodestar.errors import ContextLengthExceededError, InvalidArgumentError
 from lodestar.logging import get_logger
 from lodestar.v1 import common_pb2, inference_pb2
 from services.inference.assistant import AssistantDelta, AssistantParser, ParsedAssistant, _partial_suffix
 from services.inference.engine import Engine, EngineRequest, SamplingOptions
-from services.inference.templates import ChatTemplate, tool_schema
+from services.inference.templates import ChatTemplate, Prompt, tool_schema
 from services.inference.tokenizer import IncrementalDecoder
 from services.inference.toolcalls import ToolCallFormat
 
@@ -90,24 +90,30 @@ class Generation:
         self._fmt = fmt
         self._cap = max_new_tokens
 
+    def _prompt(
+        self,
+        request: inference_pb2.GenerateRequest,
+        thinking: bool | None,
+        continuation: inference_pb2.Continuation | None,
+        vocab_size: int,
+    ) -> Prompt:
+        if continuation is not None:
+            check_token_ids(continuation.token_ids, vocab_size, "continuation.token_ids")
+        return self._template.prompt(
+            request.messages, request.tools, enable_thinking=thinking, continuation=continuation
+        )
+
     async def run(self, request: inference_pb2.GenerateRequest) -> AsyncIterator[inference_pb2.GenerateResponse]:
         started = time.perf_counter()
         request_id = request.request_id or f"gen-{uuid.uuid4().hex[:16]}"
         continuation = request.continuation if request.HasField("continuation") else None
         thinking = request.enable_thinking if request.HasField("enable_thinking") else None
+        info = self._engine.info()
         # Rendering and tokenizing a long harness prompt takes milliseconds: keep the event loop free.
-        prompt = await asyncio.to_thread(
-            self._template.prompt,
-            request.messages,
-            request.tools,
-            enable_thinking=thinking,
-            continuation=continuation,
-        )
-        context = self._engine.info().context_length
+        prompt = await asyncio.to_thread(self._prompt, request, thinking, continuation, info.vocab_size)
+        context = info.context_length
         if len(prompt.ids) >= context:
-            raise InvalidArgumentError(
-                f"the prompt has {len(prompt.ids)} tokens but the context length is {context} tokens"
-            )
+            raise ContextLengthExceededError(len(prompt.ids), context)
         options = sampling_options(request.sampling, self._cap, context - len(prompt.ids))
         engine_request = EngineRequest(  # engine ids stay unique even when a client reuses its request_id
             f"{request_id}#{uuid.uuid4().hex[:8]}",
@@ -195,6 +201,15 @@ class Generation:
             duration_ms=round((time.perf_counter() - started) * 1e3, 2),
         )
         yield inference_pb2.GenerateResponse(final=final)
+
+
+def check_token_ids(ids: Sequence[int], vocab_size: int, what: str) -> None:
+    """Token ids a client sent must exist in the model's vocabulary (else the engine would fail on them)."""
+    if ids and max(ids) >= vocab_size:
+        position, bad = next((i, t) for i, t in enumerate(ids) if t >= vocab_size)
+        raise InvalidArgumentError(
+            f"{what}[{position}] = {bad} is not a token id of this model (vocabulary size {vocab_size})"
+        )
 
 
 def _completion_text(text: str, stops: _Stops) -> str:

@@ -138,18 +138,18 @@ def test_longest_prefix_not_last_call(gateway_stack: GatewayStack, session: Open
     _chat(gateway_stack, key, chain_b)  # call 3 continues call 1
     chain_a.append({"role": "user", "content": "again"})
     _chat(gateway_stack, key, chain_a)  # call 4 continues call 2 (the longest prefix), not call 0
-    edited = [
-        {"role": "system", "content": "main"},
-        {"role": "user", "content": "task A, edited"},
-        chain_a[2],
-        {"role": "user", "content": "x"},
-    ]
-    breaks_before = gateway_stack.stub().GetNodeStatus(gateway_pb2.GetNodeStatusRequest()).chain_breaks
-    _chat(gateway_stack, key, edited)  # call 5: an earlier message changed -> a new chain
-    breaks_after = gateway_stack.stub().GetNodeStatus(gateway_pb2.GetNodeStatusRequest()).chain_breaks
-    assert breaks_after == breaks_before + 1  # the break is counted, not silent
+    # The model's first answer comes back altered (as a re-serializing harness would): shared beyond the system
+    # message, yet no earlier call is a prefix.
+    edited = [*chain_a[:2], {"role": "assistant", "content": "r0, altered"}, {"role": "user", "content": "x"}]
+    status = gateway_stack.stub().GetNodeStatus(gateway_pb2.GetNodeStatusRequest())
+    assert (status.chain_breaks, status.branches) == (0, 1)  # call 1 (the sub-agent) is a branch, not a drift
+    _chat(gateway_stack, key, edited)  # call 5: an earlier message changed -> a new chain (a drift)
+    status = gateway_stack.stub().GetNodeStatus(gateway_pb2.GetNodeStatusRequest())
+    assert (status.chain_breaks, status.branches) == (1, 1)  # the break is counted, not silent
     calls = gateway_stack.calls(session.session_id)
     assert [c.continued_from_sequence for c in calls] == [-1, -1, 0, 1, 2, -1]
+    starts = [common_pb2.ChainStart.Name(c.chain_start).removeprefix("CHAIN_START_") for c in calls]
+    assert starts == ["FIRST", "BRANCH", "CONTINUED", "CONTINUED", "CONTINUED", "DRIFT"]
     assert_chain_extends([calls[0], calls[2], calls[4]])
     assert_chain_extends([calls[1], calls[3]])
     assert calls[4].usage.continued_prompt_tokens == len(calls[2].prompt_token_ids) + len(calls[2].completion_token_ids)

@@ -68,12 +68,11 @@ def test_session_rpcs(gateway_stack: GatewayStack, session: OpenedSession) -> No
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_bad_bodies_are_4xx_in_dialect_shape(gateway_stack: GatewayStack, session: OpenedSession, dialect: str) -> None:
-    path, body = VALID[dialect]
+    path = VALID[dialect][0]
     base = gateway_stack.http_base_url
     cases = [
         (post(base, path, raw=b'{"model": "m", "messages": [', key=session.key), 400, "malformed JSON"),
         (post(base, path, raw=b"[1, 2]", key=session.key), 400, "expected an object"),
-        (post(base, path, {**body, "bogus_field": 1}, key=session.key), 400, "bogus_field"),
         (
             post(
                 base, path, raw=b"a=b", key=session.key, headers={"Content-Type": "application/x-www-form-urlencoded"}

@@ -179,6 +179,24 @@ async def test_prompt_over_context_is_invalid_argument_with_numbers(stub) -> Non
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "65536" in caught.value.details()
     assert any(word.isdigit() and int(word) > 65536 for word in caught.value.details().split())
+    metadata = dict(caught.value.trailing_metadata() or ())  # the numbers, for the gateway's vendor wording
+    assert metadata["lodestar-error-reason"] == "context_length_exceeded"
+    assert metadata["lodestar-context-length"] == "65536"
+
+
+async def test_continuation_ids_outside_the_vocabulary_are_invalid_argument(stub) -> None:
+    """Found before the engine (which would fail on them, and that would read as "generation failed")."""
+    info = await stub.GetModelInfo(inference_pb2.GetModelInfoRequest())
+    first_messages = [user("First question.")]
+    first = (await collect(stub, request(first_messages, sampling=sampling(max_tokens=3)))).final
+    tokens = [*first.prompt_token_ids, *first.completion_token_ids]
+    tokens[2] = info.vocab_size + 7
+    cont = inference_pb2.Continuation(token_ids=tokens, message_count=2)
+    messages = [*first_messages, first.message, user("Second question.")]
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await collect(stub, request(messages, continuation=cont, sampling=sampling(max_tokens=2)))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"continuation.token_ids[2] = {info.vocab_size + 7}" in (caught.value.details() or "")
 
 
 async def test_bad_sampling_is_invalid_argument(stub) -> None:

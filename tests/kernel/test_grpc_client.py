@@ -42,13 +42,18 @@ async def test_retries_are_bounded(served) -> None:
     assert service.calls["b"] == 3
 
 
-async def test_other_errors_are_not_retried(served) -> None:
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [("FailedPreconditionError", grpc.StatusCode.FAILED_PRECONDITION), ("InternalError", grpc.StatusCode.INTERNAL)],
+)
+async def test_other_errors_are_not_retried(served, error: str, code: grpc.StatusCode) -> None:
+    """A caller's fault or a bug (INTERNAL) is answered at once: retrying cannot help."""
     service, target = served
     async with connect(target) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await method(channel, "Unary")(b"flaky:c:1:FailedPreconditionError", timeout=10)
-    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert service.calls["c"] == 1
+            await method(channel, "Unary")(f"flaky:c-{error}:1:{error}".encode(), timeout=10)
+    assert caught.value.code() == code
+    assert service.calls[f"c-{error}"] == 1
 
 
 async def test_default_deadline_applies_to_unary_calls(served) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -31,9 +32,9 @@ async def channel() -> AsyncIterator[grpc.aio.Channel]:
 def test_every_domain_error_has_a_distinct_status() -> None:
     domain_errors = {klass for klass in vars(errors).values() if isinstance(klass, type)}
     domain_errors.discard(errors.LodestarError)
-    assert set(STATUS_BY_ERROR) == {k for k in domain_errors if issubclass(k, errors.LodestarError)}
+    assert set(STATUS_BY_ERROR) == {k for k in domain_errors if errors.LodestarError in k.__bases__}
     assert len(set(STATUS_BY_ERROR.values())) == len(STATUS_BY_ERROR)
-    assert grpc.StatusCode.INTERNAL not in STATUS_BY_ERROR.values()
+    assert STATUS_BY_ERROR[errors.InternalError] == grpc.StatusCode.INTERNAL
 
 
 @pytest.mark.parametrize(("error", "code"), MAPPED, ids=[klass.__name__ for klass, _ in MAPPED])
@@ -132,10 +133,34 @@ async def test_client_streaming_errors_are_mapped(channel) -> None:
     assert await method(channel, "ClientStream")(fine(), timeout=5) == b"done"
 
 
-async def test_unknown_status_maps_to_retryable_unavailable(channel) -> None:
+async def test_crashes_and_unmapped_statuses_are_internal_not_transient(channel) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await method(channel, "Unary")(b"crash:bug", timeout=5)
+    assert isinstance(error_from_rpc(caught.value), errors.InternalError)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await method(channel, "Unary")(b"abort:who knows", timeout=5)
-    assert isinstance(error_from_rpc(caught.value), errors.UnavailableError)
+    assert isinstance(error_from_rpc(caught.value), errors.UnauthenticatedError)  # PERMISSION_DENIED
+
+
+async def test_context_overflow_keeps_its_numbers_across_the_wire() -> None:
+    class Overflowing(FaultyService):
+        async def run(self, command: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+            raise errors.ContextLengthExceededError(5000, 4096)
+
+    server = build_server(Overflowing())
+    port = await server.start()
+    await server.set_serving(True)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await method(channel, "Unary")(b"ok:x", timeout=5)
+    finally:
+        await server.stop(0)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    back = error_from_rpc(caught.value)
+    assert isinstance(back, errors.ContextLengthExceededError)
+    assert (back.prompt_tokens, back.context_length) == (5000, 4096)
+    assert back.message == "the prompt has 5000 tokens but the context length is 4096 tokens"
 
 
 async def test_coroutine_streaming_servicer_passes_the_interceptor() -> None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from lodestar.errors import LodestarError
+from lodestar.errors import ContextLengthExceededError, LodestarError
 from lodestar.v1 import common_pb2
 from services.gateway import canonical as cn
 from services.gateway.canonical import CallResult, CanonicalRequest
 from services.gateway.dialects import fields as f
+from services.gateway.dialects import sampling as sampling_fields
 from services.gateway.dialects.anthropic_stream import AnthropicStream, stop_reason, usage
 from services.gateway.dialects.base import JsonObject, Route
 from services.gateway.dialects.common import (
@@ -26,6 +27,7 @@ from services.gateway.dialects.common import (
     image_from_url,
     tool_definition,
 )
+from services.gateway.dialects.sampling import read_sampling
 from services.gateway.errors import http_status
 
 _COMMON_FIELDS = frozenset(
@@ -53,7 +55,6 @@ class AnthropicMessages:
 
     def parse(self, body: Any, route: Route, *, count_tokens: bool = False) -> CanonicalRequest:
         body = f.expect_object(body, "body")
-        f.check_fields(body, COUNT_FIELDS if count_tokens else MESSAGES_FIELDS)
         model = f.string(body, "model", required=True) or ""
         raw_messages = f.array(body, "messages", required=True) or []
         messages = _system_messages(body.get("system"))
@@ -65,18 +66,10 @@ class AnthropicMessages:
         request.tools = _tools(f.array(body, "tools") or [])
         request.tool_choice = _tool_choice(body.get("tool_choice"))
         request.enable_thinking = _thinking(body.get("thinking"))
+        request.unknown_fields = f.unknown_fields(body, COUNT_FIELDS if count_tokens else MESSAGES_FIELDS)
         if count_tokens:
             return request
-        sampling = request.sampling
-        max_tokens = f.integer(body, "max_tokens", minimum=1, required=True)
-        sampling.max_tokens = max_tokens or 1
-        if (value := f.number(body, "temperature", minimum=0.0)) is not None:
-            sampling.temperature = value
-        if (value := f.number(body, "top_p", minimum=0.0, maximum=1.0)) is not None:
-            sampling.top_p = value
-        if (top_k := f.integer(body, "top_k", minimum=0)) is not None:
-            sampling.top_k = top_k
-        sampling.stop.extend(f.string_list(body, "stop_sequences"))
+        request.sampling = read_sampling(body, sampling_fields.ANTHROPIC)
         f.obj(body, "metadata")
         request.stream = bool(f.boolean(body, "stream"))
         return request
@@ -97,6 +90,9 @@ class AnthropicMessages:
         return AnthropicStream(request)
 
     def error(self, error: LodestarError) -> tuple[int, JsonObject]:
+        if isinstance(error, ContextLengthExceededError):  # Claude Code compacts on exactly these words
+            message = f"prompt is too long: {error.prompt_tokens} tokens > {error.context_length} maximum"
+            return 400, {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
         status = http_status(error)
         kind = _ERROR_TYPES.get(status, "api_error")
         if status == 503:

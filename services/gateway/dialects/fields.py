@@ -42,12 +42,11 @@ def type_name(value: Any) -> str:
     return _TYPE_NAMES.get(type(value), type(value).__name__)
 
 
-def check_fields(obj: JsonObject, allowed: Iterable[str] | frozenset[str], path: str = "") -> None:
-    """Reject fields the vendor API does not define (it answers 400 for them too)."""
+def unknown_fields(obj: JsonObject, allowed: Iterable[str] | frozenset[str]) -> list[str]:
+    """The keys of `obj` the vendor API does not define (the caller decides: accept or refuse, see
+    `services.gateway.unknown_fields`)."""
     allowed_set = allowed if isinstance(allowed, frozenset) else frozenset(allowed)
-    for key in obj:
-        if key not in allowed_set:
-            raise fail(join(path, key), "unknown field (not part of this API)")
+    return [key for key in obj if key not in allowed_set]
 
 
 def req(obj: JsonObject, key: str, path: str = "") -> Any:

@@ -14,7 +14,7 @@ import base64
 from dataclasses import dataclass
 from typing import Any
 
-from lodestar.errors import LodestarError
+from lodestar.errors import ContextLengthExceededError, LodestarError
 from lodestar.v1 import common_pb2, inference_pb2
 from services.gateway import canonical as cn
 from services.gateway import sse
@@ -28,6 +28,7 @@ from services.gateway.dialects.common import (
     image_from_url,
     tool_definition,
 )
+from services.gateway.dialects.sampling import GOOGLE, read_sampling
 from services.gateway.errors import http_status
 
 FIELDS = frozenset({"contents", "systemInstruction", "tools", "toolConfig", "generationConfig", "safetySettings",
@@ -66,9 +67,7 @@ class GoogleGenerateContent:
 
     def parse(self, body: Any, route: Route, *, count_tokens: bool = False) -> CanonicalRequest:
         raw = f.expect_object(body, "body")
-        for key in raw:
-            if _camel_key(key) not in FIELDS:
-                raise f.fail(key, "unknown field (not part of this API)")
+        unknown = [key for key in raw if _camel_key(key) not in FIELDS]
         body = camel(raw)
         if (nested := body.get("generateContentRequest")) is not None:  # countTokens wraps the request
             body = camel(f.expect_object(nested, "generateContentRequest"))
@@ -83,6 +82,7 @@ class GoogleGenerateContent:
         request.tools = _tools(f.array(body, "tools") or [])
         request.tool_choice = _tool_choice(body.get("toolConfig"))
         _generation_config(f.obj(body, "generationConfig") or {}, request, context)
+        request.unknown_fields = unknown
         return request
 
     def render(self, request: CanonicalRequest, result: CallResult) -> JsonObject:
@@ -94,6 +94,12 @@ class GoogleGenerateContent:
         return GoogleStream(request)
 
     def error(self, error: LodestarError) -> tuple[int, JsonObject]:
+        if isinstance(error, ContextLengthExceededError):
+            message = (
+                f"The input token count ({error.prompt_tokens}) exceeds the maximum number of tokens allowed "
+                f"({error.context_length})."
+            )
+            return 400, {"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}}
         status = http_status(error)
         name = _STATUS_NAMES.get(status, "INTERNAL")
         return status, {"error": {"code": status, "message": error.message, "status": name}}
@@ -300,18 +306,8 @@ def _tool_choice(raw: Any) -> common_pb2.ToolChoice | None:
 
 
 def _generation_config(config: JsonObject, request: CanonicalRequest, context: GoogleContext) -> None:
-    config, path, sampling = camel(config), "generationConfig", request.sampling
-    if (value := f.number(config, "temperature", path, minimum=0.0, maximum=2.0)) is not None:
-        sampling.temperature = value
-    if (value := f.number(config, "topP", path, minimum=0.0, maximum=1.0)) is not None:
-        sampling.top_p = value
-    if (top_k := f.integer(config, "topK", path, minimum=0)) is not None:
-        sampling.top_k = top_k
-    if (limit := f.integer(config, "maxOutputTokens", path, minimum=1)) is not None:
-        sampling.max_tokens = limit
-    if (seed := f.integer(config, "seed", path)) is not None:
-        sampling.seed = seed & (2**64 - 1)
-    sampling.stop.extend(f.string_list(config, "stopSequences", path))
+    config, path = camel(config), "generationConfig"
+    request.sampling = read_sampling(config, GOOGLE, path)
     if (count := f.integer(config, "candidateCount", path, minimum=1)) is not None and count != 1:
         raise f.fail(f"{path}.candidateCount", "only 1 candidate is supported")
     thinking = camel(f.obj(config, "thinkingConfig", path) or {})

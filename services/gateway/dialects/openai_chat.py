@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lodestar.errors import LodestarError
+from lodestar.errors import ContextLengthExceededError, LodestarError
 from lodestar.v1 import common_pb2, inference_pb2
 from services.gateway import canonical as cn
 from services.gateway import sse
@@ -18,6 +18,7 @@ from services.gateway.canonical import CallResult, CanonicalRequest
 from services.gateway.dialects import fields as f
 from services.gateway.dialects.base import JsonObject, Route
 from services.gateway.dialects.common import arguments_string, image_from_url, tool_definition
+from services.gateway.dialects.sampling import OPENAI_CHAT, read_sampling
 from services.gateway.errors import http_status
 
 FIELDS = frozenset({
@@ -51,7 +52,6 @@ class OpenAIChat:
 
     def parse(self, body: Any, route: Route, *, count_tokens: bool = False) -> CanonicalRequest:
         body = f.expect_object(body, "body")
-        f.check_fields(body, FIELDS)
         model = f.string(body, "model", required=True) or ""
         raw_messages = f.array(body, "messages", required=True) or []
         messages = [_message(raw, f"messages.{i}") for i, raw in enumerate(raw_messages)]
@@ -62,20 +62,8 @@ class OpenAIChat:
         request.tool_choice = _tool_choice(body.get("tool_choice"))
         if (n := f.integer(body, "n", minimum=1)) is not None and n != 1:
             raise f.fail("n", "only n=1 is supported")
-        sampling = request.sampling
-        limit = f.integer(body, "max_completion_tokens", minimum=1)
-        limit = limit if limit is not None else f.integer(body, "max_tokens", minimum=1)
-        if limit is not None:
-            sampling.max_tokens = limit
-        if (value := f.number(body, "temperature", minimum=0.0, maximum=2.0)) is not None:
-            sampling.temperature = value
-        if (value := f.number(body, "top_p", minimum=0.0, maximum=1.0)) is not None:
-            sampling.top_p = value
-        if (top_k := f.integer(body, "top_k", minimum=-1)) is not None and top_k > 0:
-            sampling.top_k = top_k
-        if (seed := f.integer(body, "seed")) is not None:
-            sampling.seed = seed & (2**64 - 1)
-        sampling.stop.extend(f.string_list(body, "stop"))
+        request.sampling = read_sampling(body, OPENAI_CHAT)
+        request.unknown_fields = f.unknown_fields(body, FIELDS)
         request.stream = bool(f.boolean(body, "stream"))
         options = f.obj(body, "stream_options") or {}
         request.render = {"include_usage": bool(f.boolean(options, "include_usage", "stream_options"))}
@@ -101,6 +89,13 @@ class OpenAIChat:
         return OpenAIChatStream(request)
 
     def error(self, error: LodestarError) -> tuple[int, JsonObject]:
+        if isinstance(error, ContextLengthExceededError):
+            message = (
+                f"This model's maximum context length is {error.context_length} tokens. However, your messages "
+                f"resulted in {error.prompt_tokens} tokens. Please reduce the length of the messages."
+            )
+            body = {"message": message, "type": "invalid_request_error", "param": "messages"}
+            return 400, {"error": {**body, "code": "context_length_exceeded"}}
         status = http_status(error)
         kind = _ERROR_TYPES.get(status, "server_error")
         return status, {

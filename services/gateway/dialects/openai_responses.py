@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lodestar.errors import LodestarError
+from lodestar.errors import ContextLengthExceededError, LodestarError
 from lodestar.v1 import common_pb2
 from services.gateway import canonical as cn
 from services.gateway.canonical import CallResult, CanonicalRequest
@@ -29,6 +29,7 @@ from services.gateway.dialects.common import (
 )
 from services.gateway.dialects.openai_chat import OpenAIChat
 from services.gateway.dialects.openai_responses_stream import ResponsesStream, output_items, response_object
+from services.gateway.dialects.sampling import OPENAI_RESPONSES, read_sampling
 from services.gateway.sse import dumps
 
 FIELDS = frozenset({
@@ -64,7 +65,6 @@ class OpenAIResponses:
 
     def parse(self, body: Any, route: Route, *, count_tokens: bool = False) -> CanonicalRequest:
         body = f.expect_object(body, "body")
-        f.check_fields(body, FIELDS)
         model = f.string(body, "model", required=True) or ""
         for unsupported in ("previous_response_id", "conversation", "prompt"):
             if body.get(unsupported) is not None:
@@ -87,15 +87,8 @@ class OpenAIResponses:
         cn.check_tool_results(messages)
         request = CanonicalRequest(dialect=self.dialect, model=model, messages=messages, tools=tools, render=context)
         request.tool_choice = _tool_choice(body.get("tool_choice"), context)
-        sampling = request.sampling
-        if (limit := f.integer(body, "max_output_tokens", minimum=1)) is not None:
-            sampling.max_tokens = limit
-        if (value := f.number(body, "temperature", minimum=0.0, maximum=2.0)) is not None:
-            sampling.temperature = value
-        if (value := f.number(body, "top_p", minimum=0.0, maximum=1.0)) is not None:
-            sampling.top_p = value
-        if (top_k := f.integer(body, "top_k", minimum=0)) is not None:
-            sampling.top_k = top_k
+        request.sampling = read_sampling(body, OPENAI_RESPONSES)
+        request.unknown_fields = f.unknown_fields(body, FIELDS)
         request.stream = bool(f.boolean(body, "stream"))
         include = f.string_list(body, "include")
         context.include_encrypted = "reasoning.encrypted_content" in include
@@ -118,6 +111,13 @@ class OpenAIResponses:
         return ResponsesStream(request)
 
     def error(self, error: LodestarError) -> tuple[int, JsonObject]:
+        if isinstance(error, ContextLengthExceededError):
+            message = (
+                f"Your input exceeds the context window of this model ({error.prompt_tokens} tokens > "
+                f"{error.context_length}). Please adjust your input and try again."
+            )
+            body = {"message": message, "type": "invalid_request_error", "param": "input"}
+            return 400, {"error": {**body, "code": "context_length_exceeded"}}
         return OpenAIChat().error(error)
 
 

@@ -43,7 +43,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from lodestar.errors import InvalidArgumentError, UnavailableError
+from lodestar.errors import InternalError, InvalidArgumentError, UnavailableError
 from lodestar.logging import get_logger
 from services.inference.engine import (
     EngineFinishReason,
@@ -328,9 +328,9 @@ class VllmEngine:
                 await self._llm.collective_rpc("lodestar_reload", kwargs={"path": str(restore)})
             finally:
                 restore.unlink(missing_ok=True)
-            raise InvalidArgumentError(
-                "vLLM could not load the weight update; the previous weights keep serving"
-            ) from error
+            # The tensors passed validation (names, shapes, dtypes) before: this is the engine's failure, not the
+            # caller's (not INVALID_ARGUMENT), and retrying the same update will not help (not UNAVAILABLE).
+            raise InternalError("vLLM could not load the weight update; the previous weights keep serving") from error
 
     def _write_reload_file(self, update: WeightUpdate, path: Path) -> list[str]:
         """Write the update plus the rest of every fused group it touches; return the names written."""

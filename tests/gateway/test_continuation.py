@@ -1,0 +1,133 @@
+"""The continuation matcher as a pure unit (no HTTP, no inference): semantic message keys, the longest
+covered prefix, FIRST / CONTINUED / BRANCH / DRIFT, and lookups whose cost does not grow with the calls."""
+
+from __future__ import annotations
+
+import time
+
+from lodestar.v1 import common_pb2, inference_pb2
+from services.gateway.continuation import ChainIndex, ChainLink, MessageKey, context_key, message_keys
+
+TOOLS = context_key([common_pb2.ToolDefinition(name="bash", parameters_json="{}")])
+NO_TOOLS = context_key([])
+
+
+def msg(role: str, text: str = "", *, reasoning: str = "", call: str | None = None) -> common_pb2.ChatMessage:
+    message = common_pb2.ChatMessage(role=common_pb2.Role.Value(f"ROLE_{role.upper()}"))
+    if reasoning:
+        message.content.add(reasoning=common_pb2.ReasoningPart(text=reasoning))
+    if text:
+        message.content.add(text=common_pb2.TextPart(text=text))
+    if call is not None:
+        message.tool_calls.add(id="call_x", name="bash", arguments_json=call)
+    return message
+
+
+def link(sequence: int, keys: list[MessageKey], context: bytes = TOOLS) -> ChainLink:
+    return ChainLink(sequence, context, keys, inference_pb2.Continuation(token_ids=[sequence], message_count=len(keys)))
+
+
+def start_name(value: int) -> str:
+    return common_pb2.ChainStart.Name(value).removeprefix("CHAIN_START_")
+
+
+def test_first_continued_and_longest_prefix() -> None:
+    index = ChainIndex()
+    base = [msg("system", "s"), msg("user", "task")]
+    first = index.find("s1", TOOLS, message_keys(base), leading_system=1)
+    assert (first.link, start_name(first.start)) == (None, "FIRST")
+    turn0 = [*base, msg("assistant", "ok", call='{"command": "ls"}')]
+    index.add("s1", link(0, message_keys(turn0)))
+    turn1 = [*turn0, msg("tool", "files"), msg("assistant", "done")]
+    index.add("s1", link(1, message_keys(turn1)))
+    # Re-serialized arguments, whitespace and tool-call ids do not matter; the longest covered prefix wins.
+    resent = [*base, msg("assistant", " ok ", call='{"command":"ls"}'), msg("tool", "files"), msg("assistant", "done")]
+    found = index.find("s1", TOOLS, message_keys([*resent, msg("user", "more")]), leading_system=1)
+    assert found.link is not None
+    assert found.link.sequence == 1
+    assert start_name(found.start) == "CONTINUED"
+    found = index.find("s1", TOOLS, message_keys([*turn0, msg("tool", "other")]), leading_system=1)
+    assert found.link is not None
+    assert found.link.sequence == 0
+
+
+def test_reasoning_dropped_on_resend_matches_but_changed_reasoning_does_not() -> None:
+    index = ChainIndex()
+    turn = [msg("user", "q"), msg("assistant", "a", reasoning="because")]
+    index.add("s", link(0, message_keys(turn)))
+    dropped = index.find("s", TOOLS, message_keys([msg("user", "q"), msg("assistant", "a"), msg("user", "next")]))
+    assert dropped.link is not None  # Gemini CLI drops earlier thought parts
+    same = index.find("s", TOOLS, message_keys([*turn, msg("user", "next")]))
+    assert same.link is not None
+    changed = [msg("user", "q"), msg("assistant", "a", reasoning="other"), msg("user", "next")]
+    miss = index.find("s", TOOLS, message_keys(changed))
+    assert miss.link is None
+
+
+def test_branch_and_drift_are_told_apart() -> None:
+    index = ChainIndex()
+    system = [msg("system", "s"), msg("developer", "d")]
+    turn = [*system, msg("user", "task"), msg("assistant", "a1")]
+    index.add("s", link(0, message_keys(turn)))
+    # A compaction summary or a sub-agent: only the system messages are shared.
+    branch = index.find("s", TOOLS, message_keys([*system, msg("user", "summary of earlier work")]), leading_system=2)
+    assert (start_name(branch.start), branch.first_difference, branch.closest_sequence) == ("BRANCH", 2, 0)
+    # The same first turn again (a retry or a second sample): a branch too.
+    retry = index.find("s", TOOLS, message_keys(turn[:3]), leading_system=2)
+    assert start_name(retry.start) == "BRANCH"
+    # The model's answer came back altered: shared conversation, then a difference -> drift.
+    drift = index.find(
+        "s", TOOLS, message_keys([*turn[:3], msg("assistant", "a1!"), msg("user", "x")]), leading_system=2
+    )
+    assert (start_name(drift.start), drift.first_difference, drift.reason) == ("DRIFT", 3, "message differs")
+    # Same conversation, other tools -> drift naming the tools.
+    tools = index.find("s", NO_TOOLS, message_keys([*turn, msg("user", "x")]), leading_system=2)
+    assert (start_name(tools.start), tools.reason) == ("DRIFT", "tools differ")
+
+
+def test_latest_link_wins_on_ties_and_drop_forgets() -> None:
+    index = ChainIndex()
+    turn = message_keys([msg("user", "q"), msg("assistant", "a")])
+    index.add("s", link(0, turn))
+    index.add("s", link(1, turn))
+    found = index.find("s", TOOLS, [*turn, *message_keys([msg("user", "n")])])
+    assert found.link is not None
+    assert found.link.sequence == 1
+    index.drop("s")
+    assert not index.has("s")
+    assert len(index) == 0
+
+
+def _best_lookup_s(index: ChainIndex, session: str, keys: list[MessageKey], repeats: int = 30) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        found = index.find(session, TOOLS, keys, leading_system=1)
+        best = min(best, time.perf_counter() - started)
+        assert found.link is not None
+    return best
+
+
+def test_lookup_cost_does_not_grow_with_the_calls_of_a_session() -> None:
+    """2,000 calls in one session: 20 sub-agent chains of 100 turns each. A lookup at the end costs what it
+    costs in a session holding only its own chain (the old scan over every earlier call grew with them)."""
+    crowded, alone = ChainIndex(), ChainIndex()
+    chains = [[msg("system", "s"), msg("user", f"task {c}")] for c in range(20)]
+    sequence = 0
+    for turn in range(100):
+        for c, chain in enumerate(chains):
+            chain.append(msg("assistant", f"step {turn}", call=f'{{"n": {turn}}}'))
+            keys = message_keys(chain)
+            crowded.add("s", link(sequence, keys))
+            if c == 0:
+                alone.add("s", link(sequence, keys))
+            chain.append(msg("tool", f"out {turn}"))
+            sequence += 1
+    assert sequence == 2000
+    request = message_keys(chains[0])
+    found = crowded.find("s", TOOLS, request, leading_system=1)
+    assert found.link is not None
+    assert found.link.sequence == 99 * 20
+    assert len(found.link.keys) == len(request) - 1
+    crowded_s, alone_s = _best_lookup_s(crowded, "s", request), _best_lookup_s(alone, "s", request)
+    assert crowded_s < 3 * alone_s + 1e-4, (crowded_s, alone_s)
