@@ -24,6 +24,7 @@ from lodestar.logging import get_logger
 from lodestar.v1 import gateway_pb2, gateway_pb2_grpc
 from services.gateway.app import GatewayHttp
 from services.gateway.capture import CaptureStore
+from services.gateway.http_tls import exposure_warning, ssl_context
 from services.gateway.inference_client import GrpcInference
 from services.gateway.membership import Membership, NodeRecord
 from services.gateway.node.harnesses import Launcher
@@ -109,7 +110,8 @@ class GatewayNode:
 
     @property
     def http_base_url(self) -> str:
-        return f"http://{self.settings.http_host}:{self.http_port}"
+        scheme = "https" if self.settings.http_tls_cert is not None else "http"
+        return f"{scheme}://{self.settings.http_host}:{self.http_port}"
 
     @property
     def grpc_address(self) -> str:
@@ -122,7 +124,10 @@ class GatewayNode:
         http = GatewayHttp(self.proxy, self.sessions, max_body_bytes=self.settings.max_body_bytes)
         self._runner = web.AppRunner(http.application(), handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.settings.http_host, self.settings.http_port)
+        tls = ssl_context(self.settings.http_tls_cert, self.settings.http_tls_key)
+        site = web.TCPSite(self._runner, self.settings.http_host, self.settings.http_port, ssl_context=tls)
+        if (warning := exposure_warning(self.settings.http_host, tls is not None)) is not None:
+            _log.warning(warning, http_host=self.settings.http_host)
         await site.start()
         self.http_port = self._runner.addresses[0][1]
         await self.grpc.start()

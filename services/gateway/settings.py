@@ -18,6 +18,10 @@ class GatewaySettings(ServiceSettings):
     """Interface of the vendor-API HTTP port."""
     http_port: int = 8080
     """Vendor-API HTTP port (Anthropic, OpenAI Chat/Responses, Google); 0 picks a free one."""
+    http_tls_cert: Path | None = None
+    """PEM certificate of the HTTP port (HTTPS); without it a non-loopback --http-host logs a warning."""
+    http_tls_key: Path | None = None
+    """PEM private key of --http-tls-cert."""
     inference: str = "127.0.0.1:50051"
     """InferenceService address (host:port)."""
     rollout: str | None = None
