@@ -1,7 +1,7 @@
 """TrainerService server: the training loop in a thread behind a thin gRPC servicer.
 
 `serve(settings)` builds the trainer (idle when no --run/--model is given), binds the port, reports
-SERVING and starts the loop; SIGTERM stops the loop after its current step, then drains. Under
+SERVING and starts the loop; SIGTERM drains the server, then stops the loop after its current step. Under
 `torchrun` only rank 0 serves gRPC; the other ranks run the same loop in their main thread.
 """
 
