@@ -1,12 +1,17 @@
-"""End to end on the real stack (processes): scripted inference, the rollout service, two gateway nodes
-pulling sessions, the example agent (official openai SDK, a `shell` tool round trip) as the harness.
+"""End to end on the real stack (processes): scripted inference, the rollout service (with a standby on the
+same store), two gateway nodes pulling sessions, its own etcd.
 
-One stack for the module; each test creates its own run through the `lodestar run` CLI.
+Runs with the example agent (official openai SDK, a `shell` tool round trip) and with real harnesses (Pi,
+Claude Code) as `HarnessSpec.kind`; faults under running runs: SIGKILL of a node, a hanging harness, a
+crashing verifier, SIGKILL of the rollout leader, etcd stopped and restarted. One stack for the module (it
+is started once: ~10 s); each test creates its own run through the `lodestar run` CLI. The infrastructure
+faults come last (they change the leader and the nodes' leases).
 """
 
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,6 +22,8 @@ import grpc
 import pytest
 
 from lodestar.v1 import rollout_pb2
+from services.gateway.node.harnesses import make_harness
+from tests.conftest import EtcdServer, _healthy
 from tests.e2e.node_stack import AGENT, NodeStack
 
 pytestmark = pytest.mark.slow
@@ -27,12 +34,43 @@ SCRIPT = {
         {"text": "done"},
     ]
 }
+HARNESS_SCRIPT = {
+    "replies": [
+        {
+            "tool_calls": [
+                {"name": ["bash", "Bash"], "arguments": {"command": "echo hi > out.txt", "description": "Write it"}}
+            ]
+        },
+        {"text": "done"},
+    ]
+}
+CHECK = (
+    'expected=$(python3 -c \'import json, os; print(json.loads(os.environ["LODESTAR_TASK_METADATA"])["expected"])\'); '
+    'test "$(cat out.txt)" = "$expected"'
+)
+SLOW_SCRIPT = {
+    "replies": [
+        {"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 2; echo hi > out.txt"}}]},
+        {"text": "done"},
+    ]
+}
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, etcd_endpoint: str) -> Iterator[NodeStack]:
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """This module's own etcd: the last test stops and restarts it."""
+    server = EtcdServer(tmp_path_factory.mktemp("node-e2e-etcd"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, etcd: EtcdServer) -> Iterator[NodeStack]:
+    root = tmp_path_factory.mktemp("node-e2e")
     prefix = f"/e2e/{uuid.uuid4().hex}/"
-    with NodeStack.start(tmp_path_factory.mktemp("node-e2e"), etcd_endpoint, prefix, script=SCRIPT) as started:
+    with NodeStack.start(root, etcd.endpoint, prefix, script=SCRIPT, standby=True) as started:
         yield started
 
 
@@ -53,6 +91,7 @@ def _spec(name: str, tasks: list[dict[str, Any]], group_size: int, **fields: Any
 
 
 def test_example_agent_run_three_tasks_by_four(stack: NodeStack):
+    stack.set_script(SCRIPT)
     tasks = [
         {"taskId": f"t{i}", "prompt": f"Write hi into out.txt ({i}), then say done.", "metadata": {"answer": answer}}
         for i, answer in enumerate(["done", "done", "something else"])
@@ -92,6 +131,53 @@ def test_example_agent_run_three_tasks_by_four(stack: NodeStack):
     assert status["groupsComplete"] == 3
     assert status["state"] == "RUN_STATE_COMPLETED"
     assert set(status["stageSecondsMean"]) >= {"init", "run", "post"}
+
+
+@pytest.mark.harness
+@pytest.mark.parametrize(("kind", "binary"), [("pi", "pi"), ("claude_code", "claude-code")])
+def test_real_harness_run_three_tasks_by_four(stack: NodeStack, kind: str, binary: str):
+    if not make_harness(binary).is_installed():
+        pytest.fail(f"{make_harness(binary).binary} is not installed: run `make harnesses`", pytrace=False)
+    stack.set_script(HARNESS_SCRIPT)
+    tasks = [
+        {"taskId": f"{kind}-{i}", "prompt": "Write hi into out.txt with the shell tool.", "metadata": {"expected": e}}
+        for i, e in enumerate(["hi", "hi", "bye"])
+    ]
+    spec = {
+        "name": kind,
+        "tasks": tasks,
+        "groupSize": 4,
+        "harness": {"kind": kind, "model": "lodestar-tiny"},
+        "verifier": {"kind": "command", "config": {"command": CHECK, "timeout_s": 30}},
+        "earlyStopFraction": 1.0,
+        "maxAttempts": 2,
+        "sessionTimeout": "300s",
+        "agentTimeout": "240s",
+    }
+    run_id = stack.create_run(spec, name=f"{kind}.yaml")
+
+    run = stack.wait_run(run_id, timeout=300)
+
+    assert run.state == rollout_pb2.RUN_STATE_COMPLETED, run
+    assert (run.sessions_succeeded, run.infra_failures) == (12, 0), run
+    assert run.reward_mean == pytest.approx(2 / 3)
+    groups = stack.groups(run_id)
+    assert len(groups) == 3
+    for group in groups:
+        expected = 0.0 if group.task_id.endswith("-2") else 1.0
+        first_prompts = set()
+        for session in group.sessions:
+            assert session.outcome == rollout_pb2.SESSION_OUTCOME_SCORED
+            assert session.reward == expected, session.verifier_details
+            assert "done" in session.final_answer
+            assert len(session.calls) == 2
+            assert session.calls[0].completion.tool_calls[0].name in {"bash", "Bash"}
+            for call in session.calls:
+                assert len(call.completion_logprobs) == len(call.completion_token_ids) > 0
+            assert session.verifier_details["runtime"] == {"fixed_paths": True, "network_isolated": True}
+            assert "/tmp/lodestar-session/work" in session.calls[0].original_request_json, "its prompt names the path"
+            first_prompts.add(tuple(session.calls[0].prompt_token_ids))
+        assert len(first_prompts) == 1, f"{kind}: samples of one task start from different prompt tokens"
 
 
 def test_sigkill_of_a_node_requeues_its_sessions_counted_once(stack: NodeStack):
@@ -153,7 +239,7 @@ def test_hanging_harness_is_timed_out_killed_and_cleaned_up(stack: NodeStack, tm
     verifier = {"kind": "command", "config": {"command": "echo '{\"reward\": 0.5}'"}}
     tasks = [{"taskId": "hang", "prompt": "hang"}]
     run_id = stack.create_run(
-        _spec("hang", tasks, 2, harness=harness, verifier=verifier, agentTimeout="3s"), name="hang.yaml"
+        _spec("hang", tasks, 2, harness=harness, verifier=verifier, agentTimeout="8s"), name="hang.yaml"
     )
     run = stack.wait_run(run_id, timeout=60)
     assert run.state == rollout_pb2.RUN_STATE_COMPLETED
@@ -199,6 +285,74 @@ def test_crashing_verifier_is_an_infra_failure_and_retried(stack: NodeStack, tmp
     )
     assert len(failed) == 2
     assert all("verifier" in error and "signal 9" in error for (error,) in failed), failed
+
+
+def _run(stack: NodeStack, name: str) -> str:
+    prompt, answer = "Write hi into out.txt.", {"answer": "done"}
+    tasks = [{"taskId": f"{name}{i}", "prompt": prompt, "metadata": answer} for i in (0, 1)]
+    spec = {
+        "name": name,
+        "tasks": tasks,
+        "groupSize": 4,
+        "harness": {"kind": "command", "command": AGENT},
+        "verifier": {"kind": "exact_match"},
+        "earlyStopFraction": 1.0,
+        "maxAttempts": 3,
+    }
+    return stack.create_run(spec, name=f"{name}.yaml")
+
+
+def _wait_some_done(stack: NodeStack, run_id: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = stack.get_run(run_id)
+        if run.sessions_succeeded >= 1 and run.sessions_running >= 1:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"run {run_id} never had finished and running sessions at once")
+
+
+def _assert_complete_and_counted_once(stack: NodeStack, run_id: str) -> None:
+    run = stack.wait_run(run_id, timeout=120)
+    assert run.state == rollout_pb2.RUN_STATE_COMPLETED, run
+    assert (run.sessions_total, run.sessions_succeeded, run.groups_complete) == (8, 8, 2)
+    counted = stack.store_rows(
+        "SELECT s.session_id, COALESCE(SUM(r.counted), 0) FROM sessions s LEFT JOIN results r "
+        "ON r.session_id = s.session_id WHERE s.run_id = ? GROUP BY s.session_id",
+        run_id,
+    )
+    assert len(counted) == 8
+    assert all(total == 1 for _, total in counted), counted
+    groups = stack.groups(run_id)
+    assert sorted(len(group.sessions) for group in groups) == [4, 4]
+
+
+def test_rollout_leader_killed_standby_takes_over_and_the_run_completes(stack: NodeStack):
+    stack.set_script(SLOW_SCRIPT)
+    run_id = _run(stack, "leader")
+    _wait_some_done(stack, run_id)
+
+    took_over_s = stack.fail_over()
+
+    assert took_over_s < 15
+    _assert_complete_and_counted_once(stack, run_id)
+
+
+def test_etcd_stopped_and_restarted_the_run_completes(stack: NodeStack, etcd: EtcdServer, tmp_path: Path):
+    stack.set_script(SLOW_SCRIPT)
+    run_id = _run(stack, "etcd")
+    _wait_some_done(stack, run_id)
+    argv = list(etcd.process.args)  # type: ignore[arg-type]
+    etcd.stop()
+    time.sleep(3)
+    with (tmp_path / "etcd.log").open("ab") as log:
+        etcd.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 15
+    while not _healthy(etcd.endpoint):
+        assert time.monotonic() < deadline, "etcd did not come back"
+        time.sleep(0.1)
+
+    _assert_complete_and_counted_once(stack, run_id)
 
 
 def _all_dead(pids: list[int], timeout: float = 10.0) -> bool:
