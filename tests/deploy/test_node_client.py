@@ -121,3 +121,45 @@ def test_the_client_loads_the_protos_from_the_repository() -> None:
     assert "protos" in (CLIENT / "lodestar.js").read_text()
     assert not list(CLIENT.glob("*_pb.js"))
     assert sys.version_info >= (3, 11)
+
+
+async def _run(*argv: str) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    async with asyncio.timeout(60):
+        out, _ = await process.communicate()
+    assert process.returncode is not None
+    return process.returncode, out.decode()
+
+
+async def test_the_grpcurl_and_buf_curl_examples_of_docs_grpc_md(stack: dict[str, str]) -> None:
+    """docs/grpc.md's secured forms: grpcurl and buf curl with the CA, a client certificate and the token."""
+    pki = Path(stack["pki"])
+    grpcurl = str(REPO / ".venv" / "bin" / "grpcurl")
+    buf = str(REPO / "node_modules" / ".bin" / "buf")
+    tls = ["-cacert", str(pki / "ca.pem"), "-cert", str(pki / "client.pem"), "-key", str(pki / "client-key.pem")]
+    buf_tls = ["--cacert", str(pki / "ca.pem"), "--cert", str(pki / "client.pem"), "--key", str(pki / "client-key.pem")]
+    auth = f"authorization: Bearer {TOKEN}"
+    spec = {"name": "demo", "groupSize": 2, "tasks": [{"taskId": "t0", "prompt": "hi"}],
+            "harness": {"kind": "command", "command": ["true"]}, "verifier": {"kind": "exact_match"}}  # fmt: skip
+    method = "lodestar.v1.RolloutService"
+    code, out = await _run(
+        grpcurl, *tls, "-H", auth, "-d", json.dumps({"spec": spec}), stack["rollout"], f"{method}/CreateRun"
+    )
+    assert code == 0, out
+    run_id = json.loads(out)["run"]["runId"]
+    code, out = await _run(grpcurl, *tls, "-d", json.dumps({"runId": run_id}), stack["rollout"], f"{method}/CancelRun")
+    assert code != 0
+    assert "Unauthenticated" in out
+    url = f"https://{stack['rollout']}/{method}/GetRun"
+    code, out = await _run(buf, "curl", "--protocol", "grpc", *buf_tls, "-d", json.dumps({"runId": run_id}), url)
+    assert code == 0, out
+    assert json.loads(out)["run"]["state"] == "RUN_STATE_RUNNING"  # the refused cancel changed nothing
+    code, out = await _run(
+        buf, "curl", "--protocol", "grpc", *buf_tls, "--list-methods", f"https://{stack['inference']}"
+    )
+    assert code == 0, out
+    assert "lodestar.v1.InferenceService/Generate" in out
+    code, out = await _run(grpcurl, "-plaintext", stack["gateway"], "list")  # plaintext against mutual TLS
+    assert code != 0

@@ -1,0 +1,138 @@
+"""Static checks of deploy/Dockerfile.* and deploy/compose.yaml (offline, no Docker daemon; the real
+build and smoke test are `make images` / `make compose-test`): base image as a build ARG, multi-stage
+with only the service's extra from the wheelhouse, non-root, `lodestar <svc> serve`, a gRPC health
+check on the served port, and LODESTAR_* environment that the service's settings accept."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lodestar.cli.services import settings_class
+from lodestar.settings import ENV_PREFIX, load_settings
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+IMAGES = {  # Dockerfile suffix -> (service, extras installed, gRPC port)
+    "rollout": ("rollout", "rollout", 50053),
+    "inference": ("inference", "inference", 50051),
+    "gateway": ("gateway", "gateway", 50052),
+    "trainer": ("trainer", "trainer", 50054),
+    "inference-cuda": ("inference", "inference,vllm", 50051),
+}
+
+
+@dataclass
+class Stage:
+    base: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def all(self, keyword: str) -> list[str]:
+        return [args for kind, args in self.instructions if kind == keyword]
+
+
+def parse(path: Path) -> tuple[list[str], list[Stage]]:
+    """Global ARGs and the stages of a Dockerfile (continuation lines joined, comments dropped)."""
+    text = re.sub(r"\\\n", " ", "\n".join(line for line in path.read_text().splitlines() if not line.startswith("#")))
+    global_args: list[str] = []
+    stages: list[Stage] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        kind, _, args = line.strip().partition(" ")
+        kind = kind.upper()
+        if kind == "FROM":
+            stages.append(Stage(args.split()[0]))
+        elif stages:
+            stages[-1].instructions.append((kind, args.strip()))
+        elif kind == "ARG":
+            global_args.append(args.strip())
+    return global_args, stages
+
+
+def env_of(stage: Stage) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for args in stage.all("ENV"):
+        for item in shlex.split(args):
+            key, _, value = item.partition("=")
+            env[key] = value
+    return env
+
+
+def check_settings(service: str, env: dict[str, str]) -> None:
+    """Every LODESTAR_<SERVICE>_* variable is a setting of `service` and the values validate."""
+    klass = settings_class(service)
+    prefix = f"{ENV_PREFIX}{service.upper()}_"
+    for name in env:
+        if name.startswith(ENV_PREFIX):
+            assert name.startswith(prefix), f"{name} is not a {service} variable"
+            assert name.removeprefix(prefix).lower() in klass.model_fields, f"{name} is not a {service} setting"
+    load_settings(klass, env=env)  # raises InvalidArgumentError on a bad value
+
+
+@pytest.mark.parametrize("suffix", list(IMAGES))
+def test_dockerfile(suffix: str) -> None:
+    service, extras, port = IMAGES[suffix]
+    global_args, stages = parse(DEPLOY / f"Dockerfile.{suffix}")
+    assert global_args == ["BASE=python:3.11-slim"]
+    assert len(stages) == 2
+    assert all(stage.base.startswith("${BASE}") for stage in stages)
+    build, final = stages
+    (install,) = [run for run in build.all("RUN") if "pip install" in run]
+    assert "--no-index --find-links /wheels" in install
+    assert re.findall(r"'lodestar\[([^\]]*)\]'", install) == [extras]
+    assert final.all("COPY")
+    assert all("/wheels" not in copy for copy in final.all("COPY"))
+    assert "useradd --system --uid 10001" in " ".join(final.all("RUN"))
+    assert final.all("USER") == ["lodestar"]
+    assert json.loads(final.all("ENTRYPOINT")[0]) == ["lodestar", service, "serve"]
+    healthcheck = final.all("HEALTHCHECK")[0]
+    assert healthcheck.split("CMD", 1)[1].strip() == json.dumps(["lodestar", "health", f"127.0.0.1:{port}"])
+    assert final.all("EXPOSE")[0].split()[0] == str(port)
+    env = env_of(final)
+    assert env[f"LODESTAR_{service.upper()}_PORT"] == str(port)
+    assert env[f"LODESTAR_{service.upper()}_HOST"] == "0.0.0.0"
+    check_settings(service, env)
+
+
+def test_the_etcd_image_runs_as_its_own_user() -> None:
+    global_args, (stage,) = parse(DEPLOY / "Dockerfile.etcd")
+    assert global_args == ["BASE=python:3.11-slim"]
+    assert stage.all("USER") == ["etcd"]
+    assert "etcd-server" in stage.all("RUN")[0]
+
+
+def test_compose_stack() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    services = compose["services"]
+    assert set(services) == {"etcd", "rollout", "inference", "gateway"}
+    ports = {name: IMAGES[name][2] for name in ("rollout", "inference", "gateway")} | {"etcd": 2379}
+    for name, spec in services.items():
+        assert spec["image"] == f"lodestar/{name}:dev"
+        assert spec["init"] is True  # SIGTERM reaches the service, which drains
+        for published in spec["ports"]:
+            assert published.startswith("127.0.0.1:"), f"{name} publishes {published} beyond loopback"
+        if name == "etcd":
+            continue
+        dockerfile_env = env_of(parse(DEPLOY / f"Dockerfile.{name}")[1][-1])
+        env = {**dockerfile_env, **{key: str(value) for key, value in spec.get("environment", {}).items()}}
+        check_settings(name, env)
+        for key, value in spec.get("environment", {}).items():  # every address names a service of the stack
+            for host, port in re.findall(r"(?:http://)?([a-z]+):(\d+)", str(value)):
+                if key.endswith(("_ETCD", "_INFERENCE", "_ROLLOUT")):
+                    assert host in services, f"{name}: {key}={value}"
+                    assert int(port) == ports[host], f"{name}: {key}={value}"
+    assert "../build/compose/tiny-model:/models/policy:ro" in services["inference"]["volumes"]
+
+
+def test_a_wrong_setting_is_caught() -> None:
+    """The checks can fail: a misspelt variable or a bad value."""
+    with pytest.raises(AssertionError):
+        check_settings("rollout", {"LODESTAR_ROLLOUT_STOR": "/data/x"})
+    with pytest.raises(Exception, match="port"):
+        check_settings("rollout", {"LODESTAR_ROLLOUT_PORT": "not-a-port"})
