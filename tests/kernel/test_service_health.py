@@ -1,8 +1,8 @@
 """Every service serves grpc.health.v1 (SERVING once up) and server reflection, checked with the real
 `grpcurl` binary: `list` shows the service, `describe` shows one of its methods.
 
-Rollout and trainer are also built in-process from `build_server(settings)`; all four are started the
-way `lodestar up` starts them, as `python -m lodestar.cli.main <service> serve --port P ...`.
+The trainer is also built in-process from `build_server(settings)` and rollout from `RolloutServer`; all
+four are started the way `lodestar up` starts them, as `python -m lodestar.cli.main <service> serve --port P ...`.
 """
 
 from __future__ import annotations
@@ -146,25 +146,50 @@ async def test_cli_service_serves_health_and_reflection(service_processes: dict[
     await check_reflection(service_processes[name], service, method)
 
 
-@pytest.mark.parametrize("name", ["rollout", "trainer"])
-async def test_in_process_service_serves_health_and_reflection(name: str, etcd_endpoint: str, tmp_path: Path) -> None:
-    from lodestar.cli.services import settings_class
+async def wait_status(stub: health_pb2_grpc.HealthStub, service: str, want: int, timeout_s: float = 30.0) -> None:
+    request = health_pb2.HealthCheckRequest(service=service)
+    deadline = time.monotonic() + timeout_s
+    status = None
+    while time.monotonic() < deadline:
+        status = (await stub.Check(request, timeout=5)).status
+        if status == want:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{service} health stayed {status}, wanted {want}")
 
-    flags = {"port": 0, "checkpoint_dir": tmp_path} if name == "trainer" else {"port": 0}
-    if name == "rollout":
-        flags.update(etcd=etcd_endpoint, database=tmp_path / "rollout.sqlite")
-    settings = load_settings(settings_class(name), flags=flags, env={})
-    module = __import__(f"services.{name}.server", fromlist=["build_server"])
-    server = module.build_server(settings)
+
+async def test_in_process_trainer_serves_health_and_reflection(tmp_path: Path) -> None:
+    from services.trainer.server import build_server
+    from services.trainer.settings import TrainerSettings
+
+    settings = load_settings(TrainerSettings, flags={"port": 0, "checkpoint_dir": tmp_path}, env={})
+    server = build_server(settings)
     port = await server.start()
     target = f"127.0.0.1:{port}"
     try:
         async with grpc.aio.insecure_channel(target) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
-            request = health_pb2.HealthCheckRequest(service=DESCRIBED[name][0])
-            assert (await stub.Check(request, timeout=5)).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            await wait_status(stub, DESCRIBED["trainer"][0], health_pb2.HealthCheckResponse.NOT_SERVING, 5)
             await server.set_serving(True)
-            assert (await stub.Check(request, timeout=5)).status == health_pb2.HealthCheckResponse.SERVING
-        await check_reflection(target, *DESCRIBED[name])
+            await wait_status(stub, DESCRIBED["trainer"][0], health_pb2.HealthCheckResponse.SERVING, 5)
+        await check_reflection(target, *DESCRIBED["trainer"])
+    finally:
+        await server.stop(0)
+
+
+async def test_in_process_rollout_serves_once_it_leads(etcd_endpoint: str, tmp_path: Path) -> None:
+    """Rollout reports SERVING by itself once its instance won the leader election on the store."""
+    from services.rollout.server import RolloutServer
+    from services.rollout.settings import RolloutSettings
+
+    flags = {"port": 0, "etcd": etcd_endpoint, "store": str(tmp_path / "rollout.sqlite")}
+    server = RolloutServer(load_settings(RolloutSettings, flags=flags, env={}))
+    port = await server.start()
+    target = f"127.0.0.1:{port}"
+    try:
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            await wait_status(stub, DESCRIBED["rollout"][0], health_pb2.HealthCheckResponse.SERVING)
+        await check_reflection(target, *DESCRIBED["rollout"])
     finally:
         await server.stop(0)
