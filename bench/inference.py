@@ -7,9 +7,16 @@ For each backend (transformers in .venv; vllm when .venv-vllm exists) on the off
 - in process, on the engine itself (the server always captures logprobs): tokens/s at concurrency 16
   with logprob capture on vs off. For vllm this part runs under .venv-vllm's python (`--engine-only`).
 
-Every figure is the median of `--repeats` runs. `--write-docs` replaces this script's own section of
-docs/benchmarks.md (its heading is `SECTION`) with the table, or appends it.
-Usage: `.venv/bin/python bench/inference.py [--backends transformers] [--write-docs]`.
+- with vllm: lodestar `Generate` against raw vLLM (`AsyncLLM` in process with lodestar's exact engine
+  arguments, the same workload) at concurrency 1, 16 and 64, streaming and non-streaming, phases
+  interleaved, the ratio to raw per cell (`bench/raw_vllm.py`). `--compare-raw` runs only this part;
+  `--repo DIR` serves lodestar from another checkout (e.g. a worktree of an older commit), and
+  `--server-args` passes flags to its server.
+
+Every figure is the median of `--repeats` runs. `--write-docs` replaces this script's own sections of
+docs/benchmarks.md (headings `SECTION` and `RAW_SECTION`) with the tables, or appends them; the raw-vLLM
+section keeps earlier runs below the new one (the history of the ratio).
+Usage: `.venv/bin/python bench/inference.py [--backends transformers] [--compare-raw] [--write-docs]`.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -40,6 +48,8 @@ NOTES = """
 - The 2 cores are shared with other work, so absolute numbers move by +-30% between runs.
 """
 SECTION = "## Inference: transformers vs vLLM through the server (bench/inference.py)"
+RAW_SECTION = "## Inference: lodestar Generate vs raw vLLM (bench/inference.py)"
+KV_CACHE_BYTES = 512 * 1024**2
 
 
 def user(text: str):
@@ -124,16 +134,26 @@ async def engine_figures(backend: str, model_dir: Path, repeats: int) -> dict[st
     return {name: statistics.median(values) for name, values in figures.items()}
 
 
-def measure_backend(backend: str, model_dir: Path, repeats: int) -> dict[str, float]:
+def measure_backend(
+    backend: str, model_dir: Path, repeats: int, *, figures_too: bool, raw: bool, repo: Path, server_args: list[str]
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """(server and engine figures, raw-vLLM comparison cells) of one backend."""
+    from bench.raw_vllm import compare
     from tests.inference.conftest import PYTHONS, serve_inference
 
+    figures: dict[str, float] = {}
+    cells: dict[str, dict[str, float]] = {}
+    extra = ["--max-new-tokens", "4096", "--kv-cache-bytes", str(KV_CACHE_BYTES), *server_args]
     with (
         tempfile.TemporaryDirectory() as logs,
-        serve_inference(
-            backend, model_dir, Path(logs), "--max-new-tokens", "4096", "--kv-cache-bytes", str(512 * 1024**2)
-        ) as server,
+        serve_inference(backend, model_dir, Path(logs), *extra, repo=repo) as server,
     ):
-        figures = asyncio.run(server_figures(server.address, repeats))
+        if raw and backend == "vllm":
+            cells = asyncio.run(compare(server.address, model_dir, repeats, KV_CACHE_BYTES))
+        if figures_too:
+            figures = asyncio.run(server_figures(server.address, repeats))
+    if not figures_too:
+        return figures, cells
     command = [
         str(PYTHONS[backend]),
         str(Path(__file__).resolve()),
@@ -146,7 +166,7 @@ def measure_backend(backend: str, model_dir: Path, repeats: int) -> dict[str, fl
     ]
     engine = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1800, check=True)
     figures.update(json.loads(engine.stdout.strip().splitlines()[-1]))
-    return figures
+    return figures, cells
 
 
 def table(results: dict[str, dict[str, float]]) -> str:
@@ -178,6 +198,31 @@ def write_docs(text: str, repeats: int) -> None:
     replace_section(SECTION, section)
 
 
+def write_raw_docs(text: str, repeats: int, load: tuple[float, float], label: str) -> None:
+    """The new table on top of the raw-vLLM section; earlier tables stay below it (the history)."""
+    from bench.docs_section import BENCHMARKS_MD, replace_section
+    from bench.raw_vllm import NEW_TOKENS as RAW_TOKENS
+    from bench.raw_vllm import ROUNDS
+
+    doc = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else ""
+    start = doc.find(RAW_SECTION + "\n")
+    history = ""
+    if start >= 0:
+        end = doc.find("\n## ", start + len(RAW_SECTION))
+        old = doc[start : end if end >= 0 else len(doc)]
+        history = old[old.find("\n### ") + 1 :] if "\n### " in old else ""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    section = (
+        f"{RAW_SECTION}\n\nThe same workload on raw vLLM (`AsyncLLM` in process, lodestar's engine arguments and "
+        f"sampling parameters) and through `lodestar inference serve --backend vllm` over gRPC (client in the "
+        f"benchmark process): a ~33-token prompt, {RAW_TOKENS} sampled tokens, seeded, logprobs on; C closed-loop "
+        f"workers x {ROUNDS} requests each; raw and lodestar phases back to back in alternating order, medians of "
+        f"{repeats} repeats, ratio = median of the per-repeat lodestar/raw ratios. Newest first.\n\n"
+        f"### {when}: {label} (load average {load[0]:.1f} before, {load[1]:.1f} after)\n\n{text}\n\n{history}"
+    )
+    replace_section(RAW_SECTION, section.rstrip() + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -186,6 +231,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: build the tiny model)")
     parser.add_argument("--engine-only", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--compare-raw", action="store_true", help="only lodestar vs raw vLLM (vllm backend)")
+    parser.add_argument("--repo", type=Path, default=REPO, help="checkout whose lodestar server runs")
+    parser.add_argument("--server-args", nargs="*", default=[], help="extra flags for `lodestar inference serve`")
+    parser.add_argument("--label", default="", help="what was measured (for the docs history)")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
     if args.engine_only:
@@ -193,25 +242,51 @@ def main() -> None:
         return
     from tests.inference.conftest import PYTHONS
 
-    backends = args.backends or ["transformers", *(["vllm"] if PYTHONS["vllm"].exists() else [])]
+    backends = ["vllm"] if args.compare_raw else args.backends
+    backends = backends or ["transformers", *(["vllm"] if PYTHONS["vllm"].exists() else [])]
+    load_before = os.getloadavg()[0]
+    results: dict[str, dict[str, float]] = {}
+    raw_cells: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = args.model
         if model_dir is None:
             from services.inference.tiny_model import build
 
             model_dir = build(Path(scratch) / "tiny")
-        results: dict[str, dict[str, float]] = {}
         for backend in backends:
             try:
-                results[backend] = measure_backend(backend, model_dir, args.repeats)
+                figures, cells = measure_backend(
+                    backend, model_dir, args.repeats, figures_too=not args.compare_raw, raw=True,
+                    repo=args.repo.resolve(), server_args=args.server_args,
+                )  # fmt: skip
             except Exception as error:  # report the other backends' figures anyway
                 print(f"{backend}: benchmark failed: {error!r}", file=sys.stderr)
-            else:
-                print(backend, json.dumps(results[backend]), file=sys.stderr)
-    text = table(results)
-    print(text)
-    if args.write_docs:
-        write_docs(text, args.repeats)
+                continue
+            raw_cells.update(cells)
+            if figures:
+                results[backend] = figures
+                print(backend, json.dumps(figures), file=sys.stderr)
+    load = (load_before, os.getloadavg()[0])
+    if results:
+        text = table(results)
+        print(text)
+        if args.write_docs:
+            write_docs(text, args.repeats)
+    if raw_cells:
+        from bench.raw_vllm import table as raw_table
+
+        text = raw_table(raw_cells)
+        print(f"load average {load[0]:.1f} before, {load[1]:.1f} after\n{text}")
+        if args.write_docs:
+            write_raw_docs(text, args.repeats, load, args.label or "lodestar at " + _commit(args.repo))
+
+
+def _commit(repo: Path) -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True, text=True
+    )
+    return out.stdout.strip() + (" + working tree" if dirty.stdout.strip() else "")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ Contract of `Engine.generate(request)`:
   `request.return_logprobs`, the fp32 logprob of each id under the *processed* distribution it was sampled
   from (temperature, then top-k, then top-p applied to the logits; log-softmax of what remains; greedy
   when temperature == 0, where the logprob is that of the unscaled distribution after top-k/top-p).
+- A step may carry any number of ids (>= 1, except that a finishing step may carry none): engines deliver
+  what was sampled since the consumer last asked, so a consumer that falls behind gets larger steps
+  instead of a backlog of one-id steps.
 - The last step has `finish_reason` set: "stop" when an end-of-turn / EOS id (`EngineInfo.eos_token_ids`)
   was sampled (that id is included in the step's `token_ids`), "length" when `sampling.max_tokens` new ids
   were produced or the context is full. No step follows a finished one.
@@ -70,6 +73,9 @@ class EngineRequest:
     """The canonical chat the prompt was rendered from. Only the scripted engine reads it."""
     tools: tuple[common_pb2.ToolDefinition, ...] = ()
     """Tools offered to the model. Only the scripted engine reads them."""
+    final_only: bool = False
+    """The caller reads nothing before the end: the engine may deliver the whole completion as one step
+    (vLLM: `RequestOutputKind.FINAL_ONLY`, no per-step output to the server's event loop)."""
 
 
 @dataclass(frozen=True)

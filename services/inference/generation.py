@@ -6,11 +6,23 @@ drives the engine, decodes incrementally, applies stop sequences, parses reasoni
 complete, and builds the `GenerateFinal` (prompt ids, sampled ids, logprobs, finish reason, parsed
 message, usage, policy version). Closing the returned iterator (client cancellation) closes the engine
 stream, which frees the engine slot.
+
+Streams are coalesced: the first engine step goes out as a delta at once (time to first token); after
+it, a stream sends at most one delta per `flush_s` (the `stream_flush_ms` setting), carrying every id,
+logprob, text and tool call that accumulated since its last delta, and the last step (finish or stop
+sequence) at once. While the client (or gRPC flow control) is not ready for the next message the engine
+keeps sampling and the next delta simply carries more. Decoding, stop-sequence holdback and the
+reasoning/tool-call parser run once per delta, not once per token. Per-token work remains only where a
+token must be looked at: with stop sequences every engine step is decoded and searched, so generation
+stops right after the sequence appears. A caller that asked for the final event only (no stream, no stop
+sequences) asks the engine for its last step only (`EngineRequest.final_only`) and decodes once.
+`flush_s = 0` sends one delta per engine step (the per-token path the coalescing tests compare against).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -84,11 +96,20 @@ class _CallIds:
 class Generation:
     """Runs Generate calls against one engine with one chat template."""
 
-    def __init__(self, engine: Engine, template: ChatTemplate, fmt: ToolCallFormat, *, max_new_tokens: int) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        template: ChatTemplate,
+        fmt: ToolCallFormat,
+        *,
+        max_new_tokens: int,
+        flush_s: float = 0.005,
+    ) -> None:
         self._engine = engine
         self._template = template
         self._fmt = fmt
         self._cap = max_new_tokens
+        self._flush_s = flush_s
 
     def _prompt(
         self,
@@ -115,12 +136,14 @@ class Generation:
         if len(prompt.ids) >= context:
             raise ContextLengthExceededError(len(prompt.ids), context)
         options = sampling_options(request.sampling, self._cap, context - len(prompt.ids))
+        stops = _Stops(tuple(stop for stop in request.sampling.stop if stop))
         engine_request = EngineRequest(  # engine ids stay unique even when a client reuses its request_id
             f"{request_id}#{uuid.uuid4().hex[:8]}",
             prompt.ids,
             options,
             messages=tuple(request.messages),
             tools=tuple(request.tools),
+            final_only=not request.stream and not stops.stops,
         )
         schemas = {tool.name: tool_schema(tool) for tool in request.tools}
         parser = AssistantParser(
@@ -129,55 +152,50 @@ class Generation:
             starts_in_reasoning=prompt.opens_reasoning,
             parse_tool_calls=request.tool_choice.mode != common_pb2.TOOL_CHOICE_MODE_NONE,
         )
-        decoder = IncrementalDecoder(self._template.tokenizer)
-        stops = _Stops(tuple(stop for stop in request.sampling.stop if stop))
-        call_ids = _CallIds()
-        ids: list[int] = []
-        logprobs: list[float] = []
+        out = _Output(IncrementalDecoder(self._template.tokenizer), parser, stops)
+        stream, flush_s = request.stream, self._flush_s
         version: int | None = None
         engine_finish: str | None = None
         first_token_s: float | None = None
+        last_sent = -math.inf
         steps = self._engine.generate(engine_request)
         try:
             async for step in steps:
-                first_token_s = first_token_s if first_token_s is not None else time.perf_counter() - started
-                version = step.policy_version if version is None else version
-                ids.extend(step.token_ids)
-                logprobs.extend(step.logprobs)
-                before = len(decoder.text)
-                decoder.add(step.token_ids)
-                if step.finish_reason is not None:
-                    decoder.flush()
+                now = time.perf_counter()
+                if first_token_s is None:
+                    first_token_s, version = now - started, step.policy_version
+                out.ids += step.token_ids
+                out.logprobs += step.logprobs
                 engine_finish = step.finish_reason
-                stopped = stops.check(decoder.text, before)
-                if request.stream:
-                    if stopped or engine_finish is not None:  # settle everything: deltas add up to the final
-                        delta = parser.update(_completion_text(decoder.text, stops), final=True)
-                    else:
-                        delta = parser.update(decoder.text[: len(decoder.text) - stops.holdback(decoder.text)])
-                    yield _delta(step.token_ids, step.logprobs, delta, call_ids)
+                stopped = bool(stops.stops) and out.check_stops(final=engine_finish is not None)
+                done = stopped or engine_finish is not None
+                if stream and (done or now - last_sent >= flush_s):
+                    yield out.delta(done)
+                    last_sent = now
                 if stopped:
                     break
         except BaseException as error:  # client gone (CancelledError / GeneratorExit) or engine failure
             _log.info(
                 "generate cancelled",
                 request_id=request_id,
-                completion_tokens=len(ids),
+                completion_tokens=len(out.ids),
                 reason=type(error).__name__,
             )
             raise
         finally:
             if isinstance(steps, AsyncGenerator):  # the engine frees the request's slot on close
                 await steps.aclose()
-        parser.update(_completion_text(decoder.text, stops), final=True)
+        out.decode(final=True)
+        parser.update(out.completion_text(), final=True)
         parsed = parser.result
+        ids, logprobs = out.ids, out.logprobs
         finish = _finish_reason(engine_finish, stops.cut >= 0, parsed)
         final = inference_pb2.GenerateFinal(
             prompt_token_ids=prompt.ids,
             completion_token_ids=ids,
             completion_logprobs=logprobs,
             finish_reason=finish,
-            message=_message(parsed, call_ids),
+            message=_message(parsed, out.call_ids),
             usage=common_pb2.Usage(
                 prompt_tokens=len(prompt.ids),
                 completion_tokens=len(ids),
@@ -203,6 +221,53 @@ class Generation:
         yield inference_pb2.GenerateResponse(final=final)
 
 
+@dataclass
+class _Output:
+    """What one generation produced so far, and how much of it the client has been sent."""
+
+    decoder: IncrementalDecoder
+    parser: AssistantParser
+    stops: _Stops
+    call_ids: _CallIds = field(default_factory=lambda: _CallIds())
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    decoded: int = 0
+    """Ids handed to the decoder."""
+    sent: int = 0
+    """Ids (and logprobs) already sent in deltas."""
+
+    def decode(self, *, final: bool) -> None:
+        """Hand the ids not decoded yet to the decoder (at the end: flush what is left)."""
+        if self.decoded < len(self.ids):
+            self.decoder.add(self.ids[self.decoded :])
+            self.decoded = len(self.ids)
+        if final:
+            self.decoder.flush()
+
+    def check_stops(self, *, final: bool) -> bool:
+        """Decode the new ids and search them for a stop sequence; True once one matched."""
+        before = len(self.decoder.text)
+        self.decode(final=final)
+        return self.stops.check(self.decoder.text, before)
+
+    def completion_text(self) -> str:
+        """The completion text the message is parsed from: cut before a matched stop sequence."""
+        text = self.decoder.text
+        return text[: self.stops.cut] if self.stops.cut >= 0 else text
+
+    def delta(self, done: bool) -> inference_pb2.GenerateResponse:
+        """A delta with everything since the previous one; `done`: the last (settles all held-back text)."""
+        self.decode(final=done)
+        if done:
+            update = self.parser.update(self.completion_text(), final=True)
+        else:
+            text = self.decoder.text
+            update = self.parser.update(text[: len(text) - self.stops.holdback(text)])
+        response = _delta(self.ids[self.sent :], self.logprobs[self.sent :], update, self.call_ids)
+        self.sent = len(self.ids)
+        return response
+
+
 def check_token_ids(ids: Sequence[int], vocab_size: int, what: str) -> None:
     """Token ids a client sent must exist in the model's vocabulary (else the engine would fail on them)."""
     if ids and max(ids) >= vocab_size:
@@ -212,13 +277,8 @@ def check_token_ids(ids: Sequence[int], vocab_size: int, what: str) -> None:
         )
 
 
-def _completion_text(text: str, stops: _Stops) -> str:
-    """The completion text the message is parsed from: cut before a matched stop sequence."""
-    return text[: stops.cut] if stops.cut >= 0 else text
-
-
 def _delta(
-    token_ids: tuple[int, ...], logprobs: tuple[float, ...], delta: AssistantDelta, call_ids: _CallIds
+    token_ids: list[int], logprobs: list[float], delta: AssistantDelta, call_ids: _CallIds
 ) -> inference_pb2.GenerateResponse:
     return inference_pb2.GenerateResponse(
         delta=inference_pb2.GenerateDelta(

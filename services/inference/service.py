@@ -36,7 +36,13 @@ class InferenceService:
         self._engine = engine
         self.template = template
         self.tool_format = format_for(settings.tool_call_format, template.tokenizer.chat_template)
-        self._generation = Generation(engine, template, self.tool_format, max_new_tokens=settings.max_new_tokens)
+        self._generation = Generation(
+            engine,
+            template,
+            self.tool_format,
+            max_new_tokens=settings.max_new_tokens,
+            flush_s=settings.stream_flush_ms / 1e3,
+        )
         self._update_lock = asyncio.Lock()
         self._published_at = timestamp_pb2.Timestamp()
         self._ready = False

@@ -160,8 +160,16 @@ class TextTokenizer:
         return token
 
 
+_DECODE_CONTEXT = 4
+"""Ids decoded again before the new ones, for context (a character split across ids, a leading space)."""
+
+
 class IncrementalDecoder:
-    """Decodes a growing id list; `text` only ever grows, never ends in a partial character."""
+    """Decodes a growing id list; `text` only ever grows, never ends in a partial character.
+
+    Constant work per id: each `add` decodes the new ids plus at most `_DECODE_CONTEXT` ids before them
+    (and the ids of a character still incomplete), however long the text and however many ids came at once.
+    """
 
     def __init__(self, tokenizer: TextTokenizer) -> None:
         self._tokenizer = tokenizer
@@ -178,7 +186,7 @@ class IncrementalDecoder:
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return ""
         new = full[len(prefix) :]
-        self._prefix_offset = self._read_offset
+        self._prefix_offset = max(self._read_offset, len(self._ids) - _DECODE_CONTEXT)
         self._read_offset = len(self._ids)
         self.text += new
         return new

@@ -90,8 +90,11 @@ def _wait_serving(server: ServerProcess, timeout: float) -> None:
 
 
 @contextlib.contextmanager
-def serve_inference(backend: str, model_dir: Path, log_dir: Path, *extra: str) -> Iterator[ServerProcess]:
-    """Run `lodestar inference serve` as a subprocess until the block ends (SIGTERM, then kill)."""
+def serve_inference(
+    backend: str, model_dir: Path, log_dir: Path, *extra: str, repo: Path = REPO
+) -> Iterator[ServerProcess]:
+    """Run `lodestar inference serve` as a subprocess until the block ends (SIGTERM, then kill). `repo`: the
+    checkout whose code runs (benchmarks compare against another commit's worktree)."""
     python = _python(backend)
     port = free_port()
     log_path = log_dir / f"inference-{backend}-{port}.log"
@@ -99,9 +102,9 @@ def serve_inference(backend: str, model_dir: Path, log_dir: Path, *extra: str) -
         str(python), "-m", "lodestar.cli.main", "inference", "serve",
         "--backend", backend, "--model", str(model_dir), "--port", str(port), "--log-json", *extra,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     with log_path.open("wb") as log:
-        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(command, cwd=repo, stdout=log, stderr=subprocess.STDOUT, env=env)
     server = ServerProcess(backend, port, log_path, process)
     try:
         _wait_serving(server, START_TIMEOUT_S[backend])

@@ -147,11 +147,11 @@ class TransformersEngine:
         self._wake.set()
         try:
             while True:
-                item = await sequence.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finish_reason is not None:
+                step, error = _merge_waiting(await sequence.queue.get(), sequence.queue)
+                yield step
+                if error is not None:
+                    raise error
+                if step.finish_reason is not None:
                     return
         finally:
             sequence.cancelled = True
@@ -278,6 +278,26 @@ class TransformersEngine:
         sequence.done = finish is not None
         logprob = (float(logprobs[token]),) if sequence.request.return_logprobs else ()
         sequence.queue.put_nowait(EngineStep((token,), logprob, group.version, finish))
+
+
+def _merge_waiting(
+    item: EngineStep | BaseException, queue: asyncio.Queue[EngineStep | BaseException]
+) -> tuple[EngineStep, BaseException | None]:
+    """`item` plus every step already waiting behind it, as one step (a slow consumer gets bigger steps,
+    not a backlog), and an error that was waiting behind them (raised after the step is delivered)."""
+    if isinstance(item, BaseException):
+        raise item
+    if queue.empty() or item.finish_reason is not None:
+        return item, None
+    ids, logprobs, finish = list(item.token_ids), list(item.logprobs), item.finish_reason
+    while finish is None and not queue.empty():
+        waiting = queue.get_nowait()
+        if isinstance(waiting, BaseException):
+            return EngineStep(tuple(ids), tuple(logprobs), item.policy_version, finish), waiting
+        ids += waiting.token_ids
+        logprobs += waiting.logprobs
+        finish = waiting.finish_reason
+    return EngineStep(tuple(ids), tuple(logprobs), item.policy_version, finish), None
 
 
 def create_engine(settings: InferenceSettings) -> TransformersEngine:

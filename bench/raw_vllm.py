@@ -1,0 +1,245 @@
+"""lodestar Generate against raw vLLM: the same engine arguments, the same workload, phases interleaved.
+
+Raw vLLM is what a user would run instead of lodestar's inference service: `AsyncLLM` in process, built
+with exactly the arguments lodestar's vllm engine uses (`services.inference.engines.vllm.engine_args`)
+and the same `SamplingParams` per request (`VllmEngine.sampling_params`: seeded, logprobs on, DELTA
+outputs when streaming, FINAL_ONLY when not), fed the prompt ids lodestar's chat template renders for the
+same messages. It runs in a worker subprocess under .venv-vllm that takes one phase per stdin line.
+
+lodestar is a real `lodestar inference serve --backend vllm` subprocess driven over gRPC from this
+process (the client shares the machine's cores, as the gateway does). Each phase runs C closed-loop
+workers, each issuing `ROUNDS[C]` requests of `NEW_TOKENS` sampled tokens back to back; tok/s counts the
+sampled tokens. Per repeat and cell the raw and lodestar phases run back to back, in alternating order;
+the ratio is the median over repeats of lodestar / raw of the same repeat (load drifts cancel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = Path(__file__).resolve()
+NEW_TOKENS = 128
+CONCURRENCY = (1, 16, 64)
+ROUNDS = {1: 8, 16: 4, 64: 2}
+PROMPT = "Write a long story about the lighthouse keeper number {}."
+
+
+def _seed(repeat: int, worker: int, round_: int) -> int:
+    return 100_000 * repeat + 100 * worker + round_
+
+
+# -- the raw side (runs under .venv-vllm: `python bench/raw_vllm.py MODEL_DIR KV_BYTES`) -------------
+
+
+async def _raw_phase(llm: Any, info: Any, phase: dict[str, Any]) -> dict[str, float]:
+    from vllm.inputs import tokens_input
+
+    from services.inference.engine import EngineRequest, SamplingOptions
+    from services.inference.engines.vllm import VllmEngine
+
+    prompts: list[list[int]] = phase["prompts"]
+    stream: bool = phase["stream"]
+    first_tokens: list[float] = []
+
+    async def one(worker: int, round_: int) -> int:
+        seed = _seed(phase["repeat"], worker, round_)
+        options = SamplingOptions(max_tokens=NEW_TOKENS, seed=seed)
+        request = EngineRequest(f"raw-{seed}", tuple(prompts[worker]), options, final_only=not stream)
+        params = VllmEngine.sampling_params(request, info)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        started = time.perf_counter()
+        async for out in llm.generate(tokens_input(prompts[worker]), params, f"raw-{seed}-{time.time_ns()}"):
+            if not ids:
+                first_tokens.append(time.perf_counter() - started)
+            completion = out.outputs[0]
+            ids += completion.token_ids
+            logprobs += [
+                entry[token].logprob
+                for token, entry in zip(completion.token_ids, completion.logprobs or [], strict=True)
+            ]
+        return len(ids)
+
+    async def worker(index: int) -> int:
+        return sum([await one(index, round_) for round_ in range(phase["rounds"])])
+
+    started = time.perf_counter()
+    tokens = sum(await asyncio.gather(*(worker(i) for i in range(phase["c"]))))
+    seconds = time.perf_counter() - started
+    return {"tokens": tokens, "seconds": seconds, "ttft_ms": statistics.median(first_tokens) * 1e3}
+
+
+async def raw_worker(model_dir: Path, kv_cache_bytes: int) -> None:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from services.inference.engine import EngineInfo
+    from services.inference.engines.vllm import engine_args
+    from services.inference.settings import InferenceSettings
+    from services.inference.tokenizer import TextTokenizer
+
+    config = json.loads((model_dir / "config.json").read_text())
+    context = int(config["max_position_embeddings"])
+    settings = InferenceSettings(backend="vllm", model=model_dir, kv_cache_bytes=kv_cache_bytes)
+    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args(settings, model_dir, context)))
+    info = EngineInfo("vllm", context, int(config["vocab_size"]), TextTokenizer.load(model_dir).eos_token_ids)
+    loop = asyncio.get_running_loop()
+    print("RESULT ready", flush=True)
+    try:
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            result = await _raw_phase(llm, info, json.loads(line))
+            print("RESULT " + json.dumps(result), flush=True)
+    finally:
+        llm.shutdown()
+
+
+# -- the lodestar side and the driver (main venv) --------------------------------------------------
+
+
+class RawVllm:
+    """The raw-vLLM worker subprocess."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self._process = process
+
+    @classmethod
+    async def start(cls, model_dir: Path, kv_cache_bytes: int) -> RawVllm:
+        python = REPO / ".venv-vllm" / "bin" / "python"
+        env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        process = await asyncio.create_subprocess_exec(
+            str(python), str(SCRIPT), str(model_dir), str(kv_cache_bytes),
+            cwd=REPO, env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        raw = cls(process)
+        await raw._result()
+        return raw
+
+    async def _result(self) -> Any:
+        assert self._process.stdout is not None
+        while line := (await self._process.stdout.readline()).decode():
+            if line.startswith("RESULT "):
+                return json.loads(line[7:]) if line[7:].strip() != "ready" else None
+        raise RuntimeError(f"the raw vLLM worker exited ({await self._process.wait()})")
+
+    async def phase(self, phase: dict[str, Any]) -> dict[str, float]:
+        assert self._process.stdin is not None
+        self._process.stdin.write((json.dumps(phase) + "\n").encode())
+        await self._process.stdin.drain()
+        result: dict[str, float] = await self._result()
+        return result
+
+    async def close(self) -> None:
+        if self._process.stdin is not None:
+            self._process.stdin.close()
+        try:
+            await asyncio.wait_for(self._process.wait(), 60)
+        except TimeoutError:
+            self._process.kill()
+            await self._process.wait()
+
+
+async def _lodestar_phase(stub: Any, phase: dict[str, Any]) -> dict[str, float]:
+    from lodestar.v1 import common_pb2, inference_pb2
+
+    first_tokens: list[float] = []
+
+    async def one(worker: int, round_: int) -> int:
+        seed = _seed(phase["repeat"], worker, round_)
+        request = inference_pb2.GenerateRequest(
+            messages=[_user(PROMPT.format(worker))],
+            stream=phase["stream"],
+            sampling=common_pb2.SamplingParams(seed=seed, max_tokens=NEW_TOKENS),
+        )
+        started = time.perf_counter()
+        tokens = 0
+        async for response in stub.Generate(request, timeout=600):
+            if response.WhichOneof("event") == "delta":
+                if not tokens:
+                    first_tokens.append(time.perf_counter() - started)
+                tokens += len(response.delta.token_ids)
+            else:
+                tokens = len(response.final.completion_token_ids)
+        return tokens
+
+    async def worker(index: int) -> int:
+        return sum([await one(index, round_) for round_ in range(phase["rounds"])])
+
+    started = time.perf_counter()
+    tokens = sum(await asyncio.gather(*(worker(i) for i in range(phase["c"]))))
+    seconds = time.perf_counter() - started
+    return {"tokens": tokens, "seconds": seconds, "ttft_ms": statistics.median(first_tokens or [0.0]) * 1e3}
+
+
+def _user(text: str) -> Any:
+    from lodestar.v1 import common_pb2
+
+    return common_pb2.ChatMessage(
+        role=common_pb2.ROLE_USER, content=[common_pb2.ContentPart(text=common_pb2.TextPart(text=text))]
+    )
+
+
+async def compare(address: str, model_dir: Path, repeats: int, kv_cache_bytes: int) -> dict[str, dict[str, float]]:
+    """Medians per cell "c{C}-{stream|final}": raw and lodestar tok/s, ratio, TTFT (streaming)."""
+    import grpc.aio
+
+    from lodestar.v1 import inference_pb2_grpc
+    from services.inference.templates import ChatTemplate
+    from services.inference.tokenizer import TextTokenizer
+
+    template = ChatTemplate(TextTokenizer.load(model_dir))
+    prompts = [list(template.prompt([_user(PROMPT.format(i))]).ids) for i in range(max(CONCURRENCY))]
+    raw = await RawVllm.start(model_dir, kv_cache_bytes)
+    cells: dict[str, dict[str, list[float]]] = {}
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+            warm = {"c": 16, "rounds": 1, "stream": True, "repeat": 99, "prompts": prompts}
+            await raw.phase(warm)
+            await _lodestar_phase(stub, warm)
+            for repeat in range(repeats):
+                for number, (c, stream) in enumerate((c, s) for c in CONCURRENCY for s in (True, False)):
+                    phase = {"c": c, "rounds": ROUNDS[c], "stream": stream, "repeat": repeat, "prompts": prompts}
+                    order = ("raw", "lodestar") if (repeat + number) % 2 == 0 else ("lodestar", "raw")
+                    got = {}
+                    for side in order:
+                        got[side] = await (raw.phase(phase) if side == "raw" else _lodestar_phase(stub, phase))
+                    cell = cells.setdefault(f"c{c}-{'stream' if stream else 'final'}", {})
+                    rates = {side: got[side]["tokens"] / got[side]["seconds"] for side in got}
+                    for key, value in (("raw", rates["raw"]), ("lodestar", rates["lodestar"]),
+                                       ("ratio", rates["lodestar"] / rates["raw"]),
+                                       ("raw_ttft_ms", got["raw"]["ttft_ms"]),
+                                       ("lodestar_ttft_ms", got["lodestar"]["ttft_ms"])):  # fmt: skip
+                        cell.setdefault(key, []).append(value)
+                    print(f"repeat {repeat} c={c} stream={stream}: {json.dumps(rates)}", file=sys.stderr)
+    finally:
+        await raw.close()
+    return {name: {key: statistics.median(values) for key, values in cell.items()} for name, cell in cells.items()}
+
+
+def table(cells: dict[str, dict[str, float]]) -> str:
+    lines = [
+        "| C | raw AsyncLLM tok/s, streaming | lodestar Generate, streaming | ratio "
+        "| raw tok/s, non-streaming | lodestar, non-streaming | ratio | TTFT raw / lodestar (streaming) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in CONCURRENCY:
+        s, f = cells[f"c{c}-stream"], cells[f"c{c}-final"]
+        lines.append(
+            f"| {c} | {s['raw']:,.0f} | {s['lodestar']:,.0f} | {s['ratio']:.2f}x | {f['raw']:,.0f} "
+            f"| {f['lodestar']:,.0f} | {f['ratio']:.2f}x | {s['raw_ttft_ms']:.1f} / {s['lodestar_ttft_ms']:.1f} ms |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    asyncio.run(raw_worker(Path(sys.argv[1]), int(sys.argv[2])))

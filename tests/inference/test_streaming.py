@@ -1,0 +1,245 @@
+"""Coalesced streaming in `Generation.run`: what a client assembles never depends on how tokens were grouped.
+
+A replay engine delivers fixed ids (with distinct logprobs) in step groupings and at times the test
+chooses, so the same completion can go through the one-delta-per-token path (one id per engine step,
+`flush_s=0`) and through coalesced paths (big engine steps, a long flush interval). The real transformers
+engine checks that the first delta is not held back and that a cancelled coalesced stream frees its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lodestar.v1 import common_pb2, inference_pb2
+from services.inference.engine import EngineInfo, EngineRequest, EngineStep, SamplingOptions
+from services.inference.engines.transformers import TransformersEngine
+from services.inference.generation import Generation
+from services.inference.templates import ChatTemplate
+from services.inference.tokenizer import TextTokenizer
+from services.inference.toolcalls import format_for
+from tests.inference.helpers import Collected, sampling, tool, user
+
+BIG_FLUSH_S = 3600.0
+"""A flush interval no test reaches: only the first and the last step go out."""
+
+
+class ReplayEngine:
+    """Replays `ids` in steps of the given sizes, pausing `pause_s` before every step after the first."""
+
+    def __init__(self, ids: Sequence[int], sizes: Sequence[int], eos: int, *, pause_s: float = 0.0) -> None:
+        self.ids, self.sizes, self.eos, self.pause_s = list(ids), list(sizes), eos, pause_s
+        self.closed = 0
+        self.step_times: list[float] = []
+
+    def info(self) -> EngineInfo:
+        return EngineInfo(backend="replay", context_length=65536, vocab_size=4096, eos_token_ids=(self.eos,))
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineStep]:
+        position = 0
+        try:
+            for number, size in enumerate(self.sizes):
+                if number and self.pause_s:
+                    await asyncio.sleep(self.pause_s)
+                chunk = self.ids[position : position + size]
+                position += size
+                done = position >= len(self.ids)
+                finish = ("stop" if chunk and chunk[-1] == self.eos else "length") if done else None
+                self.step_times.append(time.perf_counter())
+                yield EngineStep(tuple(chunk), tuple(-0.5 - (position - size + i) / 7 for i in range(len(chunk))), 3,
+                                 finish)  # fmt: skip
+                if done:
+                    return
+        finally:
+            self.closed += 1
+
+
+def generation(engine: object, template: ChatTemplate, flush_s: float) -> Generation:
+    fmt = format_for("auto", template.tokenizer.chat_template)
+    return Generation(engine, template, fmt, max_new_tokens=4096, flush_s=flush_s)  # type: ignore[arg-type]
+
+
+def generate_request(stop: Sequence[str] = (), *, stream: bool = True) -> inference_pb2.GenerateRequest:
+    return inference_pb2.GenerateRequest(
+        messages=[user("Use the tool.")], tools=[tool("Bash")], stream=stream, sampling=sampling(stop=list(stop))
+    )
+
+
+async def run(gen: Generation, request: inference_pb2.GenerateRequest) -> tuple[Collected, list[float]]:
+    out, times = Collected(), []
+    async for response in gen.run(request):
+        times.append(time.perf_counter())
+        kind = response.WhichOneof("event")
+        out.events.append(kind)
+        (out.deltas if kind == "delta" else out.finals).append(getattr(response, kind))
+    return out, times
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """What a client builds from the deltas, checked against the final event of the same stream."""
+
+    ids: list[int]
+    logprobs: list[float]
+    text: str
+    reasoning: str
+    calls: list[tuple[int, str, str]]
+    message: str
+    """The final's parsed message without the (random) tool-call ids."""
+
+
+def assemble(out: Collected) -> Assembled:
+    final = out.final
+    ids = [t for d in out.deltas for t in d.token_ids]
+    logprobs = [lp for d in out.deltas for lp in d.logprobs]
+    text = "".join(d.text for d in out.deltas)
+    reasoning = "".join(d.reasoning_text for d in out.deltas)
+    streamed = [c for d in out.deltas for c in d.tool_calls]
+    assert ids == list(final.completion_token_ids)
+    assert logprobs == list(final.completion_logprobs)
+    assert text == "".join(p.text.text for p in final.message.content if p.HasField("text"))
+    assert reasoning == "".join(p.reasoning.text for p in final.message.content if p.HasField("reasoning"))
+    assert [(c.id, c.name, c.arguments_delta) for c in streamed] == [
+        (c.id, c.name, c.arguments_json) for c in final.message.tool_calls
+    ]
+    calls = [(c.index, c.name, c.arguments_delta) for c in streamed]
+    return Assembled(ids, logprobs, text, reasoning, calls, without_call_ids(final))
+
+
+def without_call_ids(final: inference_pb2.GenerateFinal) -> str:
+    message = common_pb2.ChatMessage()
+    message.CopyFrom(final.message)
+    for call in message.tool_calls:
+        call.id = ""
+    return message.SerializeToString(deterministic=True).hex()
+
+
+CALL = '<tool_call>\n{"name": "Bash", "arguments": {"command": "ls -la"}}\n</tool_call>'
+PIECES = st.sampled_from(
+    ["Hello", " world", "\n", "  ", "é", "日本語", "🙂", "<think>", "</think>", "<tool_call>", "</tool_call>", CALL,
+     '{"name": "Bash"', "}", "STOP", "ab", "<|im_end|>"]
+)  # fmt: skip
+
+
+def sizes_for(total: int, cuts: list[int]) -> list[int]:
+    """Step sizes that cut `total` ids at the given (sorted, deduplicated) positions."""
+    edges = [0, *sorted({cut for cut in cuts if 0 < cut < total}), total]
+    return [b - a for a, b in itertools.pairwise(edges)] or [0]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    pieces=st.lists(PIECES, min_size=1, max_size=14),
+    raw=st.lists(st.integers(3, 4095), max_size=6),
+    cuts=st.lists(st.integers(1, 80), max_size=10),
+    end=st.booleans(),
+)
+def test_coalescing_never_changes_what_the_client_assembles(
+    chat_template: ChatTemplate, tiny_tokenizer: TextTokenizer, pieces: list[str], raw: list[int], cuts: list[int],
+    end: bool,
+) -> None:  # fmt: skip
+    eos = tiny_tokenizer.eos_token_ids[0]
+    ids = tiny_tokenizer.encode("".join(pieces)) + raw + ([eos] if end else [])
+    per_token = [1] * len(ids)
+    grouped = sizes_for(len(ids), cuts)
+
+    async def main() -> None:
+        request = generate_request()
+        reference, _ = await run(generation(ReplayEngine(ids, per_token, eos), chat_template, 0.0), request)
+        assert len(reference.deltas) == len(ids)
+        expected = assemble(reference)
+        for sizes, flush_s in ((grouped, 0.0), (per_token, BIG_FLUSH_S), (grouped, BIG_FLUSH_S)):
+            coalesced, _ = await run(generation(ReplayEngine(ids, sizes, eos), chat_template, flush_s), request)
+            assert assemble(coalesced) == expected
+            assert len(coalesced.deltas) <= (len(sizes) if flush_s == 0.0 else 2)
+        final_only, _ = await run(
+            generation(ReplayEngine(ids, grouped, eos), chat_template, 0.0), generate_request(stream=False)
+        )
+        assert final_only.events == ["final"]
+        assert without_call_ids(final_only.final) == expected.message
+        assert list(final_only.final.completion_token_ids) == ids
+
+    asyncio.run(main())
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    before=st.lists(PIECES, max_size=8),
+    after=st.lists(PIECES, max_size=4),
+    stop=st.sampled_from(["STOP", "日本", "ab", "Hello w", "}", "</think>"]),
+)
+def test_stop_sequences_cut_the_same_with_coalescing(
+    chat_template: ChatTemplate, tiny_tokenizer: TextTokenizer, before: list[str], after: list[str], stop: str
+) -> None:
+    ids = tiny_tokenizer.encode("".join([*before, stop, *after]))
+
+    async def main() -> None:
+        request = generate_request([stop])
+        results = []
+        for flush_s in (0.0, BIG_FLUSH_S):
+            out, _ = await run(generation(ReplayEngine(ids, [1] * len(ids), -1), chat_template, flush_s), request)
+            assert out.final.finish_reason == common_pb2.FINISH_REASON_STOP_SEQUENCE
+            results.append((assemble(out), out.final.matched_stop))
+        assert results[0] == results[1]
+
+    asyncio.run(main())
+
+
+async def test_first_and_last_deltas_are_not_held_back(
+    chat_template: ChatTemplate, tiny_tokenizer: TextTokenizer
+) -> None:
+    """The first delta leaves as soon as the first step exists, the last as soon as the engine finishes;
+    in between at most one delta per flush interval, each carrying everything sampled since the last."""
+    ids = tiny_tokenizer.encode("one two three four five six seven eight nine ten eleven twelve")
+    engine = ReplayEngine(ids, [1] * len(ids), -1, pause_s=0.01)
+    out, times = await run(generation(engine, chat_template, 0.05), generate_request())
+    assert times[0] - engine.step_times[0] < 0.005  # no wait for the flush interval
+    assert times[-2] - engine.step_times[-1] < 0.005  # the finishing delta, then the final
+    middle = times[1:-2]
+    assert all(b - a >= 0.05 for a, b in zip(times[:-2], middle, strict=False))
+    assert len(out.deltas) < len(ids) / 2
+    assert [t for d in out.deltas for t in d.token_ids] == ids
+
+
+async def test_real_engine_first_delta_is_one_token_and_cancel_frees_the_slot(
+    tiny_model_dir: Path, chat_template: ChatTemplate
+) -> None:
+    engine = TransformersEngine(tiny_model_dir, device="cpu", dtype="float32", max_batch_size=1)
+    await engine.start()
+    try:
+        gen = generation(engine, chat_template, BIG_FLUSH_S)
+        long = gen.run(
+            inference_pb2.GenerateRequest(
+                messages=[user("Talk a lot.")], stream=True, sampling=sampling(seed=3, max_tokens=60000)
+            )
+        )
+        first = await anext(long)
+        assert len(first.delta.token_ids) == 1  # out at once, not after the flush interval
+        await asyncio.sleep(0.2)  # the engine keeps sampling; nothing is sent
+        await long.aclose()
+        await asyncio.sleep(0.05)
+        assert engine._running() == 0
+        # One slot: if the cancelled request still held it, this one would wait for 60,000 tokens.
+        short = generation(engine, chat_template, 0.005).run(
+            inference_pb2.GenerateRequest(messages=[user("hi")], stream=True, sampling=sampling(seed=4, max_tokens=4))
+        )
+        events = [response.WhichOneof("event") async for response in short]
+        assert events[-1] == "final"
+        # A consumer that falls behind gets the waiting steps merged into one, not a backlog.
+        steps = engine.generate(EngineRequest("slow", (5, 6, 7), SamplingOptions(max_tokens=12, seed=5)))
+        first_step = await anext(steps)
+        await asyncio.sleep(0.5)
+        rest = [step async for step in steps]
+        assert len(first_step.token_ids) == 1
+        assert len(rest) < 11
+        assert sum(len(step.token_ids) for step in rest) == sum(len(step.logprobs) for step in rest) == 11
+        assert rest[-1].finish_reason == "length"
+    finally:
+        await engine.close()
