@@ -40,7 +40,7 @@ async def test_create_status_and_cancel(rollout: Rollout, tmp_path: Path) -> Non
         12,
         "RUN_STATE_RUNNING",
     )
-    assert run["spec"]["harness"]["command"] == ["python", "examples/agent/agent.py", "{prompt}"]
+    assert run["spec"]["harness"]["command"] == ["python", "{repo}/examples/agent/agent.py", "{prompt}"]
 
     code, out, _ = await _lodestar("run", "status", run_id, "--once", "--rollout", rollout.address)
     assert code == 0
