@@ -8,8 +8,12 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 
+from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import gateway_pb2, rollout_pb2
+from services.gateway.server import GatewayNode
+from services.gateway.settings import GatewaySettings
 from tests.gateway.node.conftest import (
     AGENT,
     HANG_AGENT,
@@ -21,6 +25,7 @@ from tests.gateway.node.conftest import (
 )
 from tests.gateway.node.standin import RolloutStandIn, assignment
 
+pytestmark = pytest.mark.slow
 TOOL_SCRIPT = {
     "replies": [
         {"tool_calls": [{"name": "shell", "arguments": {"command": "echo hi > out.txt"}}]},
@@ -198,3 +203,8 @@ def test_complete_session_is_retried_then_fenced_results_are_dropped(
     assert standin.complete_calls == 4, "a fenced result is not retried"
     assert [r.session_id for r in standin.results] == ["retried"]
     standin.wait_for(lambda: not standin.acquires[-1].in_flight, 5, "the node to drop the fenced attempt")
+
+
+def test_a_node_that_runs_sessions_needs_etcd(tmp_path: Path):
+    with pytest.raises(InvalidArgumentError, match="--rollout needs --etcd"):
+        GatewayNode(GatewaySettings(rollout="127.0.0.1:1", etcd=None, data_dir=tmp_path))

@@ -8,10 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from lodestar.v1 import rollout_pb2
 from tests.gateway.conftest import StackFactory
 from tests.gateway.node.conftest import HANG_AGENT, kill_pids, read_pids, wait_dead
 from tests.gateway.node.standin import RolloutStandIn, assignment
+
+pytestmark = pytest.mark.slow
 
 
 def test_sigterm_kills_reports_and_cleans_up_in_flight_sessions(
