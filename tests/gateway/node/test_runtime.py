@@ -83,3 +83,21 @@ async def test_leftovers_of_a_dead_node_are_removed(tmp_path: Path):
     await factory.create("old-2", {})
     assert await factory.remove_leftovers() == 2
     assert list((tmp_path / "sessions").iterdir()) == []
+
+
+async def test_processes_that_leave_the_process_group_are_killed_with_the_run(tmp_path: Path):
+    launcher = Launcher()
+    runtime = await RuntimeFactory(tmp_path / "sessions", launcher).create("s", {})
+    endpoint = GatewayEndpoint("http://127.0.0.1:9", "key", "m")
+    escape = "setsid sleep 300 & echo $! > $HOME/escaped.pid; sleep 300"
+    invocation = runtime.translate(Command(["bash", "-c", escape]).prepare(runtime.real, endpoint, "p"))
+    result = await launcher.run(invocation, None, 1.5, binds=runtime.binds)
+    assert result.timed_out
+    pid = int((runtime.real.home / "escaped.pid").read_text())
+    for _ in range(100):
+        status = Path(f"/proc/{pid}/status")
+        if not await asyncio.to_thread(status.exists) or "State:\tZ" in await asyncio.to_thread(status.read_text):
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("a process that called setsid outlived the run")

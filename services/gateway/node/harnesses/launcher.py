@@ -106,12 +106,15 @@ class Launcher:
         readers = [asyncio.create_task(self._read(proc.stdout)), asyncio.create_task(self._read(proc.stderr))]
         timed_out = False
         setup_error: OSError | None = None
+        mount_ns: str | None = None
         try:
             if channel is not None:
                 try:
                     listeners = await receive_setup(channel, timeout_s=min(30.0, timeout_s))
                 except OSError as exc:
                     setup_error = exc
+                if binds and setup_error is None:
+                    mount_ns = _mount_namespace(proc.pid)
                 if isolated and setup_error is None:
                     relay = GatewayRelay(listeners, host, port)
                     await relay.start()
@@ -119,6 +122,9 @@ class Launcher:
                 timed_out = not await _exited(proc, deadline=started + timeout_s)
         finally:
             await _kill_group(proc)
+            if mount_ns is not None:
+                # Processes that left the group (setsid, daemonized tools) still share the run's mount namespace.
+                _kill_namespace(mount_ns)
             if channel is not None:
                 channel.close()
             if relay is not None:
@@ -218,6 +224,29 @@ async def _kill_group(proc: asyncio.subprocess.Process) -> None:
     # A process that left the group (setsid) may still hold the pipes: do not wait on it forever.
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(proc.wait(), timeout=KILL_GRACE_S)
+
+
+def _mount_namespace(pid: int) -> str | None:
+    """The mount namespace of `pid` (e.g. "mnt:[4026532301]"), or None when it cannot be read."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
+
+
+def _kill_namespace(mount_ns: str) -> int:
+    """SIGKILL every process in mount namespace `mount_ns` (a run's own); returns how many were signalled."""
+    if mount_ns == _mount_namespace(os.getpid()):
+        return 0  # never the node's own namespace
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and _mount_namespace(int(entry.name)) == mount_ns:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+    if killed:
+        log.info("killed processes left in the run's mount namespace", count=killed)
+    return killed
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> bool:
