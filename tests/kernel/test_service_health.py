@@ -177,12 +177,13 @@ async def test_in_process_trainer_serves_health_and_reflection(tmp_path: Path) -
         await server.stop(0)
 
 
-async def test_in_process_rollout_serves_once_it_leads(etcd_endpoint: str, tmp_path: Path) -> None:
-    """Rollout reports SERVING by itself once its instance won the leader election on the store."""
+async def test_in_process_rollout_serves_once_it_leads(etcd_endpoint: str, etcd_prefix: str, tmp_path: Path) -> None:
+    """Rollout reports SERVING by itself once its instance won the leader election on the store (its own
+    etcd prefix: the module's CLI rollout still leads under the default one)."""
     from services.rollout.server import RolloutServer
     from services.rollout.settings import RolloutSettings
 
-    flags = {"port": 0, "etcd": etcd_endpoint, "store": str(tmp_path / "rollout.sqlite")}
+    flags = {"port": 0, "etcd": etcd_endpoint, "etcd_prefix": etcd_prefix, "store": str(tmp_path / "rollout.sqlite")}
     server = RolloutServer(load_settings(RolloutSettings, flags=flags, env={}))
     port = await server.start()
     target = f"127.0.0.1:{port}"
