@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from lodestar.grpc import security
 from lodestar.grpc.client import connect
@@ -41,8 +42,13 @@ def _tls_flags(pki_dir: Path, name: str) -> list[str]:
     ]
 
 
-@pytest.fixture
-async def stack(tmp_path: Path) -> AsyncIterator[dict[str, str]]:
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dict[str, str]]:
+    """The three services, started once for this module's tests."""
+    tmp_path = tmp_path_factory.mktemp("node-client")
     pki = ensure_local_pki(tmp_path / "pki")
     model = build(tmp_path / "tiny-model", TinyModelSpec())
     before = security.current()
@@ -116,7 +122,7 @@ async def test_the_node_client_opens_a_session_streams_a_generation_and_reads_a_
     assert "14 " in err  # UNAVAILABLE: no TLS session without a client certificate
 
 
-def test_the_client_loads_the_protos_from_the_repository() -> None:
+async def test_the_client_loads_the_protos_from_the_repository() -> None:
     """The client reads protos/ (no generated copy to drift)."""
     assert "protos" in (CLIENT / "lodestar.js").read_text()
     assert not list(CLIENT.glob("*_pb.js"))
