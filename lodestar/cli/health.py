@@ -12,6 +12,7 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from lodestar.cli import client_security
 from lodestar.grpc.security import current
 
 
@@ -37,4 +38,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("address", help="HOST:PORT")
     parser.add_argument("--service", default="", help="service name (default: the whole server)")
     parser.add_argument("--timeout", type=float, default=3.0)
-    parser.set_defaults(handler=_handle)
+    client_security.add_arguments(parser)
+    parser.set_defaults(handler=client_security.secured(_handle))

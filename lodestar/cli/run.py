@@ -23,6 +23,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from lodestar.cli import client_security
 from lodestar.grpc.client import LeaderChannel
 from lodestar.grpc.errors import error_from_rpc
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
@@ -144,15 +145,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     commands = group.add_subparsers(dest="run_command", required=True, metavar="COMMAND")
     creator = commands.add_parser("create", help="create a run from a spec file and print its id")
     creator.add_argument("spec", type=Path, help="run spec (YAML or JSON; see docs/runs.md)")
-    creator.set_defaults(handler=_create)
+    creator.set_defaults(handler=client_security.secured(_create))
     status = commands.add_parser("status", help="show a run's progress (live until it ends)")
     status.add_argument("run_id")
     status.add_argument("--once", action="store_true", help="render once and exit")
     status.add_argument("--json", action="store_true", help="print the Run as JSON")
     status.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
-    status.set_defaults(handler=_status)
+    status.set_defaults(handler=client_security.secured(_status))
     canceller = commands.add_parser("cancel", help="cancel a run (its complete groups stay deliverable)")
     canceller.add_argument("run_id")
-    canceller.set_defaults(handler=_cancel)
+    canceller.set_defaults(handler=client_security.secured(_cancel))
     for command in (creator, status, canceller):
         command.add_argument("--rollout", default=DEFAULT_ROLLOUT, metavar="HOST:PORT", help="RolloutService address")
+        client_security.add_arguments(command)

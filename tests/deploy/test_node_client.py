@@ -169,3 +169,32 @@ async def test_the_grpcurl_and_buf_curl_examples_of_docs_grpc_md(stack: dict[str
     assert "lodestar.v1.InferenceService/Generate" in out
     code, out = await _run(grpcurl, "-plaintext", stack["gateway"], "list")  # plaintext against mutual TLS
     assert code != 0
+
+
+async def test_the_lodestar_cli_talks_to_a_secured_rollout(stack: dict[str, str], tmp_path: Path) -> None:
+    """`lodestar run create/status` and `lodestar health` with the CA, a client certificate and the token."""
+    pki = Path(stack["pki"])
+    tls = [
+        "--tls-ca",
+        str(pki / "ca.pem"),
+        "--tls-cert",
+        str(pki / "client.pem"),
+        "--tls-key",
+        str(pki / "client-key.pem"),
+    ]
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    lodestar = [sys.executable, "-m", "lodestar.cli.main"]
+    code, out = await _run(*lodestar, "run", "create", str(REPO / "examples" / "runs" / "command-agent.yaml"),
+                           "--rollout", stack["rollout"], *tls, "--auth-token-file", str(token))  # fmt: skip
+    assert code == 0, out
+    run_id = out.strip().splitlines()[-1]
+    code, out = await _run(*lodestar, "run", "status", run_id, "--json", "--rollout", stack["rollout"], *tls)
+    assert code == 0, out
+    assert json.loads(out[out.index("{") :])["runId"] == run_id
+    code, out = await _run(*lodestar, "run", "cancel", run_id, "--rollout", stack["rollout"], *tls)  # no token
+    assert code != 0
+    assert "token" in out
+    code, out = await _run(*lodestar, "health", stack["inference"], *tls)
+    assert code == 0, out
+    assert "SERVING" in out
