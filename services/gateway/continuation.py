@@ -14,10 +14,11 @@ reasoning (Gemini CLI drops earlier `thought` parts); when reasoning is re-sent 
 Lookups cost O(messages of the request), whatever the number of earlier calls: every link is indexed by
 the rolling digest of its covered messages (without reasoning), and the request's own rolling digests
 find the longest covered prefix directly; only the messages that carry reasoning are then compared one
-by one. A request that continues nothing is classified: FIRST (no earlier call), BRANCH (it shares at
-most its leading system messages with any earlier call, or re-sends a turn: compaction, sub-agents,
-retries) or DRIFT (it shares conversation with an earlier call but differs later, or only the tools
-differ: a chain broke where one was expected).
+by one. A request that continues nothing is classified: DRIFT when its first difference from the closest
+earlier call is one of the model's own (assistant) messages, re-sent in a form that no longer matches (a
+chain broke where one was expected: matching must learn that harness's quirk); else BRANCH (the history was
+replaced from a user/system message on, or the tools changed, or a turn was re-sent: compactions,
+sub-agents, retries); FIRST when the session has no earlier call.
 """
 
 from __future__ import annotations
@@ -195,11 +196,11 @@ class ChainIndex:
         self._sessions.pop(session_id, None)
 
     def find(
-        self, session_id: str, context: bytes, keys: Sequence[MessageKey], *, leading_system: int = 0
+        self, session_id: str, context: bytes, keys: Sequence[MessageKey], *, roles: Sequence[int] = ()
     ) -> ChainMatch:
         """The link with the longest covered prefix of `keys` under the same tools (latest on ties); else
-        how the request relates to the earlier calls. `leading_system`: the request's leading system and
-        developer messages (sharing only those makes a BRANCH, not a DRIFT)."""
+        how the request relates to the earlier calls. `roles`: the request messages' roles (a request
+        whose first difference from the closest earlier call is an ASSISTANT message is a DRIFT)."""
         digests = prefix_digests(keys)
         state = self._sessions.get(session_id)
         if state is None or state.count == 0:
@@ -215,8 +216,9 @@ class ChainIndex:
         shared = next((k for k in range(len(keys), 0, -1) if digests[k - 1] in state.prefixes), 0)
         closest = state.prefixes[digests[shared - 1]] if shared else -1
         if tools_differ is not None and len(tools_differ.keys) >= shared:
-            return ChainMatch(None, common_pb2.CHAIN_START_DRIFT, digests, tools_differ.sequence,
+            return ChainMatch(None, common_pb2.CHAIN_START_BRANCH, digests, tools_differ.sequence,
                               len(tools_differ.keys), "tools differ")  # fmt: skip
-        if shared <= leading_system or shared >= len(keys):
-            return ChainMatch(None, common_pb2.CHAIN_START_BRANCH, digests, closest, shared, "new conversation")
-        return ChainMatch(None, common_pb2.CHAIN_START_DRIFT, digests, closest, shared, "message differs")
+        if shared < len(keys) and shared < len(roles) and roles[shared] == common_pb2.ROLE_ASSISTANT:
+            return ChainMatch(None, common_pb2.CHAIN_START_DRIFT, digests, closest, shared, "assistant message differs")
+        reason = "turn re-sent" if shared >= len(keys) else "new conversation"
+        return ChainMatch(None, common_pb2.CHAIN_START_BRANCH, digests, closest, shared, reason)

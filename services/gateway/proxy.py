@@ -77,7 +77,8 @@ class Proxy:
         keys = message_keys(request.messages)
         context = context_key(request.tools)
         generate = self._generate_request(request, response_id)
-        match = self._chains.find(session.session_id, context, keys, leading_system=_leading_system(request.messages))
+        roles = [message.role for message in request.messages]
+        match = self._chains.find(session.session_id, context, keys, roles=roles)
         found = match.link
         if found is not None:
             generate.continuation.CopyFrom(found.continuation)
@@ -196,12 +197,6 @@ class Proxy:
 
     async def model_info(self) -> inference_pb2.GetModelInfoResponse:
         return await self._inference.model_info()
-
-
-def _leading_system(messages: list[common_pb2.ChatMessage]) -> int:
-    """How many messages at the start are system/developer instructions."""
-    system = (common_pb2.ROLE_SYSTEM, common_pb2.ROLE_DEVELOPER)
-    return next((i for i, message in enumerate(messages) if message.role not in system), len(messages))
 
 
 def _completion(message: common_pb2.ChatMessage, call_ids: dict[int, str]) -> common_pb2.ChatMessage:

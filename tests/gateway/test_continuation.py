@@ -8,6 +8,7 @@ import time
 from lodestar.v1 import common_pb2, inference_pb2
 from services.gateway.continuation import ChainIndex, ChainLink, MessageKey, context_key, message_keys
 
+ROLES = [common_pb2.ROLE_SYSTEM, common_pb2.ROLE_DEVELOPER, common_pb2.ROLE_USER, common_pb2.ROLE_ASSISTANT] * 2
 TOOLS = context_key([common_pb2.ToolDefinition(name="bash", parameters_json="{}")])
 NO_TOOLS = context_key([])
 
@@ -34,7 +35,7 @@ def start_name(value: int) -> str:
 def test_first_continued_and_longest_prefix() -> None:
     index = ChainIndex()
     base = [msg("system", "s"), msg("user", "task")]
-    first = index.find("s1", TOOLS, message_keys(base), leading_system=1)
+    first = index.find("s1", TOOLS, message_keys(base), roles=ROLES)
     assert (first.link, start_name(first.start)) == (None, "FIRST")
     turn0 = [*base, msg("assistant", "ok", call='{"command": "ls"}')]
     index.add("s1", link(0, message_keys(turn0)))
@@ -42,11 +43,11 @@ def test_first_continued_and_longest_prefix() -> None:
     index.add("s1", link(1, message_keys(turn1)))
     # Re-serialized arguments, whitespace and tool-call ids do not matter; the longest covered prefix wins.
     resent = [*base, msg("assistant", " ok ", call='{"command":"ls"}'), msg("tool", "files"), msg("assistant", "done")]
-    found = index.find("s1", TOOLS, message_keys([*resent, msg("user", "more")]), leading_system=1)
+    found = index.find("s1", TOOLS, message_keys([*resent, msg("user", "more")]), roles=ROLES)
     assert found.link is not None
     assert found.link.sequence == 1
     assert start_name(found.start) == "CONTINUED"
-    found = index.find("s1", TOOLS, message_keys([*turn0, msg("tool", "other")]), leading_system=1)
+    found = index.find("s1", TOOLS, message_keys([*turn0, msg("tool", "other")]), roles=ROLES)
     assert found.link is not None
     assert found.link.sequence == 0
 
@@ -70,19 +71,24 @@ def test_branch_and_drift_are_told_apart() -> None:
     turn = [*system, msg("user", "task"), msg("assistant", "a1")]
     index.add("s", link(0, message_keys(turn)))
     # A compaction summary or a sub-agent: only the system messages are shared.
-    branch = index.find("s", TOOLS, message_keys([*system, msg("user", "summary of earlier work")]), leading_system=2)
+    branch = index.find("s", TOOLS, message_keys([*system, msg("user", "summary of earlier work")]), roles=ROLES)
     assert (start_name(branch.start), branch.first_difference, branch.closest_sequence) == ("BRANCH", 2, 0)
     # The same first turn again (a retry or a second sample): a branch too.
-    retry = index.find("s", TOOLS, message_keys(turn[:3]), leading_system=2)
+    retry = index.find("s", TOOLS, message_keys(turn[:3]), roles=ROLES)
     assert start_name(retry.start) == "BRANCH"
     # The model's answer came back altered: shared conversation, then a difference -> drift.
     drift = index.find(
-        "s", TOOLS, message_keys([*turn[:3], msg("assistant", "a1!"), msg("user", "x")]), leading_system=2
+        "s", TOOLS, message_keys([*turn[:3], msg("assistant", "a1!"), msg("user", "x")]), roles=ROLES
     )
-    assert (start_name(drift.start), drift.first_difference, drift.reason) == ("DRIFT", 3, "message differs")
-    # Same conversation, other tools -> drift naming the tools.
-    tools = index.find("s", NO_TOOLS, message_keys([*turn, msg("user", "x")]), leading_system=2)
-    assert (start_name(tools.start), tools.reason) == ("DRIFT", "tools differ")
+    assert (start_name(drift.start), drift.first_difference, drift.reason) == ("DRIFT", 3, "assistant message differs")
+    # Same conversation, other tools (a compaction request without tools, a sub-agent) -> a branch.
+    tools = index.find("s", NO_TOOLS, message_keys([*turn, msg("user", "x")]), roles=ROLES)
+    assert (start_name(tools.start), tools.reason) == ("BRANCH", "tools differ")
+    # The history replaced after the first user message (Codex after a compaction) -> a branch.
+    after = index.find(
+        "s", TOOLS, message_keys([*turn[:3], msg("user", "summary")]), roles=[*ROLES[:3], common_pb2.ROLE_USER]
+    )
+    assert (start_name(after.start), after.first_difference) == ("BRANCH", 3)
 
 
 def test_latest_link_wins_on_ties_and_drop_forgets() -> None:
@@ -102,7 +108,7 @@ def _best_lookup_s(index: ChainIndex, session: str, keys: list[MessageKey], repe
     best = float("inf")
     for _ in range(repeats):
         started = time.perf_counter()
-        found = index.find(session, TOOLS, keys, leading_system=1)
+        found = index.find(session, TOOLS, keys, roles=ROLES)
         best = min(best, time.perf_counter() - started)
         assert found.link is not None
     return best
@@ -125,7 +131,7 @@ def test_lookup_cost_does_not_grow_with_the_calls_of_a_session() -> None:
             sequence += 1
     assert sequence == 2000
     request = message_keys(chains[0])
-    found = crowded.find("s", TOOLS, request, leading_system=1)
+    found = crowded.find("s", TOOLS, request, roles=ROLES)
     assert found.link is not None
     assert found.link.sequence == 99 * 20
     assert len(found.link.keys) == len(request) - 1

@@ -6,10 +6,12 @@ A script is a JSON file (`--script PATH`, re-read when it changes):
       "select": "turn",            # "turn" (default): reply i answers a chat with i assistant messages;
                                    # "sequence": replies in call order, whatever the chat
       "token_delay_s": 0.0,        # pause before each streamed token (to test streaming/cancellation)
+      "context_length": 4096,      # optional: serve as a model with this context (overflow tests)
       "replies": [
         {"tool_calls": [{"name": ["shell", "Bash"], "arguments": {"command": "ls"}}]},
         {"reasoning": "the listing shows it", "text": "Done."},
-        {"text": "Half an answer", "fail_after_tokens": 2}   # fails mid-stream (see below)
+        {"text": "Half an answer", "fail_after_tokens": 2},  # fails mid-stream (see below)
+        {"crash": true}                                      # a bug: raises RuntimeError (gRPC INTERNAL)
       ],
       "default": {"text": "OK."}   # answers past the end of `replies`
     }
@@ -29,6 +31,7 @@ accepted (metadata checked for well-formedness only) and bump the policy version
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -105,6 +108,9 @@ class ScriptedEngine:
     def info(self) -> EngineInfo:
         if self._info is None:
             raise UnavailableError("the scripted engine is not running")
+        self._load_script()
+        if limit := self._script.get("context_length"):
+            return dataclasses.replace(self._info, context_length=int(limit))
         return self._info
 
     @property
@@ -153,6 +159,8 @@ class ScriptedEngine:
         limit = request.sampling.max_tokens
         ids, finish = (ids[:limit], "length") if len(ids) > limit else (ids, "stop")
         delay = float(self._script.get("token_delay_s", 0.0))
+        if reply.get("crash"):
+            raise RuntimeError("scripted crash (stands for a bug in the engine)")
         fail_after = reply.get("fail_after_tokens")
         version = self._version
         for position, token in enumerate(ids):
