@@ -104,7 +104,8 @@ def test_the_etcd_image_runs_as_its_own_user() -> None:
     global_args, (stage,) = parse(DEPLOY / "Dockerfile.etcd")
     assert global_args == ["BASE=python:3.11-slim"]
     assert stage.all("USER") == ["etcd"]
-    assert "etcd-server" in stage.all("RUN")[0]
+    assert "etcd-server tini" in stage.all("RUN")[0]
+    assert json.loads(stage.all("ENTRYPOINT")[0]) == ["tini", "-e", "143", "--", "etcd"]
 
 
 def test_compose_stack() -> None:
@@ -114,7 +115,7 @@ def test_compose_stack() -> None:
     ports = {name: IMAGES[name][2] for name in ("rollout", "inference", "gateway")} | {"etcd": 2379}
     for name, spec in services.items():
         assert spec["image"] == f"lodestar/{name}:dev"
-        assert spec["init"] is True  # SIGTERM reaches the service, which drains
+        assert spec["init"] is (name != "etcd")  # SIGTERM reaches the service, which drains (etcd: its own tini)
         for published in spec["ports"]:
             assert published.startswith("127.0.0.1:"), f"{name} publishes {published} beyond loopback"
         if name == "etcd":

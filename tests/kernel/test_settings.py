@@ -37,7 +37,8 @@ def test_defaults_when_nothing_is_given() -> None:
     settings = load_settings(RolloutSettings, env={})
     assert settings.port == 50053
     assert settings.etcd == "http://127.0.0.1:2379"
-    assert settings.database == Path(".lodestar/rollout.sqlite")
+    assert settings.database is None  # deprecated name of --store
+    assert settings.store_location == ".lodestar/rollout.sqlite"
     assert settings.host == "127.0.0.1"
     assert settings.drain_seconds == 10.0
 
