@@ -40,6 +40,8 @@ if [[ -z "${BASE:-}" ]]; then
     mirror="$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)"
     timeout 900 debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
       bookworm "$rootfs" "${mirror:-http://deb.debian.org/debian}" >/dev/null
+    # The host's apt sources and settings (its mirror, proxy settings) replace debootstrap's sources.list.
+    if compgen -G "/etc/apt/sources.list.d/*.sources" >/dev/null; then rm -f "$rootfs/etc/apt/sources.list"; fi
     cp -r /etc/apt/sources.list.d/. "$rootfs/etc/apt/sources.list.d/" 2>/dev/null || true
     if [[ -f /etc/apt/sources.list ]]; then cp /etc/apt/sources.list "$rootfs/etc/apt/"; fi
     for conf in /etc/apt/apt.conf.d/*; do if [[ -f "$conf" ]]; then cp "$conf" "$rootfs/etc/apt/apt.conf.d/"; fi; done
