@@ -2,8 +2,11 @@
 
 `open` prints the session key (the API key a harness must send) on stdout — alone, so scripts can do
 `KEY=$(lodestar session open --gateway ...)` — and the session id and the vendor-API base URL on stderr
-(`--json` prints all of it as one JSON object instead). `close` refuses the key from then on; `show`
-prints the session and a one-line summary of each captured call.
+(`--json` prints all of it as one JSON object instead). `close` refuses the key from then on. `show
+SESSION_ID_OR_KEY` prints the session and a one-line summary of each captured call; `--calls` prints each
+call in detail (`session_view`: prompt tail, sampled text with per-token logprobs, finish reason, policy
+version, chain link; `--model DIR` decodes the token ids with the served model's tokenizer); `--json` prints
+the session and its CallRecords as proto JSON.
 """
 
 from __future__ import annotations
@@ -12,10 +15,13 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import grpc
+from google.protobuf import json_format
 
+from lodestar.cli import session_view
 from lodestar.errors import InvalidArgumentError
 from lodestar.grpc.errors import error_from_rpc
 from lodestar.v1 import gateway_pb2, gateway_pb2_grpc
@@ -63,17 +69,27 @@ def _close(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    request = gateway_pb2.GetSessionRequest(session_id=args.session_id)
+    request = gateway_pb2.GetSessionRequest(session_id=args.session_id)  # an id or a key
     reply = _call(args, lambda stub: stub.GetSession(request, timeout=args.timeout))
-    session = reply.session
-    state = gateway_pb2.SessionState.Name(session.state).removeprefix("SESSION_STATE_").lower()
-    print(f"session {session.session_id} ({state}), {len(reply.calls)} calls")
+    if args.json:
+        print(json_format.MessageToJson(reply, indent=1))
+        return 0
+    print(session_view.session_line(reply.session, len(reply.calls)))
+    if not args.calls:
+        for call in reply.calls:
+            print(session_view.summary_line(call))
+        return 0
+    decode = _decoder(args.model) if args.model is not None else None
     for call in reply.calls:
-        print(
-            f"  #{call.sequence} prompt={len(call.prompt_token_ids)} sampled={len(call.completion_token_ids)} "
-            f"continued_from={call.continued_from_sequence} policy={call.policy_version}"
-        )
+        print("\n".join(session_view.call_detail(call, decode)))
     return 0
+
+
+def _decoder(model_dir: Path) -> session_view.Decode:
+    from services.inference.tokenizer import TextTokenizer  # the tokenizers library only, no torch
+
+    tokenizer = TextTokenizer.load(model_dir)
+    return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -88,7 +104,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     closer.add_argument("session_id")
     closer.set_defaults(handler=_close)
     shower = commands.add_parser("show", help="print a session and its captured calls")
-    shower.add_argument("session_id")
+    shower.add_argument("session_id", metavar="SESSION_ID_OR_KEY")
+    shower.add_argument("--calls", action="store_true", help="each call: prompt tail, sampled tokens, logprobs")
+    shower.add_argument("--json", action="store_true", help="the session and its CallRecords as proto JSON")
+    shower.add_argument("--model", type=Path, metavar="DIR", help="decode token ids with this model's tokenizer")
     shower.set_defaults(handler=_show)
     for command in (opener, closer, shower):
         command.add_argument("--gateway", required=True, metavar="HOST:PORT", help="GatewayService address")
