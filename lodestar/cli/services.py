@@ -1,50 +1,100 @@
 """`lodestar {inference,gateway,rollout,trainer} serve`: start one service in the foreground.
 
-Each service package provides `settings.py` (its `ServiceSettings` subclass, named in `SETTINGS`) and
-`server.py` with `async def serve(settings)`. Flags are generated from the settings fields.
+`REGISTRY` is the typed list of services: each entry names its `ServiceSettings` subclass (flags are
+generated from its fields) and a `serve` function that imports the service's server module on call (so
+`lodestar --help` stays light). `lodestar inference serve` without `--model` serves the embedded tiny model,
+built on first use into `.lodestar/tiny-model` (as `lodestar up` does).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 from lodestar.cli.flags import add_settings_arguments, flags_from_args
 from lodestar.grpc import security
-from lodestar.logging import configure_logging
+from lodestar.logging import configure_logging, get_logger
 from lodestar.settings import ServiceSettings, load_settings
+from services.gateway.settings import GatewaySettings
+from services.inference.settings import InferenceSettings
+from services.rollout.settings import RolloutSettings
+from services.trainer.settings import TrainerSettings
 
-SERVICES: dict[str, str] = {
-    "inference": "token-faithful generation with logprob capture",
-    "gateway": "vendor-API proxy and session capture",
-    "rollout": "session scheduler and durable store",
-    "trainer": "GRPO trainer",
-}
-
-
-def settings_class(service: str) -> type[ServiceSettings]:
-    module = importlib.import_module(f"services.{service}.settings")
-    klass: type[ServiceSettings] = module.SETTINGS
-    return klass
+S = TypeVar("S", bound=ServiceSettings)
+DEFAULT_TINY_MODEL = Path(".lodestar/tiny-model")
 
 
-def _serve(service: str, args: argparse.Namespace) -> int:
-    klass = settings_class(service)
-    settings = load_settings(klass, flags=flags_from_args(args, klass), config_file=args.config)
+@dataclass(frozen=True)
+class Service(Generic[S]):
+    """One service the CLI can serve."""
+
+    name: str
+    description: str
+    settings: type[S]
+    serve: Callable[[S], Coroutine[Any, Any, None]]
+
+
+async def _serve_inference(settings: InferenceSettings) -> None:
+    from services.inference.server import serve
+
+    if settings.model is None:
+        settings = settings.model_copy(update={"model": await asyncio.to_thread(_tiny_model, DEFAULT_TINY_MODEL)})
+    await serve(settings)
+
+
+def _tiny_model(directory: Path) -> Path:
+    """The embedded tiny model, built into `directory` the first time (~5 s), reused after."""
+    if not (directory / "config.json").is_file():
+        from services.inference.tiny_model import build
+
+        get_logger("cli").info("no --model given: building the embedded tiny model", directory=str(directory))
+        build(directory)
+    return directory.resolve()
+
+
+async def _serve_gateway(settings: GatewaySettings) -> None:
+    from services.gateway.server import serve
+
+    await serve(settings)
+
+
+async def _serve_rollout(settings: RolloutSettings) -> None:
+    from services.rollout.server import serve
+
+    await serve(settings)
+
+
+async def _serve_trainer(settings: TrainerSettings) -> None:
+    from services.trainer.server import serve
+
+    await serve(settings)
+
+
+REGISTRY: tuple[Service[Any], ...] = (
+    Service("inference", "token-faithful generation with logprob capture", InferenceSettings, _serve_inference),
+    Service("gateway", "vendor-API proxy and session capture", GatewaySettings, _serve_gateway),
+    Service("rollout", "session scheduler and durable store", RolloutSettings, _serve_rollout),
+    Service("trainer", "GRPO trainer", TrainerSettings, _serve_trainer),
+)
+
+
+def _serve(service: Service[Any], args: argparse.Namespace) -> int:
+    settings = load_settings(service.settings, flags=flags_from_args(args, service.settings), config_file=args.config)
     configure_logging(settings.log_level, json=settings.log_json)
     security.configure(security.Security.from_settings(settings))
-    server: Any = importlib.import_module(f"services.{service}.server")
-    asyncio.run(server.serve(settings))
+    asyncio.run(service.serve(settings))
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    for service, description in SERVICES.items():
-        group = subparsers.add_parser(service, help=description)
-        commands = group.add_subparsers(dest=f"{service}_command", required=True, metavar="COMMAND")
-        serve = commands.add_parser("serve", help=f"run the {service} service ({description})")
-        add_settings_arguments(serve, settings_class(service))
+    for service in REGISTRY:
+        group = subparsers.add_parser(service.name, help=service.description)
+        commands = group.add_subparsers(dest=f"{service.name}_command", required=True, metavar="COMMAND")
+        serve = commands.add_parser("serve", help=f"run the {service.name} service ({service.description})")
+        add_settings_arguments(serve, service.settings)
         serve.set_defaults(handler=partial(_serve, service))
