@@ -36,6 +36,10 @@ async def test_a_restarted_service_resumes_the_run_from_its_store(
         async with start_rollout(config) as second:
             node.stub = second.stub
             run = await second.get_run(run_id)
+            deadline = time.monotonic() + 10  # the first reconciliation with etcd runs right after leading
+            while run.sessions_running != 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                run = await second.get_run(run_id)
             assert (run.sessions_succeeded, run.sessions_running, run.groups_complete) == (2, 1, 1)
             assert run.sessions_pending == 3  # the dead node's session was requeued by reconciliation
             assert await node.complete(assigned[2])  # the surviving attempt still counts
