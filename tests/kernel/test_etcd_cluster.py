@@ -2,13 +2,14 @@
 simulated gateway nodes connect with all three endpoints; the raft leader, which is also the member
 their channels use, is SIGKILLed mid-run. The run still completes with every session counted exactly
 once, the rollout keeps its leadership term and the nodes keep their leases: losing one member loses
-nothing."""
+nothing. A real gateway node process keeps its membership (same lease) through the same loss."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
@@ -18,9 +19,11 @@ from typing import TypeVar
 import grpc
 import pytest
 
+from lodestar.errors import UnavailableError
 from lodestar.etcd import EtcdClient
-from lodestar.local import find_etcd, free_port
+from lodestar.local import find_etcd, free_port, wait_serving
 from lodestar.v1 import rollout_pb2
+from services.gateway.membership import node_key
 from tests.conftest import _healthy, _stop
 from tests.rollout.helpers import make_spec, settings, sim_node, start_rollout
 
@@ -141,3 +144,49 @@ async def test_losing_one_etcd_member_mid_run_loses_nothing(
         assert not a.lease.is_lost
         assert not b.lease.is_lost
         assert cluster.leader() != victim
+
+
+@pytest.mark.slow
+async def test_a_gateway_node_keeps_its_membership_when_its_member_dies(
+    cluster: EtcdCluster, tmp_path: Path, etcd_prefix: str
+) -> None:
+    """A real `lodestar gateway serve` process given all three endpoints: after the member its channel
+    uses is killed, its node key stays, on the same lease, for several lease TTLs."""
+    victim = cluster.leader()
+    endpoints = cluster.endpoints(first=victim)
+    port, ttl = free_port(), 3
+    argv = [sys.executable, "-m", "lodestar.cli.main", "gateway", "serve", "--port", str(port), "--http-port", "0"]
+    argv += ["--etcd", endpoints, "--etcd-prefix", etcd_prefix, "--etcd-lease-ttl-s", str(ttl)]
+    argv += ["--node-id", "gw-cluster", "--data-dir", str(tmp_path / "gateway"), "--inference", "127.0.0.1:1"]
+    with (tmp_path / "gateway.log").open("wb") as log:
+        process = await asyncio.create_subprocess_exec(*argv, stdout=log, stderr=log)
+    key = node_key("gw-cluster", etcd_prefix)
+    try:
+        await wait_serving(f"127.0.0.1:{port}", 60, process)
+        async with EtcdClient(endpoints) as etcd:
+            deadline = time.monotonic() + 20
+            while (before := await etcd.get(key)) is None:
+                assert time.monotonic() < deadline, (tmp_path / "gateway.log").read_text()[-2000:]
+                await asyncio.sleep(0.1)
+            cluster.kill(victim)
+            await asyncio.sleep(3 * ttl)
+            after = await _retrying_etcd(lambda: etcd.get(key))
+        assert after is not None, (tmp_path / "gateway.log").read_text()[-2000:]
+        assert after.lease_id == before.lease_id  # never lost, never re-registered
+        assert process.returncode is None
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        async with asyncio.timeout(20):
+            await process.wait()
+
+
+async def _retrying_etcd(call: Callable[[], Awaitable[T]], timeout: float = 10.0) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await call()
+        except UnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
