@@ -36,9 +36,12 @@ CONTROL_PLANE_METHODS = frozenset(
         "/lodestar.v1.RolloutService/CancelRun",
         "/lodestar.v1.RolloutService/AcquireSessions",
         "/lodestar.v1.RolloutService/CompleteSession",
+        # Not in the original list: a forged policy version would hold back or drop every run's groups.
+        "/lodestar.v1.RolloutService/ReportPolicyVersion",
     }
 )
-"""Methods that replace the policy, change runs or claim/complete sessions: they need the token."""
+"""Methods that replace the policy, change runs, claim/complete sessions or move the policy version the
+rollout schedules against: they need the token."""
 CONTROL_PLANE_SERVICES = frozenset({"/lodestar.v1.TrainerService/"})
 """Services every method of which needs the token."""
 

@@ -65,6 +65,7 @@ def test_control_plane_methods() -> None:
     assert needs_token("/lodestar.v1.InferenceService/UpdateWeights")
     assert needs_token("/lodestar.v1.RolloutService/AcquireSessions")
     assert needs_token("/lodestar.v1.TrainerService/GetStatus")
+    assert needs_token("/lodestar.v1.RolloutService/ReportPolicyVersion")
     assert not needs_token("/lodestar.v1.RolloutService/GetRun")
     assert not needs_token("/lodestar.v1.InferenceService/Generate")
     assert not needs_token("/grpc.health.v1.Health/Check")
@@ -105,6 +106,7 @@ async def _refusals(rollout: Rollout, pki: LocalPki, lease_id: int) -> None:
             ),
             anonymous.CancelRun(rollout_pb2.CancelRunRequest(run_id=run_id)),
             anonymous.CompleteSession(rollout_pb2.CompleteSessionRequest()),
+            anonymous.ReportPolicyVersion(rollout_pb2.ReportPolicyVersionRequest(policy_version=99)),
         ):
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await call
@@ -113,6 +115,7 @@ async def _refusals(rollout: Rollout, pki: LocalPki, lease_id: int) -> None:
         assert run.state == rollout_pb2.RUN_STATE_RUNNING
         assert run.sessions_running == 0
         assert rollout.core.scheduler.sessions[f"{run_id}-g0-s0"].attempt == 0  # no session was handed out
+        assert rollout.core.scheduler.policy_version == 0
 
         wrong = Security(pki.identities["client"].cert, pki.identities["client"].key, pki.ca, "wrong-token")
         async with wrong.aio_channel(rollout.address) as wrong_channel:
