@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lodestar.cli.services import settings_class
+from lodestar.cli.services import REGISTRY
 from lodestar.settings import ENV_PREFIX, load_settings
 
+SETTINGS = {service.name: service.settings for service in REGISTRY}
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 IMAGES = {  # Dockerfile suffix -> (service, extras installed, gRPC port)
     "rollout": ("rollout", "rollout", 50053),
@@ -66,7 +67,7 @@ def env_of(stage: Stage) -> dict[str, str]:
 
 def check_settings(service: str, env: dict[str, str]) -> None:
     """Every LODESTAR_<SERVICE>_* variable is a setting of `service` and the values validate."""
-    klass = settings_class(service)
+    klass = SETTINGS[service]
     prefix = f"{ENV_PREFIX}{service.upper()}_"
     for name in env:
         if name.startswith(ENV_PREFIX):

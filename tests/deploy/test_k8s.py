@@ -14,9 +14,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from lodestar.cli.services import settings_class
+from lodestar.cli.services import REGISTRY
 from lodestar.settings import ENV_PREFIX
 
+SETTINGS = {service.name: service.settings for service in REGISTRY}
 REPO = Path(__file__).resolve().parents[2]
 OVERLAYS = REPO / "deploy" / "k8s" / "overlays"
 K8S_VERSION = "1.37.0"
@@ -85,7 +86,7 @@ def test_services_have_grpc_probes_and_known_settings(overlay: str) -> None:
         if not name.startswith(ENV_PREFIX):
             continue
         section, _, field = name.removeprefix(ENV_PREFIX).lower().partition("_")
-        assert field in settings_class(section).model_fields, f"{overlay}: {name} is not a {section} setting"
+        assert field in SETTINGS[section].model_fields, f"{overlay}: {name} is not a {section} setting"
 
 
 def test_the_gpu_overlay_asks_for_gpus_and_the_local_one_for_none() -> None:
