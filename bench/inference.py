@@ -10,8 +10,9 @@ For each backend (transformers in .venv; vllm when .venv-vllm exists) on the off
 - with vllm: lodestar `Generate` against raw vLLM (`AsyncLLM` in process with lodestar's exact engine
   arguments, the same workload) at concurrency 1, 16 and 64, streaming and non-streaming, phases
   interleaved, the ratio to raw per cell (`bench/raw_vllm.py`). `--compare-raw` runs only this part;
-  `--repo DIR` serves lodestar from another checkout (e.g. a worktree of an older commit), and
-  `--server-args` passes flags to its server.
+  `--baseline-repo DIR` also serves lodestar from another checkout (e.g. a worktree of the commit before
+  a change: before/after in one interleaved run), `--flush-ms 5 20` serves one variant per
+  `--stream-flush-ms` value.
 
 Every figure is the median of `--repeats` runs. `--write-docs` replaces this script's own sections of
 docs/benchmarks.md (headings `SECTION` and `RAW_SECTION`) with the tables, or appends them; the raw-vLLM
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -134,26 +136,12 @@ async def engine_figures(backend: str, model_dir: Path, repeats: int) -> dict[st
     return {name: statistics.median(values) for name, values in figures.items()}
 
 
-def measure_backend(
-    backend: str, model_dir: Path, repeats: int, *, figures_too: bool, raw: bool, repo: Path, server_args: list[str]
-) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """(server and engine figures, raw-vLLM comparison cells) of one backend."""
-    from bench.raw_vllm import compare
+def measure_backend(backend: str, model_dir: Path, repeats: int) -> dict[str, float]:
     from tests.inference.conftest import PYTHONS, serve_inference
 
-    figures: dict[str, float] = {}
-    cells: dict[str, dict[str, float]] = {}
-    extra = ["--max-new-tokens", "4096", "--kv-cache-bytes", str(KV_CACHE_BYTES), *server_args]
-    with (
-        tempfile.TemporaryDirectory() as logs,
-        serve_inference(backend, model_dir, Path(logs), *extra, repo=repo) as server,
-    ):
-        if raw and backend == "vllm":
-            cells = asyncio.run(compare(server.address, model_dir, repeats, KV_CACHE_BYTES))
-        if figures_too:
-            figures = asyncio.run(server_figures(server.address, repeats))
-    if not figures_too:
-        return figures, cells
+    extra = ["--max-new-tokens", "4096", "--kv-cache-bytes", str(KV_CACHE_BYTES)]
+    with tempfile.TemporaryDirectory() as logs, serve_inference(backend, model_dir, Path(logs), *extra) as server:
+        figures = asyncio.run(server_figures(server.address, repeats))
     command = [
         str(PYTHONS[backend]),
         str(Path(__file__).resolve()),
@@ -166,7 +154,23 @@ def measure_backend(
     ]
     engine = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1800, check=True)
     figures.update(json.loads(engine.stdout.strip().splitlines()[-1]))
-    return figures, cells
+    return figures
+
+
+def measure_raw(
+    model_dir: Path, repeats: int, variants: dict[str, tuple[Path, list[str]]]
+) -> dict[str, dict[str, float]]:
+    """lodestar (one vllm server per variant: label -> (checkout, extra server flags)) against raw vLLM."""
+    from bench.raw_vllm import compare
+    from tests.inference.conftest import serve_inference
+
+    with tempfile.TemporaryDirectory() as logs, contextlib.ExitStack() as servers:
+        addresses = {}
+        for label, (repo, flags) in variants.items():
+            extra = ["--max-new-tokens", "4096", "--kv-cache-bytes", str(KV_CACHE_BYTES), *flags]
+            server = servers.enter_context(serve_inference("vllm", model_dir, Path(logs), *extra, repo=repo))
+            addresses[label] = server.address
+        return asyncio.run(compare(addresses, model_dir, repeats, KV_CACHE_BYTES))
 
 
 def table(results: dict[str, dict[str, float]]) -> str:
@@ -198,7 +202,7 @@ def write_docs(text: str, repeats: int) -> None:
     replace_section(SECTION, section)
 
 
-def write_raw_docs(text: str, repeats: int, load: tuple[float, float], label: str) -> None:
+def write_raw_docs(text: str, repeats: int, load: tuple[float, float]) -> None:
     """The new table on top of the raw-vLLM section; earlier tables stay below it (the history)."""
     from bench.docs_section import BENCHMARKS_MD, replace_section
     from bench.raw_vllm import NEW_TOKENS as RAW_TOKENS
@@ -218,7 +222,7 @@ def write_raw_docs(text: str, repeats: int, load: tuple[float, float], label: st
         f"benchmark process): a ~33-token prompt, {RAW_TOKENS} sampled tokens, seeded, logprobs on; C closed-loop "
         f"workers x {ROUNDS} requests each; raw and lodestar phases back to back in alternating order, medians of "
         f"{repeats} repeats, ratio = median of the per-repeat lodestar/raw ratios. Newest first.\n\n"
-        f"### {when}: {label} (load average {load[0]:.1f} before, {load[1]:.1f} after)\n\n{text}\n\n{history}"
+        f"### {when} (load average {load[0]:.1f} before, {load[1]:.1f} after)\n\n{text}\n\n{history}"
     )
     replace_section(RAW_SECTION, section.rstrip() + "\n")
 
@@ -232,9 +236,8 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: build the tiny model)")
     parser.add_argument("--engine-only", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--compare-raw", action="store_true", help="only lodestar vs raw vLLM (vllm backend)")
-    parser.add_argument("--repo", type=Path, default=REPO, help="checkout whose lodestar server runs")
-    parser.add_argument("--server-args", nargs="*", default=[], help="extra flags for `lodestar inference serve`")
-    parser.add_argument("--label", default="", help="what was measured (for the docs history)")
+    parser.add_argument("--baseline-repo", type=Path, default=None, help="also serve lodestar from this checkout")
+    parser.add_argument("--flush-ms", type=float, nargs="*", default=[], help="variants with these stream_flush_ms")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
     if args.engine_only:
@@ -242,8 +245,15 @@ def main() -> None:
         return
     from tests.inference.conftest import PYTHONS
 
-    backends = ["vllm"] if args.compare_raw else args.backends
-    backends = backends or ["transformers", *(["vllm"] if PYTHONS["vllm"].exists() else [])]
+    backends = [] if args.compare_raw else args.backends
+    if backends is None:
+        backends = ["transformers", *(["vllm"] if PYTHONS["vllm"].exists() else [])]
+    variants: dict[str, tuple[Path, list[str]]] = {}
+    if args.baseline_repo is not None:
+        variants[f"before ({_commit(args.baseline_repo)})"] = (args.baseline_repo.resolve(), [])
+    for flush in args.flush_ms or [None]:
+        label = _commit(REPO) + ("" if flush is None else f", flush {flush:g} ms")
+        variants[label] = (REPO, [] if flush is None else ["--stream-flush-ms", str(flush)])
     load_before = os.getloadavg()[0]
     results: dict[str, dict[str, float]] = {}
     raw_cells: dict[str, dict[str, float]] = {}
@@ -255,17 +265,13 @@ def main() -> None:
             model_dir = build(Path(scratch) / "tiny")
         for backend in backends:
             try:
-                figures, cells = measure_backend(
-                    backend, model_dir, args.repeats, figures_too=not args.compare_raw, raw=True,
-                    repo=args.repo.resolve(), server_args=args.server_args,
-                )  # fmt: skip
+                results[backend] = measure_backend(backend, model_dir, args.repeats)
             except Exception as error:  # report the other backends' figures anyway
                 print(f"{backend}: benchmark failed: {error!r}", file=sys.stderr)
-                continue
-            raw_cells.update(cells)
-            if figures:
-                results[backend] = figures
-                print(backend, json.dumps(figures), file=sys.stderr)
+            else:
+                print(backend, json.dumps(results[backend]), file=sys.stderr)
+        if (args.compare_raw or "vllm" in backends) and PYTHONS["vllm"].exists():
+            raw_cells = measure_raw(model_dir, args.repeats, variants)
     load = (load_before, os.getloadavg()[0])
     if results:
         text = table(results)
@@ -275,10 +281,10 @@ def main() -> None:
     if raw_cells:
         from bench.raw_vllm import table as raw_table
 
-        text = raw_table(raw_cells)
+        text = raw_table(raw_cells, list(variants))
         print(f"load average {load[0]:.1f} before, {load[1]:.1f} after\n{text}")
         if args.write_docs:
-            write_raw_docs(text, args.repeats, load, args.label or "lodestar at " + _commit(args.repo))
+            write_raw_docs(text, args.repeats, load)
 
 
 def _commit(repo: Path) -> str:

@@ -10,7 +10,9 @@ lodestar is a real `lodestar inference serve --backend vllm` subprocess driven o
 process (the client shares the machine's cores, as the gateway does). Each phase runs C closed-loop
 workers, each issuing `ROUNDS[C]` requests of `NEW_TOKENS` sampled tokens back to back; tok/s counts the
 sampled tokens. Per repeat and cell the raw and lodestar phases run back to back, in alternating order;
-the ratio is the median over repeats of lodestar / raw of the same repeat (load drifts cancel).
+the ratio is the median over repeats of lodestar / raw of the same repeat (load drifts cancel). Several
+lodestar servers ("variants": another commit's checkout, other flush settings) can run in the same
+interleaving, so a before/after comparison comes from one run.
 """
 
 from __future__ import annotations
@@ -187,8 +189,12 @@ def _user(text: str) -> Any:
     )
 
 
-async def compare(address: str, model_dir: Path, repeats: int, kv_cache_bytes: int) -> dict[str, dict[str, float]]:
-    """Medians per cell "c{C}-{stream|final}": raw and lodestar tok/s, ratio, TTFT (streaming)."""
+async def compare(
+    variants: dict[str, str], model_dir: Path, repeats: int, kv_cache_bytes: int
+) -> dict[str, dict[str, float]]:
+    """Medians per cell "c{C}-{stream|final}": raw tok/s and TTFT, and per lodestar variant (label -> server
+    address) its tok/s, ratio to raw and TTFT. Per repeat and cell all phases run back to back, the order
+    rotating between repeats."""
     import grpc.aio
 
     from lodestar.v1 import inference_pb2_grpc
@@ -198,45 +204,49 @@ async def compare(address: str, model_dir: Path, repeats: int, kv_cache_bytes: i
     template = ChatTemplate(TextTokenizer.load(model_dir))
     prompts = [list(template.prompt([_user(PROMPT.format(i))]).ids) for i in range(max(CONCURRENCY))]
     raw = await RawVllm.start(model_dir, kv_cache_bytes)
+    channels = {label: grpc.aio.insecure_channel(address) for label, address in variants.items()}
+    stubs = {label: inference_pb2_grpc.InferenceServiceStub(channel) for label, channel in channels.items()}
     cells: dict[str, dict[str, list[float]]] = {}
     try:
-        async with grpc.aio.insecure_channel(address) as channel:
-            stub = inference_pb2_grpc.InferenceServiceStub(channel)
-            warm = {"c": 16, "rounds": 1, "stream": True, "repeat": 99, "prompts": prompts}
-            await raw.phase(warm)
+        warm = {"c": 16, "rounds": 1, "stream": True, "repeat": 99, "prompts": prompts}
+        await raw.phase(warm)
+        for stub in stubs.values():
             await _lodestar_phase(stub, warm)
-            for repeat in range(repeats):
-                for number, (c, stream) in enumerate((c, s) for c in CONCURRENCY for s in (True, False)):
-                    phase = {"c": c, "rounds": ROUNDS[c], "stream": stream, "repeat": repeat, "prompts": prompts}
-                    order = ("raw", "lodestar") if (repeat + number) % 2 == 0 else ("lodestar", "raw")
-                    got = {}
-                    for side in order:
-                        got[side] = await (raw.phase(phase) if side == "raw" else _lodestar_phase(stub, phase))
-                    cell = cells.setdefault(f"c{c}-{'stream' if stream else 'final'}", {})
-                    rates = {side: got[side]["tokens"] / got[side]["seconds"] for side in got}
-                    for key, value in (("raw", rates["raw"]), ("lodestar", rates["lodestar"]),
-                                       ("ratio", rates["lodestar"] / rates["raw"]),
-                                       ("raw_ttft_ms", got["raw"]["ttft_ms"]),
-                                       ("lodestar_ttft_ms", got["lodestar"]["ttft_ms"])):  # fmt: skip
-                        cell.setdefault(key, []).append(value)
-                    print(f"repeat {repeat} c={c} stream={stream}: {json.dumps(rates)}", file=sys.stderr)
+        sides = ["raw", *stubs]
+        for repeat in range(repeats):
+            for number, (c, stream) in enumerate((c, s) for c in CONCURRENCY for s in (True, False)):
+                phase = {"c": c, "rounds": ROUNDS[c], "stream": stream, "repeat": repeat, "prompts": prompts}
+                shift = (repeat + number) % len(sides)
+                got = {}
+                for side in sides[shift:] + sides[:shift]:
+                    got[side] = await (raw.phase(phase) if side == "raw" else _lodestar_phase(stubs[side], phase))
+                rates = {side: got[side]["tokens"] / got[side]["seconds"] for side in got}
+                cell = cells.setdefault(f"c{c}-{'stream' if stream else 'final'}", {})
+                for side in sides:
+                    cell.setdefault(side, []).append(rates[side])
+                    cell.setdefault(f"{side} ttft_ms", []).append(got[side]["ttft_ms"])
+                    cell.setdefault(f"{side} ratio", []).append(rates[side] / rates["raw"])
+                print(f"repeat {repeat} c={c} stream={stream}: {json.dumps(rates)}", file=sys.stderr)
     finally:
         await raw.close()
+        for channel in channels.values():
+            await channel.close()
     return {name: {key: statistics.median(values) for key, values in cell.items()} for name, cell in cells.items()}
 
 
-def table(cells: dict[str, dict[str, float]]) -> str:
+def table(cells: dict[str, dict[str, float]], variants: list[str]) -> str:
     lines = [
-        "| C | raw AsyncLLM tok/s, streaming | lodestar Generate, streaming | ratio "
+        "| C | lodestar | raw AsyncLLM tok/s, streaming | lodestar Generate, streaming | ratio "
         "| raw tok/s, non-streaming | lodestar, non-streaming | ratio | TTFT raw / lodestar (streaming) |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in CONCURRENCY:
         s, f = cells[f"c{c}-stream"], cells[f"c{c}-final"]
-        lines.append(
-            f"| {c} | {s['raw']:,.0f} | {s['lodestar']:,.0f} | {s['ratio']:.2f}x | {f['raw']:,.0f} "
-            f"| {f['lodestar']:,.0f} | {f['ratio']:.2f}x | {s['raw_ttft_ms']:.1f} / {s['lodestar_ttft_ms']:.1f} ms |"
-        )
+        for v in variants:
+            lines.append(
+                f"| {c} | {v} | {s['raw']:,.0f} | {s[v]:,.0f} | {s[v + ' ratio']:.2f}x | {f['raw']:,.0f} "
+                f"| {f[v]:,.0f} | {f[v + ' ratio']:.2f}x | {s['raw ttft_ms']:.1f} / {s[v + ' ttft_ms']:.1f} ms |"
+            )
     return "\n".join(lines)
 
 

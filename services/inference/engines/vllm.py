@@ -5,11 +5,11 @@ module that imports vllm. It implements `services.inference.engine.Engine` on to
 prompts go in as ids (no tokenizer in vLLM: templating and stop strings live above the engine), every
 sampled id comes back with its fp32 logprob under the processed distribution
 (`logprobs_mode="processed_logprobs"`: temperature, top-k, top-p applied, then log-softmax), streamed as
-DELTA outputs (FINAL_ONLY for a caller that reads only the end, `EngineRequest.final_only`); when the
-consumer falls behind, vLLM merges the outputs waiting for it, so a step carries every id sampled since
-the previous one. Closing the generator aborts the vLLM request and frees its KV blocks. Greedy requests
-(temperature 0) drop top-k/top-p, which cannot change an argmax: their logprob is the log-softmax of the
-raw logits whatever else shares the batch (vLLM filters a greedy row only inside a mixed batch).
+DELTA outputs (FINAL_ONLY for `EngineRequest.final_only`; vLLM merges the outputs waiting for a consumer
+that fell behind, so a step carries every id since the previous one; flat logprob lists, no object per
+token). Closing the generator aborts the vLLM request and frees its KV blocks. Greedy requests (temperature
+0) drop top-k/top-p, which cannot change an argmax: their logprob is the log-softmax of the raw logits
+whatever else shares the batch (vLLM filters a greedy row only inside a mixed batch).
 
 Weight updates happen in place, in the engine-core worker, through `vllm_worker.WorkerExtension.lodestar_reload`:
 the engine writes the update (plus the current values of any member of a fused group it only partly
@@ -24,12 +24,11 @@ already in vLLM finish on the old weights (until vLLM has no unfinished request:
 `pause_generation(mode="wait")` keeps requests it has not scheduled yet queued through the swap), swaps,
 resets the prefix cache (stale KV blocks would otherwise be reused), publishes the new version and opens
 the gate. So every token of a request is sampled by the version it reports, as the Engine contract and
-the proto require. vLLM's `mode="keep"` (freeze in-flight requests, swap under them, resume) was
-rejected: their later tokens would come from the new weights while the request reports one version, a
-silent lie in the importance ratios.
-The cost of draining is that a swap waits for the longest running request (bounded by max_new_tokens).
-(vLLM 0.32 records per-token weight-version spans, `RequestOutput.weight_versions`; a proto field carrying
-them would make `keep` honest and is the way to in-flight updates without the drain.)
+the proto require. vLLM's `mode="keep"` (freeze in-flight requests, swap under them, resume) was rejected:
+their later tokens would come from the new weights while the request reports one version, a silent lie in
+the importance ratios. The cost of draining is that a swap waits for the longest running request (bounded
+by max_new_tokens). (vLLM 0.32 records per-token weight-version spans, `RequestOutput.weight_versions`; a
+proto field carrying them would make `keep` honest and is the way to in-flight updates without the drain.)
 """
 
 from __future__ import annotations
@@ -67,8 +66,7 @@ WORKER_EXTENSION = "services.inference.engines.vllm_worker.WorkerExtension"
 _FINISH: dict[str, EngineFinishReason] = {"stop": "stop", "length": "length"}
 _DRAIN_POLL_S = 0.005
 """How often a pending swap checks whether vLLM has finished the requests of the old version."""
-_GREEDY_EPS = 1e-5
-"""Temperatures at or below this are greedy (vLLM's own threshold)."""
+_GREEDY_EPS = 1e-5  # temperatures at or below this are greedy (vLLM's own threshold)
 
 
 def _group_key(name: str, packed_of: dict[str, str]) -> str:
@@ -208,11 +206,10 @@ class VllmEngine:
                     continue
                 finished = out.finished
                 completion = out.outputs[0]
-                ids = tuple(int(token) for token in completion.token_ids)
+                ids = tuple(completion.token_ids)  # every id of the step (merged when this loop fell behind)
                 logprobs: tuple[float, ...] = ()
                 if request.return_logprobs and ids:
-                    entries = completion.logprobs or []
-                    logprobs = tuple(float(entry[token].logprob) for token, entry in zip(ids, entries, strict=True))
+                    logprobs = _sampled_logprobs(ids, completion.logprobs)
                 reason: EngineFinishReason | None = None
                 if finished:
                     reason = _FINISH.get(str(completion.finish_reason))
@@ -245,6 +242,7 @@ class VllmEngine:
             top_k=0 if greedy else sampling.top_k,
             seed=sampling.seed,
             logprobs=0 if request.return_logprobs else None,
+            flat_logprobs=True,  # primitive lists, not a dict + Logprob object per sampled token
             stop_token_ids=list(info.eos_token_ids),
             output_kind=RequestOutputKind.FINAL_ONLY if request.final_only else RequestOutputKind.DELTA,
             detokenize=False,
@@ -356,6 +354,14 @@ class VllmEngine:
         for file in self._shm.glob("*.safetensors"):
             if file not in live:
                 file.unlink(missing_ok=True)
+
+
+def _sampled_logprobs(ids: tuple[int, ...], entries: Any) -> tuple[float, ...]:
+    """Each sampled id's logprob: vLLM's flat list as it is (one entry per position), else one lookup each."""
+    flat = getattr(entries, "logprobs", None)
+    if isinstance(flat, list) and len(flat) == len(ids) and entries.token_ids == list(ids):
+        return tuple(flat)
+    return tuple([entry[token].logprob for token, entry in zip(ids, entries or [], strict=True)])
 
 
 def engine_args(settings: InferenceSettings, model_dir: Path, context: int) -> dict[str, Any]:
