@@ -77,9 +77,7 @@ def test_branch_and_drift_are_told_apart() -> None:
     retry = index.find("s", TOOLS, message_keys(turn[:3]), roles=ROLES)
     assert start_name(retry.start) == "BRANCH"
     # The model's answer came back altered: shared conversation, then a difference -> drift.
-    drift = index.find(
-        "s", TOOLS, message_keys([*turn[:3], msg("assistant", "a1!"), msg("user", "x")]), roles=ROLES
-    )
+    drift = index.find("s", TOOLS, message_keys([*turn[:3], msg("assistant", "a1!"), msg("user", "x")]), roles=ROLES)
     assert (start_name(drift.start), drift.first_difference, drift.reason) == ("DRIFT", 3, "assistant message differs")
     # Same conversation, other tools (a compaction request without tools, a sub-agent) -> a branch.
     tools = index.find("s", NO_TOOLS, message_keys([*turn, msg("user", "x")]), roles=ROLES)
