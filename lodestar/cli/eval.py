@@ -1,0 +1,214 @@
+"""`lodestar eval TASKS --harness H [--harness H2 ...] [--samples K] [--model DIR]`: pass@1 and pass@k.
+
+No training: for each harness an ordinary run (group size K, early stop off, no staleness drop) goes
+through the rollout machinery — real gateway nodes, the real harness binaries, the run's verifier — on the
+policy inference serves now. Nobody trains on these runs, so rollout never holds them back. Scores come
+from the runs' groups (`StreamGroups`, tokens only); the math is in `services/rollout/evaluation.py`.
+
+- TASKS is a run spec (YAML/JSON, docs/runs.md: its tasks, verifier, timeouts and harness settings are
+  used; `--harness` replaces the harness kind, `--samples` the group size) or a tasks JSONL file (then
+  `--verifier KIND` and `--verifier-config JSON` give the verifier; default exact_match).
+- Without `--model` it attaches to a running stack (`--rollout`, default `lodestar up`'s 127.0.0.1:50053)
+  and evaluates whatever policy that stack serves, e.g. mid-training. With `--model DIR` it starts its own
+  stack (etcd, inference serving DIR, rollout, a gateway node; no trainer) under `--data-dir`, and stops
+  it at the end.
+
+Prints a rich table (harness, run, tasks, samples, pass@1, pass@K, reward mean) or, with `--json`, one
+JSON object per harness in a list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc.aio
+from rich.console import Console
+from rich.table import Table
+
+from lodestar.cli import client_security
+from lodestar.errors import DeadlineExceededError, InvalidArgumentError
+from lodestar.grpc.client import LeaderChannel
+from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
+
+DEFAULT_ROLLOUT = "127.0.0.1:50053"
+_console = Console(stderr=True)
+
+
+def _spec(args: argparse.Namespace) -> rollout_pb2.RunSpec:
+    from google.protobuf import json_format
+
+    from services.rollout.spec import load_spec_file, read_tasks_jsonl
+
+    if args.tasks.suffix == ".jsonl":
+        spec = rollout_pb2.RunSpec(name=args.tasks.stem, group_size=1)
+        spec.tasks.extend(read_tasks_jsonl(args.tasks))
+        spec.verifier.kind = args.verifier
+        if args.verifier_config:
+            json_format.ParseDict({"config": json.loads(args.verifier_config)}, spec.verifier)
+        return spec
+    return load_spec_file(args.tasks)
+
+
+def eval_spec(base: rollout_pb2.RunSpec, harness: str, samples: int) -> rollout_pb2.RunSpec:
+    """The run spec evaluating `harness` on `base`'s tasks: K samples per task, all of them waited for."""
+    from services.rollout.evaluation import MAX_STALENESS
+    from services.rollout.spec import validate_spec
+
+    spec = rollout_pb2.RunSpec()
+    spec.CopyFrom(base)
+    spec.name = f"eval-{harness}-{base.name}" if base.name else f"eval-{harness}"
+    if harness != base.harness.kind:
+        spec.harness.CopyFrom(rollout_pb2.HarnessSpec(kind=harness, model=base.harness.model))
+    spec.group_size = samples
+    spec.early_stop_fraction = 1.0
+    spec.max_staleness = MAX_STALENESS
+    validate_spec(spec)
+    return spec
+
+
+async def _groups(channel: LeaderChannel, run_id: str, timeout: float) -> list[rollout_pb2.Group]:
+    async def collect(ch: grpc.aio.Channel) -> list[rollout_pb2.Group]:
+        stub = rollout_pb2_grpc.RolloutServiceStub(ch)
+        request = rollout_pb2.StreamGroupsRequest(run_id=run_id, tokens_only=True)
+        return [reply.group async for reply in stub.StreamGroups(request, timeout=timeout)]
+
+    return await channel.call(collect)
+
+
+async def _get_run(channel: LeaderChannel, run_id: str) -> rollout_pb2.Run:
+    async def get(ch: grpc.aio.Channel) -> rollout_pb2.Run:
+        stub = rollout_pb2_grpc.RolloutServiceStub(ch)
+        reply: rollout_pb2.GetRunResponse = await stub.GetRun(rollout_pb2.GetRunRequest(run_id=run_id))
+        return reply.run
+
+    return await channel.call(get)
+
+
+async def _create_run(channel: LeaderChannel, spec: rollout_pb2.RunSpec) -> str:
+    async def create(ch: grpc.aio.Channel) -> str:
+        stub = rollout_pb2_grpc.RolloutServiceStub(ch)
+        reply: rollout_pb2.CreateRunResponse = await stub.CreateRun(rollout_pb2.CreateRunRequest(spec=spec))
+        return reply.run.run_id
+
+    return await channel.call(create)
+
+
+async def _wait(channel: LeaderChannel, run_ids: list[str], deadline: float) -> None:
+    pending = set(run_ids)
+    while pending:
+        for run_id in sorted(pending):
+            run = await _get_run(channel, run_id)
+            if run.state != rollout_pb2.RUN_STATE_RUNNING:
+                pending.discard(run_id)
+        if pending and time.monotonic() > deadline:
+            raise DeadlineExceededError(f"evaluation runs still running at the timeout: {', '.join(sorted(pending))}")
+        if pending:
+            await asyncio.sleep(1.0)
+
+
+@asynccontextmanager
+async def _stack(args: argparse.Namespace) -> AsyncIterator[str]:
+    """The rollout address to use: the attached one, or a stack of our own serving `--model`."""
+    if args.model is None:
+        yield args.rollout
+        return
+    from lodestar.cli import up
+    from lodestar.local import LocalCluster, find_etcd
+
+    data_dir: Path = args.data_dir.resolve()
+    cluster = LocalCluster(data_dir, etcd_binary=find_etcd(), max_restarts=0)
+    settings = argparse.Namespace(
+        backend=args.backend, model=args.model.resolve(), http_port=0, slots=args.slots, ready_buffer=1
+    )
+    try:
+        with _console.status("starting etcd, inference, rollout and a gateway node"):
+            await cluster.start_etcd(timeout=args.start_timeout)
+            specs = [s for s in up._service_specs(settings, data_dir, cluster.etcd_url) if s.name != "trainer"]
+            await cluster.start_services(specs, timeout=args.start_timeout)
+        rollout = next(s for s in specs if s.name == "rollout")
+        yield f"127.0.0.1:{rollout.port}"
+    finally:
+        await cluster.stop()
+
+
+async def _evaluate(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from services.rollout.evaluation import score
+
+    base = _spec(args)
+    specs = {harness: eval_spec(base, harness, args.samples) for harness in args.harness}
+    task_ids = [task.task_id for task in base.tasks]
+    async with _stack(args) as target:
+        channel = LeaderChannel(target)
+        try:
+            runs: dict[str, str] = {}
+            for harness, spec in specs.items():
+                runs[harness] = await _create_run(channel, spec)
+            with _console.status(f"evaluating {', '.join(runs)} ({len(task_ids)} tasks x {args.samples})"):
+                await _wait(channel, list(runs.values()), time.monotonic() + args.timeout)
+            scores = []
+            for harness, run_id in runs.items():
+                groups = await _groups(channel, run_id, timeout=120.0)
+                scores.append(
+                    score(harness, run_id, task_ids, groups, k=args.samples, pass_threshold=args.pass_threshold)
+                )
+        finally:
+            await channel.close()
+    return [s.as_dict() for s in scores]
+
+
+def _table(results: list[dict[str, Any]], k: int) -> Table:
+    table = Table(title="lodestar eval")
+    for column in ("harness", "run", "tasks", "unscored", "samples", "passed", "pass@1", f"pass@{k}", "reward"):
+        table.add_column(column, justify="left" if column in ("harness", "run") else "right")
+    for r in results:
+        table.add_row(
+            r["harness"],
+            r["run_id"],
+            str(r["tasks"]),
+            str(r["unscored_tasks"]),
+            str(r["samples"]),
+            str(r["passed"]),
+            f"{r['pass_at_1']:.3f}",
+            f"{r['pass_at_k']:.3f}",
+            f"{r['reward_mean']:.3f}",
+        )
+    return table
+
+
+def _handle(args: argparse.Namespace) -> int:
+    if args.samples < 1:
+        raise InvalidArgumentError("--samples must be at least 1")
+    results = asyncio.run(_evaluate(args))
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        Console().print(_table(results, args.samples))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `eval` command."""
+    command = subparsers.add_parser("eval", help="pass@1 and pass@k of harnesses on a task set (no training)")
+    command.add_argument("tasks", type=Path, metavar="TASKS", help="run spec (YAML/JSON) or tasks JSONL")
+    command.add_argument("--harness", action="append", required=True, help="harness kind; repeat for several")
+    command.add_argument("--samples", type=int, default=4, help="samples per task: K of pass@K (default 4)")
+    command.add_argument("--model", type=Path, default=None, help="serve this model on a stack of our own")
+    command.add_argument("--rollout", default=DEFAULT_ROLLOUT, metavar="HOST:PORT", help="stack to attach to")
+    command.add_argument("--verifier", default="exact_match", help="verifier kind for a JSONL TASKS file")
+    command.add_argument("--verifier-config", default="", help="verifier config (JSON) for a JSONL TASKS file")
+    command.add_argument("--pass-threshold", type=float, default=1.0, help="a sample passes at reward >= this")
+    command.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the runs")
+    command.add_argument("--json", action="store_true", help="print the scores as JSON")
+    command.add_argument("--data-dir", type=Path, default=Path(".lodestar/eval"), help="own stack's state (--model)")
+    command.add_argument("--backend", default="transformers", choices=["transformers", "vllm", "scripted"])
+    command.add_argument("--slots", type=int, default=2, help="sessions the own stack's node runs at once")
+    command.add_argument("--start-timeout", type=float, default=180.0, help="seconds to wait for each start")
+    client_security.add_arguments(command)
+    command.set_defaults(handler=client_security.secured(_handle))
