@@ -1,0 +1,197 @@
+"""`lodestar train CONFIG`: one GRPO training run from a TOML file, with a live view and a summary.
+
+Reads `[train]` (train_config.py) and the run spec it names, attaches to a running `lodestar up` stack or
+starts its own (train_stack.py), creates the run on rollout, starts a trainer process on it (the file's
+`[trainer]` table + the run, the model and `steps`), and shows the progress (train_view.py: a rich live
+view on a terminal, one plain line per step otherwise) until the trainer has done its steps, failed,
+or `timeout_s` passed; Ctrl-C / SIGTERM stops early. Then it makes sure the last step is checkpointed,
+cancels what is left of the run, stops what it started, plots the rewards and prints the summary: run
+directory (`<run_dir>/<run id>`), final checkpoint, metrics files, reward plot and reward rise.
+Exit code 0 when every step was done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import signal
+import time
+from pathlib import Path
+
+import grpc
+import grpc.aio
+from rich.console import Console
+from rich.live import Live
+
+from lodestar.cli import train_stack, train_view
+from lodestar.cli.run import _call
+from lodestar.cli.train_config import TrainConfig, load_train_config
+from lodestar.errors import DeadlineExceededError, UnavailableError
+from lodestar.grpc.security import current
+from lodestar.v1 import rollout_pb2, trainer_pb2, trainer_pb2_grpc
+
+_DONE = (trainer_pb2.TRAINER_STATE_STOPPED, trainer_pb2.TRAINER_STATE_FAILED)
+_TRAINER_UNREACHABLE_S = 60.0
+
+
+async def _snapshot(
+    stub: trainer_pb2_grpc.TrainerServiceAsyncStub, rollout: str, progress: train_view.Progress
+) -> None:
+    progress.trainer = await stub.GetStatus(trainer_pb2.GetStatusRequest(), timeout=10.0)
+    request = rollout_pb2.GetRunRequest(run_id=progress.run_id)
+    progress.run = (await _call(rollout, lambda s: s.GetRun(request, timeout=10.0))).run
+
+
+async def _watch(
+    config: TrainConfig,
+    stub: trainer_pb2_grpc.TrainerServiceAsyncStub,
+    rollout: str,
+    progress: train_view.Progress,
+    console: Console,
+    stop: asyncio.Event,
+) -> None:
+    """Refresh the view every second until the trainer is done, `stop` is set or the timeout passes."""
+    deadline = time.monotonic() + config.timeout_s
+    last_seen, printed = time.monotonic(), -1
+    live = Live(train_view.render(progress), console=console, refresh_per_second=2) if console.is_terminal else None
+    try:
+        if live is not None:
+            live.start()
+        while True:
+            try:
+                await _snapshot(stub, rollout, progress)
+                last_seen = time.monotonic()
+            except (grpc.aio.AioRpcError, UnavailableError, DeadlineExceededError) as error:
+                if time.monotonic() - last_seen > _TRAINER_UNREACHABLE_S:
+                    raise UnavailableError(f"trainer or rollout unreachable for 60 s: {error}") from error
+            if live is not None:
+                live.update(train_view.render(progress))
+            elif progress.trainer.last_metrics.step and progress.trainer.step != printed:
+                printed = progress.trainer.step
+                print(train_view.plain_line(progress), flush=True)
+            if progress.trainer.state in _DONE or stop.is_set():
+                return
+            if time.monotonic() > deadline:
+                raise DeadlineExceededError(f"training did not finish within timeout_s = {config.timeout_s:.0f} s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+    finally:
+        if live is not None:
+            live.stop()
+
+
+async def _finish(stub: trainer_pb2_grpc.TrainerServiceAsyncStub, progress: train_view.Progress) -> str:
+    """Checkpoint the last step unless it already is; the final checkpoint's path."""
+    status = progress.trainer
+    if status.state == trainer_pb2.TRAINER_STATE_FAILED or status.step == 0:
+        return status.last_checkpoint_path
+    if Path(status.last_checkpoint_path).name == f"step-{status.step:06d}":
+        return status.last_checkpoint_path
+    reply = await stub.Stop(trainer_pb2.StopRequest(save_checkpoint=True), timeout=600.0)
+    return reply.checkpoint_path or status.last_checkpoint_path
+
+
+def _rewards(run_dir: Path) -> tuple[list[float], list[float]]:
+    rewards, merges = [], []
+    path = run_dir / "metrics.jsonl"
+    if path.exists():
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            rewards.append(float(record.get("reward_mean", 0.0)))
+            merges.append(float(record.get("merge_ratio", 0.0)))
+    return rewards, merges
+
+
+async def _train(config: TrainConfig, console: Console) -> int:
+    from services.rollout.spec import load_spec_file  # the spec checks: only when running
+
+    spec = load_spec_file(config.spec)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    started = time.monotonic()
+    stack = await train_stack.open_stack(config, console)
+    trainer_cluster = None
+    error, checkpoint = "", ""
+    try:
+        reply = await _call(stack.rollout, lambda s: s.CreateRun(rollout_pb2.CreateRunRequest(spec=spec), timeout=60.0))
+        run_id = reply.run.run_id
+        config = dataclasses.replace(config, run_dir=config.run_dir / run_id)
+        console.print(
+            f"run {run_id} created ({len(spec.tasks)} tasks x {spec.group_size}); training {config.steps} steps"
+        )
+        with console.status("starting the trainer"):
+            trainer_cluster, address = await train_stack.start_trainer(config, stack, run_id)
+        progress = train_view.Progress(run_id=run_id, steps=config.steps, started=started)
+        async with current().aio_channel(address) as channel:
+            stub = trainer_pb2_grpc.TrainerServiceStub(channel)
+            try:
+                await _watch(config, stub, stack.rollout, progress, console, stop)
+            except (UnavailableError, DeadlineExceededError) as failure:
+                error = failure.message
+            error = error or (
+                progress.trainer.error if progress.trainer.state == trainer_pb2.TRAINER_STATE_FAILED else ""
+            )
+            with console.status("checkpointing the last step"):
+                checkpoint = await _finish(stub, progress)
+        cancel = rollout_pb2.CancelRunRequest(run_id=run_id)
+        await _call(stack.rollout, lambda s: s.CancelRun(cancel, timeout=30.0))
+    finally:
+        with console.status("stopping the trainer" + ("" if stack.cluster is None else " and the stack")):
+            await train_stack.close(trainer_cluster, stack.cluster)
+    return _report(config, console, progress, checkpoint, error, time.monotonic() - started)
+
+
+def _report(
+    config: TrainConfig, console: Console, progress: train_view.Progress, checkpoint: str, error: str, seconds: float
+) -> int:
+    from services.trainer.plot import plot_run  # matplotlib: only at the end
+
+    rewards, merges = _rewards(config.run_dir)
+    plots = plot_run(config.run_dir) if rewards else []
+    metrics = [p for p in (config.run_dir / "metrics.jsonl", config.run_dir / "tensorboard") if p.exists()]
+    done = len(rewards) >= config.steps and not error
+    outcome = train_view.Outcome(
+        run_id=progress.run_id,
+        state="done" if done else ("failed" if error else "stopped early"),
+        steps=len(rewards),
+        run_dir=config.run_dir,
+        checkpoint=checkpoint,
+        metrics=metrics,
+        plots=[p for p in plots if p.name == "reward.png"] + [p for p in plots if p.name != "reward.png"],
+        rewards=rewards,
+        merge_ratio=sum(merges) / len(merges) if merges else 0.0,
+        seconds=seconds,
+        error=error,
+    )
+    console.print(train_view.summary(outcome), highlight=False)
+    return 0 if done else 1
+
+
+def _handle(args: argparse.Namespace) -> int:
+    config = load_train_config(args.config)
+    overrides: dict[str, object] = {}
+    if args.steps is not None:
+        overrides["steps"] = args.steps
+    if args.attach is not None:
+        overrides["attach"] = args.attach
+    if args.run_dir is not None:
+        overrides["run_dir"] = args.run_dir.resolve()
+    config = dataclasses.replace(config, **overrides)  # type: ignore[arg-type]
+    return asyncio.run(_train(config, Console()))
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `train` command."""
+    command = subparsers.add_parser("train", help="train on a run from a TOML config (live view, then a summary)")
+    command.add_argument("config", type=Path, help="TOML file with [train] and [trainer] tables (docs/quickstart.md)")
+    command.add_argument("--steps", type=int, default=None, help="override [train] steps")
+    command.add_argument(
+        "--attach", default=None, metavar="auto|never|FILE", help="override [train] attach (lodestar up's addresses)"
+    )
+    command.add_argument("--run-dir", type=Path, default=None, help="override [train] run_dir")
+    command.set_defaults(handler=_handle)

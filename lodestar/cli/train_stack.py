@@ -1,0 +1,127 @@
+"""The services `lodestar train` trains against: a running `lodestar up` stack, or its own.
+
+Attaching: `lodestar up` records its addresses and served model in `<data-dir>/addresses.json`
+(default `.lodestar/up/addresses.json`). With `attach = "auto"` (the default) `lodestar train` uses that
+stack when the file exists and its rollout answers SERVING; `attach = "never"` always starts its own;
+any other value names an addresses file that must be up. Its own stack is what `lodestar up` starts
+minus the idle trainer: etcd, inference (the tiny model unless `model` is set), rollout and one gateway
+node, under `data_dir`. The trainer itself is always a process of its own (`lodestar trainer serve` with
+the run, the model and the config file's `[trainer]` table), so `lodestar up`'s idle trainer stays idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from lodestar.cli.train_config import UP_ADDRESSES, TrainConfig
+from lodestar.errors import UnavailableError
+from lodestar.local import LocalCluster, ServiceSpec, find_etcd, free_port, wait_serving
+
+
+@dataclass
+class Stack:
+    inference: str
+    rollout: str
+    model: Path
+    cluster: LocalCluster | None = None
+    """Set when this process started the stack (and stops it)."""
+    attached: Path | None = None
+    """The addresses file of the `lodestar up` stack attached to."""
+
+
+def write_addresses(path: Path, addresses: dict[str, str]) -> None:
+    """Record a stack's addresses (`lodestar up` calls this once every service is SERVING)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(addresses, indent=2) + "\n")
+
+
+def _read_addresses(path: Path) -> dict[str, str]:
+    addresses: dict[str, str] = json.loads(path.read_text())
+    return addresses
+
+
+async def _attach(path: Path) -> Stack | None:
+    try:
+        addresses = await asyncio.to_thread(_read_addresses, path)
+        stack = Stack(addresses["inference"], addresses["rollout"], Path(addresses["model"]), attached=path)
+    except (OSError, ValueError, KeyError):
+        return None
+    try:
+        await wait_serving(stack.rollout, timeout=3.0)
+        await wait_serving(stack.inference, timeout=3.0)
+    except UnavailableError:
+        return None
+    return stack
+
+
+async def _start_own(config: TrainConfig, console: Console) -> Stack:
+    from lodestar.cli.up import _ensure_tiny_model
+
+    data_dir = config.data_dir
+    model = config.model or data_dir / "tiny-model"
+    if config.model is None:
+        await _ensure_tiny_model(model)
+    cluster = LocalCluster(data_dir, etcd_binary=find_etcd(), max_restarts=0)
+    ports = {name: free_port() for name in ("inference", "rollout", "gateway", "http")}
+    inference, rollout = f"127.0.0.1:{ports['inference']}", f"127.0.0.1:{ports['rollout']}"
+    stack = Stack(inference, rollout, model, cluster=cluster)
+    try:
+        with console.status("starting etcd"):
+            await cluster.start_etcd(timeout=config.start_timeout_s)
+        (data_dir / "rollout.sqlite").unlink(missing_ok=True)
+        gateway_args = ["--http-port", str(ports["http"]), "--inference", inference, "--rollout", rollout]
+        gateway_args += ["--etcd", cluster.etcd_url, "--data-dir", str(data_dir / "gateway")]
+        gateway_args += ["--slots", str(config.slots), "--ready-buffer", str(config.ready_buffer)]
+        specs = [
+            ServiceSpec("inference", ports["inference"], ["--backend", config.backend, "--model", str(model)]),
+            ServiceSpec(
+                "rollout", ports["rollout"], ["--etcd", cluster.etcd_url, "--store", f"{data_dir}/rollout.sqlite"]
+            ),
+            ServiceSpec("gateway", ports["gateway"], gateway_args, http_port=ports["http"]),
+        ]
+        with console.status("starting inference, rollout and a gateway node"):
+            await cluster.start_services(specs, timeout=config.start_timeout_s)
+    except BaseException:
+        await cluster.stop()
+        raise
+    return stack
+
+
+async def open_stack(config: TrainConfig, console: Console) -> Stack:
+    """Attach to `lodestar up` or start a stack (see the module docstring)."""
+    if config.attach != "never":
+        path = UP_ADDRESSES if config.attach == "auto" else Path(config.attach)
+        stack = await _attach(path)
+        if stack is not None:
+            console.print(f"attached to the lodestar up stack recorded in {path}")
+            return stack
+        if config.attach != "auto":
+            raise UnavailableError(f"no running stack at the addresses in {path} (is `lodestar up` running?)")
+    return await _start_own(config, console)
+
+
+async def start_trainer(config: TrainConfig, stack: Stack, run_id: str) -> tuple[LocalCluster, str]:
+    """`lodestar trainer serve` on the run (logs in <run_dir>/logs/trainer.log); returns it and its address."""
+    cluster = LocalCluster(config.run_dir, etcd_binary="", max_restarts=0)
+    port = free_port()
+    args = ["--config", str(config.config_path), "--run", run_id, "--model", str(stack.model)]
+    args += ["--run-dir", str(config.run_dir), "--steps", str(config.steps)]
+    args += ["--rollout", stack.rollout, "--inference", stack.inference]
+    try:
+        await cluster.start_services([ServiceSpec("trainer", port, args)], timeout=config.start_timeout_s)
+    except BaseException:
+        await cluster.stop()
+        raise
+    return cluster, f"127.0.0.1:{port}"
+
+
+async def close(*clusters: LocalCluster | None) -> None:
+    """Stop the given clusters (each drains its services), in order, shielded from cancellation."""
+    for cluster in clusters:
+        if cluster is not None:
+            await asyncio.shield(cluster.stop())

@@ -1,0 +1,142 @@
+"""What `lodestar train` shows: a live rich view on a terminal, plain lines elsewhere, and the summary.
+
+`Progress` is one snapshot (trainer GetStatus + rollout GetRun); `render` makes the live view of it,
+`plain_line` one log line per trainer step (readable in CI logs and pipes), `summary` the final table.
+`reward_rise` is the mean reward of the last 5 steps minus that of the first 5.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Group
+from rich.table import Table
+
+from lodestar.v1 import rollout_pb2, trainer_pb2
+
+WINDOW = 5
+
+
+@dataclass
+class Progress:
+    run_id: str
+    steps: int
+    started: float = field(default_factory=time.monotonic)
+    trainer: trainer_pb2.GetStatusResponse = field(default_factory=trainer_pb2.GetStatusResponse)
+    run: rollout_pb2.Run = field(default_factory=rollout_pb2.Run)
+
+    @property
+    def values(self) -> dict[str, float]:
+        return dict(self.trainer.last_metrics.values)
+
+    @property
+    def state(self) -> str:
+        return trainer_pb2.TrainerState.Name(self.trainer.state).removeprefix("TRAINER_STATE_").lower()
+
+
+def _value(values: dict[str, float], name: str, fmt: str) -> str:
+    return format(values[name], fmt) if name in values else "-"
+
+
+def render(progress: Progress) -> Group:
+    """The live view: sessions, then the trainer's last step."""
+    run, values = progress.run, progress.values
+    elapsed = time.monotonic() - progress.started
+    sessions = Table(title=f"run {progress.run_id}  ({elapsed:.0f} s)", show_edge=False)
+    for column in ("running", "ready", "scored", "infra-failed", "groups done", "delivered", "dropped"):
+        sessions.add_column(column, justify="right")
+    sessions.add_row(
+        str(run.sessions_running - run.sessions_ready),
+        str(run.sessions_ready),
+        str(run.sessions_succeeded),
+        str(run.infra_failures),
+        str(run.groups_complete),
+        str(run.groups_delivered),
+        str(run.groups_dropped),
+    )
+    trainer = Table(title=f"trainer: {progress.state}", show_edge=False)
+    for column in ("step", "reward mean", "pass rate", "tokens/s", "merge ratio", "policy", "s/step"):
+        trainer.add_column(column, justify="right")
+    trainer.add_row(
+        f"{progress.trainer.step}/{progress.steps}",
+        _value(values, "reward_mean", ".3f"),
+        _value(values, "pass_rate", ".2f"),
+        _value(values, "tokens_per_second", ".0f"),
+        _value(values, "merge_ratio", ".2f"),
+        str(progress.trainer.policy_version),
+        _value(values, "time_step", ".1f"),
+    )
+    return Group(sessions, trainer)
+
+
+def plain_line(progress: Progress) -> str:
+    """One line per step for a non-terminal output."""
+    run, values = progress.run, progress.values
+    return (
+        f"step {progress.trainer.step}/{progress.steps}"
+        f"  reward {_value(values, 'reward_mean', '.3f')}"
+        f"  pass {_value(values, 'pass_rate', '.2f')}"
+        f"  tokens/s {_value(values, 'tokens_per_second', '.0f')}"
+        f"  merge {_value(values, 'merge_ratio', '.2f')}"
+        f"  policy v{progress.trainer.policy_version}"
+        f"  sessions running {run.sessions_running - run.sessions_ready} ready {run.sessions_ready}"
+        f" scored {run.sessions_succeeded}"
+        f"  [{time.monotonic() - progress.started:.0f} s]"
+    )
+
+
+def reward_rise(rewards: list[float]) -> float:
+    """Mean of the last WINDOW rewards minus the mean of the first WINDOW (0 with no rewards)."""
+    if not rewards:
+        return 0.0
+    first, last = rewards[:WINDOW], rewards[-WINDOW:]
+    return sum(last) / len(last) - sum(first) / len(first)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the summary names."""
+
+    run_id: str
+    state: str
+    steps: int
+    run_dir: Path
+    checkpoint: str
+    metrics: list[Path]
+    plots: list[Path]
+    rewards: list[float]
+    merge_ratio: float
+    seconds: float
+    error: str = ""
+
+
+def summary(outcome: Outcome) -> Table:
+    table = Table(title=f"lodestar train: {outcome.state}", show_header=False, show_edge=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    rows = [
+        ("run", outcome.run_id),
+        ("steps", str(outcome.steps)),
+        ("time", f"{outcome.seconds:.0f} s"),
+        ("reward first 5 -> last 5", _rise_text(outcome.rewards)),
+        ("reward rise", f"{reward_rise(outcome.rewards):+.3f}"),
+        ("merge ratio (mean)", f"{outcome.merge_ratio:.2f}"),
+        ("run directory", str(outcome.run_dir)),
+        ("final checkpoint", outcome.checkpoint or "-"),
+        ("metrics", ", ".join(str(p) for p in outcome.metrics) or "-"),
+        ("reward plot", str(outcome.plots[0]) if outcome.plots else "-"),
+    ]
+    if outcome.error:
+        rows.append(("error", outcome.error))
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _rise_text(rewards: list[float]) -> str:
+    if not rewards:
+        return "-"
+    first, last = rewards[:WINDOW], rewards[-WINDOW:]
+    return f"{sum(first) / len(first):.3f} -> {sum(last) / len(last):.3f}"
