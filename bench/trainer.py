@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
+import os
 import platform
 import random
 import statistics
@@ -121,6 +123,19 @@ def run_batches(model, batches, norm, config) -> None:
         out.loss.backward()
 
 
+def computed_pairs(batches) -> int:
+    """(query, key) pairs the block-sparse attention computes (whole blocks), summed over micro-batches."""
+    from services.trainer.attention import DEFAULT_BLOCK, TreeLayout
+
+    total = 0
+    for batch in batches:
+        layout = TreeLayout.of(batch.parents)
+        for index, key in enumerate(layout.keys):
+            queries = min(len(batch.parents), (index + 1) * DEFAULT_BLOCK) - index * DEFAULT_BLOCK
+            total += queries * (key.stop - key.start if isinstance(key, slice) else len(key))
+    return total
+
+
 def measure(model, optimizer, case: Case, kind: BuilderKind, groups, repeats: int) -> dict[str, float]:
     config = LossConfig()
     started = time.perf_counter()
@@ -149,6 +164,7 @@ def measure(model, optimizer, case: Case, kind: BuilderKind, groups, repeats: in
     call_tokens = sum(result.stats.call_tokens for result in results)
     tokens = sum(result.stats.sequence_tokens for result in results)
     pairs = sum(sum(sequence.position_ids) + len(sequence) for sequence in sequences)
+    computed = computed_pairs(batches)
     return {
         "calls": calls,
         "sequences": len(sequences),
@@ -158,6 +174,7 @@ def measure(model, optimizer, case: Case, kind: BuilderKind, groups, repeats: in
         "tokens": tokens,
         "token_ratio": call_tokens / tokens,
         "attention_pairs": pairs,
+        "computed_pairs": computed,
         "build_s": build_s,
         "step_s": statistics.median(times),
         "step_cpu_s": statistics.median(cpu_times),
@@ -194,6 +211,7 @@ def bench_case(case: Case, repeats: int, workdir: Path) -> list[dict[str, float 
         row["cpu_speedup"] = base_cpu / float(row["step_cpu_s"])
         row["of_bound"] = float(row["speedup"]) / float(row["token_ratio"])
         row["pair_ratio"] = float(rows[0]["attention_pairs"]) / float(row["attention_pairs"])
+        row["computed_ratio"] = float(rows[0]["computed_pairs"]) / float(row["computed_pairs"])
     return rows
 
 
@@ -229,9 +247,19 @@ def bench_vocab_memory(tokens: int, targets: int) -> dict[str, float]:
     }
 
 
+def vocab_memory_in_own_process(tokens: int, targets: int) -> dict[str, float]:
+    """`bench_vocab_memory` in a fresh process, so its RSS baseline is not the earlier cases' heap."""
+    import subprocess
+
+    command = [sys.executable, __file__, "--vocab-only", "--vocab-tokens", str(tokens), "--vocab-targets", str(targets)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=3600)
+    figures: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures
+
+
 def table(rows: list[dict[str, float | str]], cases: dict[str, Case]) -> str:
     lines = [
-        "| model | builder | calls -> sequences | tokens processed | token ratio | attention-pair ratio | "
+        "| model | builder | calls -> sequences | tokens processed | token ratio | attention-pair ratio (computed) | "
         "step wall (s) | speedup | speedup / token ratio | step CPU (s) | CPU speedup | build (s) | peak RSS (MB) | "
         "step RSS growth (MB) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -245,7 +273,8 @@ def table(rows: list[dict[str, float | str]], cases: dict[str, Case]) -> str:
             f"| {row['model']} ({float(row['params_m']):.1f}M, x{case.scale:g} lengths, "
             f"{case.groups}x{case.group_size}) "
             f"| {row['builder']} | {row['calls']} -> {row['sequences']} | {int(row['tokens']):,} | "
-            f"{float(row['token_ratio']):.2f}x | {float(row['pair_ratio']):.2f}x | "
+            f"{float(row['token_ratio']):.2f}x | "
+            f"{float(row['pair_ratio']):.2f}x ({float(row['computed_ratio']):.2f}x) | "
             f"{float(row['step_s']):.2f}{timed} | {float(row['speedup']):.2f}x | "
             f"{float(row['of_bound']):.2f} | {float(row['step_cpu_s']):.2f} | {float(row['cpu_speedup']):.2f}x | "
             f"{float(row['build_s']):.2f} | {float(row['peak_rss_mb']):.0f} | "
@@ -261,9 +290,21 @@ def main() -> None:
     parser.add_argument("--vocab-tokens", type=int, default=32_768)
     parser.add_argument("--vocab-targets", type=int, default=4_096)
     parser.add_argument("--skip-vocab", action="store_true")
+    parser.add_argument("--vocab-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--shrink", type=float, default=1.0, help="extra length scale for quick runs")
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--save", type=Path, help="write the measured rows as JSON")
+    parser.add_argument("--docs-from", type=Path, help="write the docs section from a --save file, no run")
     args = parser.parse_args()
+    if args.vocab_only:
+        print(json.dumps(bench_vocab_memory(args.vocab_tokens, args.vocab_targets)))
+        return
+    if args.docs_from:
+        saved = json.loads(args.docs_from.read_text())
+        for name, scale in saved["scales"].items():
+            CASES[name] = replace(CASES[name], scale=scale)
+        write_docs(table(saved["rows"], CASES), saved["vocab"], saved["repeats"], saved["rows"], saved["load"])
+        return
     torch.set_num_threads(max(1, torch.get_num_threads()))
     rows: list[dict[str, float | str]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -273,11 +314,16 @@ def main() -> None:
             rows += bench_case(case, args.repeats, Path(tmp))
     text = table(rows, CASES)
     print(text)
-    vocab = None if args.skip_vocab else bench_vocab_memory(args.vocab_tokens, args.vocab_targets)
+    vocab = None if args.skip_vocab else vocab_memory_in_own_process(args.vocab_tokens, args.vocab_targets)
     if vocab:
         print(vocab)
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    if args.save:
+        scales = {name: case.scale for name, case in CASES.items()}
+        saved = {"rows": rows, "vocab": vocab, "repeats": args.repeats, "load": load, "scales": scales}
+        args.save.write_text(json.dumps(saved, indent=1))
     if args.write_docs:
-        write_docs(text, vocab, args.repeats, rows)
+        write_docs(text, vocab, args.repeats, rows, load)
 
 
 def goals(rows: list[dict[str, float | str]]) -> str:
@@ -287,7 +333,9 @@ def goals(rows: list[dict[str, float | str]]) -> str:
         return ""
     merged, tree = tiny["prefix_merging"], tiny["tree"]
     cpu_of_bound = float(merged["cpu_speedup"]) / float(merged["token_ratio"])
-    verdict = "met" if cpu_of_bound >= 0.9 else "NOT met"
+    verdict = "met" if 0.9 <= cpu_of_bound <= 1.1 else "NOT met"
+    if cpu_of_bound > 1.1:
+        verdict = "above the bound, so the measurement is distorted (see the notes), not a real gain"
     tree_verdict = "met" if float(tree["cpu_speedup"]) >= 25 else "NOT met"
     return (
         f"\nGoals (tiny model, 19-call sessions, group of 8):\n"
@@ -300,13 +348,12 @@ def goals(rows: list[dict[str, float | str]]) -> str:
     )
 
 
-def write_docs(text: str, vocab: dict[str, float] | None, repeats: int, rows: list[dict[str, float | str]]) -> None:
-    import os
-
+def write_docs(
+    text: str, vocab: dict[str, float] | None, repeats: int, rows: list[dict[str, float | str]], load: str
+) -> None:
     from bench.docs_section import replace_section
 
     when = time.strftime("%Y-%m-%d")
-    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     section = (
         f"{SECTION}\n\n`bench/trainer.py`, {when}, {platform.machine()}, {torch.get_num_threads()} torch threads, "
         f"fp32 CPU, torch {torch.__version__}; step = forward/backward over all micro-batches + AdamW "
@@ -316,7 +363,7 @@ def write_docs(text: str, vocab: dict[str, float] | None, repeats: int, rows: li
     if vocab:
         section += (
             f"\nTarget logprobs, one {int(vocab['tokens']):,}-token sequence, {int(vocab['vocab']):,}-entry vocabulary "
-            f"(hidden 64, 1 layer), {int(vocab['targets']):,} targets, forward + backward: peak RSS "
+            f"(hidden 64, 1 layer), {int(vocab['targets']):,} targets, forward + backward in its own process: peak RSS "
             f"{vocab['peak_rss_mb']:.0f} MB ({vocab['peak_rss_mb'] - vocab['rss_before_mb']:.0f} MB above the "
             f"process before the call), {vocab['seconds']:.1f} s. Its full logits would be "
             f"{vocab['full_logits_gb']:.1f} GB in fp32 (the targets' rows alone {vocab['target_logits_gb']:.1f} GB).\n"
@@ -338,12 +385,15 @@ Notes:
 - The 2 cores were shared with other engineers' test runs during the run (load average above), so
   wall-clock figures are inflated and noisy; CPU time (`time.process_time`, all threads of the process) is
   the steadier comparison and both are given. Speedups are against per_request in the same run.
-- Why the tiny model falls short of the token ratio: with hidden 64 it spends ~90% of its work in
-  attention, whose cost per token grows with its context. Merging drops the repeated short-context
-  prefixes but keeps the long-context tokens, so its real bound is the attention-pair ratio (pairs = sum
-  over tokens of the keys each attends to), in its own column; 512-token blocks also compute part of
-  each diagonal block that the mask discards. With the 100M model at short lengths the dense layers
-  dominate and the speedup follows the token ratio more closely.
+- What bounds the speedup: with hidden 64 the tiny model spends ~90% of its work in attention, whose
+  cost per token grows with its context. Merging drops the repeated short-context prefixes but keeps the
+  long-context tokens, so its bound is the attention-pair ratio (pairs = sum over tokens of the keys each
+  attends to), not the token ratio; in parentheses, the ratio of the pairs the 512-token blocks actually
+  compute (whole blocks, part of which the mask discards; per_request's short packed sequences waste the
+  most). A measured speedup above both bounds is noise or a sampling error of the per_request estimate,
+  not a gain: treat the structural ratios as the reliable figures and the timings as +-2x on this
+  shared machine. With the 100M model at short lengths the dense layers dominate, so the token ratio is
+  the relevant bound there.
 - The tree's gain over linear merging is the group's shared prefix: here system+tools+task is 16K of the
   ~41K tokens each session ends with, so sharing it 8 ways gives ~1.55x over prefix_merging (the issue's
   anchors say 1.5-3.5x). 25x over per_request needs a larger shared part or more calls per session.

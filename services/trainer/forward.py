@@ -81,7 +81,7 @@ class _ChunkedTargetLogprob(torch.autograd.Function):
             # d logprob[n] / d logit[n, v] = 1[v == t_n] - softmax[n, v]
             for lo in range(0, vocab, ctx.vocab_chunk):
                 hi = min(vocab, lo + ctx.vocab_chunk)
-                coef = -torch.exp(_chunk_logits(h, weight, bias, lo, hi) - row_lse[:, None]) * g[:, None]
+                coef = _chunk_logits(h, weight, bias, lo, hi).sub_(row_lse[:, None]).exp_().mul_(-g[:, None])
                 if d_hidden is not None:
                     d_hidden[r0 : r0 + ctx.row_chunk] += coef @ weight[lo:hi].float()
                 if d_weight is not None:
