@@ -327,25 +327,32 @@ def main() -> None:
 
 
 def goals(rows: list[dict[str, float | str]]) -> str:
-    """The issue's two goals, checked on the tiny case (groups of 8), by CPU time and by wall-clock."""
-    tiny = {str(row["builder"]): row for row in rows if row["model"] == "tiny"}
-    if not tiny:
-        return ""
-    merged, tree = tiny["prefix_merging"], tiny["tree"]
-    cpu_of_bound = float(merged["cpu_speedup"]) / float(merged["token_ratio"])
-    verdict = "met" if 0.9 <= cpu_of_bound <= 1.1 else "NOT met"
-    if cpu_of_bound > 1.1:
-        verdict = "above the bound, so the measurement is distorted (see the notes), not a real gain"
-    tree_verdict = "met" if float(tree["cpu_speedup"]) >= 25 else "NOT met"
-    return (
-        f"\nGoals (tiny model, 19-call sessions, group of 8):\n"
-        f"- prefix_merging within 10% of its token bound: CPU speedup {float(merged['cpu_speedup']):.1f}x = "
-        f"{cpu_of_bound:.2f} of the {float(merged['token_ratio']):.1f}x bound (wall-clock "
-        f"{float(merged['speedup']):.1f}x = {float(merged['of_bound']):.2f}): {verdict}.\n"
-        f"- tree >= 25x over per_request: CPU speedup {float(tree['cpu_speedup']):.1f}x (wall-clock "
-        f"{float(tree['speedup']):.1f}x; token ratio {float(tree['token_ratio']):.1f}x, attention-pair ratio "
-        f"{float(tree['pair_ratio']):.1f}x): {tree_verdict}.\n"
-    )
+    """The issue's two goals, per model, judged by CPU-time speedups against the structural bounds.
+
+    Work is tokens x dense cost + attention pairs x attention cost, so no builder can beat per_request by
+    more than max(token ratio, computed-pair ratio); a measured speedup above that is noise or the
+    per_request sampling error, and is reported as such instead of as a pass.
+    """
+    lines = ["", "Goals (CPU-time speedups; bound = max(token ratio, computed-pair ratio)):"]
+    for model in dict.fromkeys(str(row["model"]) for row in rows):
+        by = {str(row["builder"]): row for row in rows if row["model"] == model}
+        for builder, target in (("prefix_merging", None), ("tree", 25.0)):
+            row = by[builder]
+            speedup, tokens = float(row["cpu_speedup"]), float(row["token_ratio"])
+            bound = max(tokens, float(row["computed_ratio"]))
+            goal = f">= {target:g}x over per_request" if target else "within 10% of its token ratio"
+            if speedup > 1.1 * bound:
+                verdict = f"measured {speedup:.1f}x is above its {bound:.1f}x bound, so distorted: no verdict"
+            elif target:
+                verdict = f"{speedup:.1f}x: " + ("met" if speedup >= target else "NOT met")
+            else:
+                verdict = f"{speedup:.1f}x = {speedup / tokens:.2f} of {tokens:.1f}x: " + (
+                    "met" if speedup >= 0.9 * tokens else "NOT met"
+                )
+            if target and bound < target:
+                verdict += f"; its bound {bound:.1f}x is below {target:g}x, so NOT met on this shape"
+            lines.append(f"- {model} {builder} {goal}: {verdict}.")
+    return "\n".join(lines) + "\n"
 
 
 def write_docs(
