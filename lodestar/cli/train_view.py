@@ -115,7 +115,7 @@ class Outcome:
 def summary(outcome: Outcome) -> Table:
     table = Table(title=f"lodestar train: {outcome.state}", show_header=False, show_edge=False)
     table.add_column("what", style="bold")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")
     rows = [
         ("run", outcome.run_id),
         ("steps", str(outcome.steps)),

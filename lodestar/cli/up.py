@@ -6,7 +6,8 @@ directory), gateway (a node attached to rollout: it pulls and runs the sessions 
 serve` on a free port, waits until every gRPC
 health check answers SERVING, prints the addresses, and supervises: a service that exits is restarted
 (at most `--max-restarts` times). Ctrl-C / SIGTERM stops everything (services drain first, etcd last).
-With `--check` it exits 0 right after the self-check instead of serving.
+With `--check` it exits 0 right after the self-check instead of serving. While up, the addresses and the served
+model are in `<data-dir>/addresses.json` (`lodestar train` attaches through it).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lodestar.cli import up_tls
+from lodestar.cli.train_stack import write_addresses
 from lodestar.errors import UnavailableError
 from lodestar.grpc import security
 from lodestar.local import LocalCluster, ServiceSpec, find_etcd, port_or_free
@@ -136,6 +138,9 @@ async def _up(args: argparse.Namespace) -> int:
         with _console.status("starting inference, rollout, gateway, trainer"):
             await cluster.start_services(specs, timeout=args.timeout)
         _print_addresses(cluster)
+        addresses = {spec.name: f"127.0.0.1:{spec.port}" for spec in cluster.specs}
+        addresses |= {"etcd": cluster.etcd_url, "model": str(args.model or data_dir / "tiny-model")}
+        write_addresses(data_dir / "addresses.json", addresses)  # `lodestar train` attaches through it
         if args.check:
             _console.print("[green]self-check passed: every service is SERVING[/green]")
             return 0
@@ -152,6 +157,7 @@ async def _up(args: argparse.Namespace) -> int:
         _console.print(f"[red]lodestar up failed: {error.message}[/red]")
         return 1
     finally:
+        (data_dir / "addresses.json").unlink(missing_ok=True)
         with _console.status("stopping (services drain, then etcd)"):
             await cluster.stop()
 

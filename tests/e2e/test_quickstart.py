@@ -1,0 +1,92 @@
+"""The quickstart trains: `lodestar train` on examples/quickstart (its own etcd, inference with the tiny model,
+rollout, a gateway node running the quickstart agent, the trainer), with the quickstart's seed and settings
+and fewer steps, as a subprocess. Asserts the reward rises by at least 0.3 (last 5 steps - first 5), every
+step pushed a new policy version that calls captured afterwards report, the trainer trained on merged
+sequences (merge ratio > 1), and the final checkpoint resumes (step, version, groups read, weights)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lodestar.cli.train_view import reward_rise
+from lodestar.v1 import rollout_pb2
+from services.trainer.settings import TrainerSettings
+from services.trainer.wiring import create_trainer
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "examples" / "quickstart" / "quickstart.toml"
+STEPS = 14
+TIMEOUT_S = 1500
+
+
+def _config(tmp_path: Path) -> Path:
+    """The quickstart's config with this test's directories and step count; everything else as shipped."""
+    text = QUICKSTART.read_text()
+    train = tomllib.loads(text)["train"]
+    text = text.replace(f'spec = "{train["spec"]}"', f'spec = "{QUICKSTART.parent / train["spec"]}"')
+    text = re.sub(r"(?m)^steps = \d+", f"steps = {STEPS}", text)
+    text = text.replace(f'run_dir = "{train["run_dir"]}"', f'run_dir = "{tmp_path / "runs"}"\nattach = "never"')
+    text = text.replace(f'data_dir = "{train["data_dir"]}"', f'data_dir = "{tmp_path / "stack"}"')
+    config = tmp_path / "quickstart.toml"
+    config.write_text(text)
+    assert tomllib.loads(text)["train"]["steps"] == STEPS
+    return config
+
+
+def _call_versions(store: Path, run_id: str) -> set[int]:
+    """The policy versions reported by the calls of the run's results in the rollout store."""
+    found: set[int] = set()
+    with sqlite3.connect(store) as db:
+        for (blob,) in db.execute("SELECT result FROM results WHERE session_id LIKE ?", (f"{run_id}-%",)):
+            found |= {call.policy_version for call in rollout_pb2.SessionResult.FromString(blob).calls}
+    return found
+
+
+def test_the_quickstart_learns(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "lodestar.cli.main", "train", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=tmp_path,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-6000:]
+    assert "reward rise" in done.stdout, done.stdout[-3000:]
+    assert "reward.png" in done.stdout, done.stdout[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    run_id = run_dir.name
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    rewards = [r["reward_mean"] for r in records]
+    assert reward_rise(rewards) >= 0.3, rewards
+    # Every step pushed a new version, and calls captured after it report it.
+    assert [r["policy_version"] for r in records] == list(range(1, STEPS + 1))
+    versions = _call_versions(tmp_path / "stack" / "rollout.sqlite", run_id)
+    assert set(range(STEPS)) <= versions, sorted(versions)
+    # Prefix merging: each session's two calls became one sequence.
+    assert all(r["merge_ratio"] > 1.0 for r in records), [r["merge_ratio"] for r in records]
+    assert (run_dir / "reward.png").stat().st_size > 0
+
+    checkpoint = run_dir / "checkpoints" / f"step-{STEPS:06d}"
+    settings = TrainerSettings(run=run_id, resume=checkpoint, run_dir=tmp_path / "resumed", inference="")
+    trainer = create_trainer(settings, connect=False)
+    assert (trainer.state.step, trainer.state.policy_version) == (STEPS, STEPS)
+    assert trainer.state.groups_read >= STEPS * tomllib.loads(config.read_text())["trainer"]["groups_per_step"]
+    saved = load_file(str(checkpoint / "model.safetensors"))
+    for name, parameter in trainer.model.state_dict().items():
+        if name in saved:
+            assert torch.equal(parameter, saved[name]), name
