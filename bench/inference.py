@@ -169,7 +169,7 @@ def measure_raw(
         for label, (repo, flags) in variants.items():
             extra = ["--max-new-tokens", "4096", "--kv-cache-bytes", str(KV_CACHE_BYTES), *flags]
             server = servers.enter_context(serve_inference("vllm", model_dir, Path(logs), *extra, repo=repo))
-            addresses[label] = server.address
+            addresses[label] = (server.address, server.process.pid)
         return asyncio.run(compare(addresses, model_dir, repeats, KV_CACHE_BYTES))
 
 

@@ -73,10 +73,11 @@ async def _raw_phase(llm: Any, info: Any, phase: dict[str, Any]) -> dict[str, fl
     async def worker(index: int) -> int:
         return sum([await one(index, round_) for round_ in range(phase["rounds"])])
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     tokens = sum(await asyncio.gather(*(worker(i) for i in range(phase["c"]))))
     seconds = time.perf_counter() - started
-    return {"tokens": tokens, "seconds": seconds, "ttft_ms": statistics.median(first_tokens) * 1e3}
+    cpu_s = time.process_time() - cpu  # this process only: vLLM's engine core and worker are other processes
+    return {"tokens": tokens, "seconds": seconds, "ttft_ms": statistics.median(first_tokens) * 1e3, "cpu_s": cpu_s}
 
 
 async def raw_worker(model_dir: Path, kv_cache_bytes: int) -> None:
@@ -149,7 +150,13 @@ class RawVllm:
             await self._process.wait()
 
 
-async def _lodestar_phase(stub: Any, phase: dict[str, Any]) -> dict[str, float]:
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process (its threads, not its children) from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _lodestar_phase(stub: Any, phase: dict[str, Any], pid: int | None = None) -> dict[str, float]:
     from lodestar.v1 import common_pb2, inference_pb2
 
     first_tokens: list[float] = []
@@ -175,10 +182,12 @@ async def _lodestar_phase(stub: Any, phase: dict[str, Any]) -> dict[str, float]:
     async def worker(index: int) -> int:
         return sum([await one(index, round_) for round_ in range(phase["rounds"])])
 
-    started = time.perf_counter()
+    started, cpu, server_cpu = time.perf_counter(), time.process_time(), process_cpu_s(pid) if pid else 0.0
     tokens = sum(await asyncio.gather(*(worker(i) for i in range(phase["c"]))))
     seconds = time.perf_counter() - started
-    return {"tokens": tokens, "seconds": seconds, "ttft_ms": statistics.median(first_tokens or [0.0]) * 1e3}
+    cpu_s = time.process_time() - cpu + (process_cpu_s(pid) - server_cpu if pid else 0.0)  # client + server
+    ttft_ms = statistics.median(first_tokens or [0.0]) * 1e3
+    return {"tokens": tokens, "seconds": seconds, "ttft_ms": ttft_ms, "cpu_s": cpu_s}
 
 
 def _user(text: str) -> Any:
@@ -190,11 +199,13 @@ def _user(text: str) -> Any:
 
 
 async def compare(
-    variants: dict[str, str], model_dir: Path, repeats: int, kv_cache_bytes: int
+    variants: dict[str, tuple[str, int]], model_dir: Path, repeats: int, kv_cache_bytes: int
 ) -> dict[str, dict[str, float]]:
     """Medians per cell "c{C}-{stream|final}": raw tok/s and TTFT, and per lodestar variant (label -> server
-    address) its tok/s, ratio to raw and TTFT. Per repeat and cell all phases run back to back, the order
-    rotating between repeats."""
+    address and pid) its tok/s, ratio to raw and TTFT; for every side the front-end CPU per token (raw: the
+    AsyncLLM process; lodestar: the server process plus the gRPC client; vLLM's engine-core and worker
+    processes, the same work on both sides, are not counted). Per repeat and cell all phases run back to
+    back, the order rotating between repeats."""
     import grpc.aio
 
     from lodestar.v1 import inference_pb2_grpc
@@ -204,7 +215,8 @@ async def compare(
     template = ChatTemplate(TextTokenizer.load(model_dir))
     prompts = [list(template.prompt([_user(PROMPT.format(i))]).ids) for i in range(max(CONCURRENCY))]
     raw = await RawVllm.start(model_dir, kv_cache_bytes)
-    channels = {label: grpc.aio.insecure_channel(address) for label, address in variants.items()}
+    channels = {label: grpc.aio.insecure_channel(address) for label, (address, _) in variants.items()}
+    pids = {label: pid for label, (_, pid) in variants.items()}
     stubs = {label: inference_pb2_grpc.InferenceServiceStub(channel) for label, channel in channels.items()}
     cells: dict[str, dict[str, list[float]]] = {}
     try:
@@ -219,13 +231,16 @@ async def compare(
                 shift = (repeat + number) % len(sides)
                 got = {}
                 for side in sides[shift:] + sides[:shift]:
-                    got[side] = await (raw.phase(phase) if side == "raw" else _lodestar_phase(stubs[side], phase))
+                    got[side] = await (
+                        raw.phase(phase) if side == "raw" else _lodestar_phase(stubs[side], phase, pids[side])
+                    )
                 rates = {side: got[side]["tokens"] / got[side]["seconds"] for side in got}
                 cell = cells.setdefault(f"c{c}-{'stream' if stream else 'final'}", {})
                 for side in sides:
                     cell.setdefault(side, []).append(rates[side])
                     cell.setdefault(f"{side} ttft_ms", []).append(got[side]["ttft_ms"])
                     cell.setdefault(f"{side} ratio", []).append(rates[side] / rates["raw"])
+                    cell.setdefault(f"{side} cpu_us", []).append(got[side]["cpu_s"] / got[side]["tokens"] * 1e6)
                 print(f"repeat {repeat} c={c} stream={stream}: {json.dumps(rates)}", file=sys.stderr)
     finally:
         await raw.close()
@@ -237,15 +252,17 @@ async def compare(
 def table(cells: dict[str, dict[str, float]], variants: list[str]) -> str:
     lines = [
         "| C | lodestar | raw AsyncLLM tok/s, streaming | lodestar Generate, streaming | ratio "
-        "| raw tok/s, non-streaming | lodestar, non-streaming | ratio | TTFT raw / lodestar (streaming) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| raw tok/s, non-streaming | lodestar, non-streaming | ratio | TTFT raw / lodestar (streaming) "
+        "| front-end CPU us/token raw / lodestar, streaming | non-streaming |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in CONCURRENCY:
         s, f = cells[f"c{c}-stream"], cells[f"c{c}-final"]
         for v in variants:
             lines.append(
                 f"| {c} | {v} | {s['raw']:,.0f} | {s[v]:,.0f} | {s[v + ' ratio']:.2f}x | {f['raw']:,.0f} "
-                f"| {f[v]:,.0f} | {f[v + ' ratio']:.2f}x | {s['raw ttft_ms']:.1f} / {s[v + ' ttft_ms']:.1f} ms |"
+                f"| {f[v]:,.0f} | {f[v + ' ratio']:.2f}x | {s['raw ttft_ms']:.1f} / {s[v + ' ttft_ms']:.1f} ms "
+                f"| {s['raw cpu_us']:.0f} / {s[v + ' cpu_us']:.0f} | {f['raw cpu_us']:.0f} / {f[v + ' cpu_us']:.0f} |"
             )
     return "\n".join(lines)
 

@@ -134,7 +134,7 @@ def sizes_for(total: int, cuts: list[int]) -> list[int]:
     return [b - a for a, b in itertools.pairwise(edges)] or [0]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     pieces=st.lists(PIECES, min_size=1, max_size=14),
     raw=st.lists(st.integers(3, 4095), max_size=6),
@@ -169,7 +169,7 @@ def test_coalescing_never_changes_what_the_client_assembles(
     asyncio.run(main())
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     before=st.lists(PIECES, max_size=8),
     after=st.lists(PIECES, max_size=4),
