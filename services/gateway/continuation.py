@@ -11,14 +11,19 @@ tool-call arguments are compared as parsed JSON (harnesses re-serialize them); t
 surrounding whitespace. A re-sent assistant message WITHOUT reasoning matches a captured one with
 reasoning (Gemini CLI drops earlier `thought` parts); when reasoning is re-sent it must match.
 
-Lookups cost O(messages of the request), whatever the number of earlier calls: every link is indexed by
-the rolling digest of its covered messages (without reasoning), and the request's own rolling digests
-find the longest covered prefix directly; only the messages that carry reasoning are then compared one
-by one. A request that continues nothing is classified: DRIFT when its first difference from the closest
-earlier call is one of the model's own (assistant) messages, re-sent in a form that no longer matches (a
-chain broke where one was expected: matching must learn that harness's quirk); else BRANCH (the history was
-replaced from a user/system message on, or the tools changed, or a turn was re-sent: compactions,
-sub-agents, retries); FIRST when the session has no earlier call.
+Lookups do not grow with the number of earlier calls: every link is indexed by (how many messages it
+covers, the key of its last covered message), so the candidates for each prefix length are found with one
+dict lookup, longest first, and a candidate is verified by comparing key lists (the keys are memoized
+objects: an unchanged message is the same object, compared by identity in C). The common case, a request
+extending the latest call, costs one lookup and one list comparison. Only a request that continues
+nothing pays O(messages) digest work, to say how far it shares an earlier conversation (rolling digests
+of every link's covered prefixes are registered when the link is added, from its parent's digest on).
+
+A request that continues nothing is classified: DRIFT when its first difference from the closest earlier
+call is one of the model's own (assistant) messages, re-sent in a form that no longer matches (a chain broke
+where one was expected: matching must learn that harness's quirk); else BRANCH (the history was replaced
+from a user/system message on, or the tools changed, or a turn was re-sent: compactions, sub-agents,
+retries); FIRST when the session has no earlier call.
 """
 
 from __future__ import annotations
@@ -133,6 +138,8 @@ class ChainLink:
     """Keys of the covered messages: the request's messages, then the assistant message it produced."""
     continuation: inference_pb2.Continuation
     """Prompt ids followed by sampled ids, exactly, covering `len(keys)` messages (ready to send)."""
+    digest: bytes = b""
+    """Rolling digest of the covered messages without reasoning (`prefix_digests(keys)[-1]`), set by `add`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,10 +148,8 @@ class ChainMatch:
 
     link: ChainLink | None
     start: ChainStart.ValueType
-    digests: list[bytes]
-    """Rolling digests of the request's messages (reused when the call's own link is added)."""
     closest_sequence: int = -1
-    """For BRANCH/DRIFT: the latest earlier call sharing the longest prefix with the request."""
+    """For BRANCH/DRIFT: the earliest call sharing the longest prefix with the request."""
     first_difference: int = 0
     """Index of the first message that differs from `closest_sequence` (its covered length when only the
     tools differ)."""
@@ -153,11 +158,17 @@ class ChainMatch:
 
 @dataclass(slots=True)
 class _Session:
-    links: dict[bytes, list[ChainLink]] = field(default_factory=dict)
-    """Digest of the covered messages -> links covering exactly those messages (any tools), oldest first."""
+    ends: dict[tuple[int, bytes], list[ChainLink]] = field(default_factory=dict)
+    """(covered messages, bare key of the last one) -> links, oldest first."""
     prefixes: dict[bytes, int] = field(default_factory=dict)
-    """Digest of any prefix of any link's covered messages -> the first link that had it."""
+    """Rolling digest of any prefix of any link's covered messages -> the first link that had it."""
     count: int = 0
+
+
+def _same_prefix(keys: Sequence[MessageKey], stored: list[MessageKey]) -> bool:
+    """Do the request's first len(stored) messages match the stored ones (as the model sees them)?"""
+    head = keys[: len(stored)]
+    return head == stored or all(new.matches(old) for new, old in zip(head, stored, strict=True))
 
 
 class ChainIndex:
@@ -177,15 +188,16 @@ class ChainIndex:
         for link in links:
             self.add(session_id, link)
 
-    def add(self, session_id: str, link: ChainLink, digests: Sequence[bytes] | None = None) -> None:
-        """Register a captured call (`digests`: `prefix_digests(link.keys)` when the caller has them).
-        Costs O(new messages): prefixes are registered from the end until one is known already."""
+    def add(self, session_id: str, link: ChainLink, parent: ChainLink | None = None) -> None:
+        """Register a captured call; `parent`: the link its request continued (its prefix digests are reused,
+        so adding costs O(new messages))."""
         state = self._sessions.setdefault(session_id, _Session())
-        if digests is None or len(digests) != len(link.keys):
-            digests = prefix_digests(link.keys)
-        if not digests:
+        if not link.keys:
             return
-        state.links.setdefault(digests[-1], []).append(link)
+        start, seed = (len(parent.keys), parent.digest) if parent is not None and parent.digest else (0, b"")
+        digests = prefix_digests(link.keys, start, seed)
+        link.digest = digests[-1] if digests else seed
+        state.ends.setdefault((len(link.keys), link.keys[-1].bare), []).append(link)
         for digest in reversed(digests):
             if digest in state.prefixes:
                 break
@@ -201,24 +213,24 @@ class ChainIndex:
         """The link with the longest covered prefix of `keys` under the same tools (latest on ties); else
         how the request relates to the earlier calls. `roles`: the request messages' roles (a request
         whose first difference from the closest earlier call is an ASSISTANT message is a DRIFT)."""
-        digests = prefix_digests(keys)
         state = self._sessions.get(session_id)
         if state is None or state.count == 0:
-            return ChainMatch(None, common_pb2.CHAIN_START_FIRST, digests)
-        reasoning = [i for i, key in enumerate(keys) if key.has_reasoning]
+            return ChainMatch(None, common_pb2.CHAIN_START_FIRST)
         tools_differ: ChainLink | None = None
         for covered in range(len(keys) - 1, 0, -1):
-            for link in reversed(state.links.get(digests[covered - 1], ())):
-                if link.context != context:
-                    tools_differ = tools_differ or link
-                elif all(keys[i].full == link.keys[i].full for i in reasoning if i < covered):
-                    return ChainMatch(link, common_pb2.CHAIN_START_CONTINUED, digests)
+            for link in reversed(state.ends.get((covered, keys[covered - 1].bare), ())):
+                if not _same_prefix(keys, link.keys):
+                    continue
+                if link.context == context:
+                    return ChainMatch(link, common_pb2.CHAIN_START_CONTINUED)
+                tools_differ = tools_differ or link
+        digests = prefix_digests(keys)  # a miss (rare): how far does it share an earlier conversation?
         shared = next((k for k in range(len(keys), 0, -1) if digests[k - 1] in state.prefixes), 0)
         closest = state.prefixes[digests[shared - 1]] if shared else -1
         if tools_differ is not None and len(tools_differ.keys) >= shared:
-            return ChainMatch(None, common_pb2.CHAIN_START_BRANCH, digests, tools_differ.sequence,
+            return ChainMatch(None, common_pb2.CHAIN_START_BRANCH, tools_differ.sequence,
                               len(tools_differ.keys), "tools differ")  # fmt: skip
         if shared < len(keys) and shared < len(roles) and roles[shared] == common_pb2.ROLE_ASSISTANT:
-            return ChainMatch(None, common_pb2.CHAIN_START_DRIFT, digests, closest, shared, "assistant message differs")
+            return ChainMatch(None, common_pb2.CHAIN_START_DRIFT, closest, shared, "assistant message differs")
         reason = "turn re-sent" if shared >= len(keys) else "new conversation"
-        return ChainMatch(None, common_pb2.CHAIN_START_BRANCH, digests, closest, shared, reason)
+        return ChainMatch(None, common_pb2.CHAIN_START_BRANCH, closest, shared, reason)

@@ -19,7 +19,7 @@ from lodestar.logging import get_logger
 from lodestar.v1 import common_pb2, inference_pb2
 from services.gateway.canonical import CallResult, CanonicalRequest, new_id, now_seconds
 from services.gateway.capture import CaptureStore
-from services.gateway.continuation import ChainIndex, ChainLink, context_key, message_keys, prefix_digests
+from services.gateway.continuation import ChainIndex, ChainLink, context_key, message_keys
 from services.gateway.sessions import SessionEntry, timestamp_now
 from services.gateway.unknown_fields import UnknownFields
 
@@ -126,10 +126,9 @@ class Proxy:
                 )  # fmt: skip
                 link_keys = [*keys, *message_keys([completion])]
                 link = ChainLink(-1, context, link_keys, _continuation(result_half, len(link_keys)))
-                digests = [*match.digests, *prefix_digests(link_keys, len(keys), match.digests[-1] if keys else b"")]
                 await begun
                 answered = True  # from here the record is completed even if this call is cancelled (shield)
-                sequence = await asyncio.shield(self._capture(session, response_id, result_half, link, digests))
+                sequence = await asyncio.shield(self._capture(session, response_id, result_half, link, found))
                 timings = {"prepare_ms": (sent - clock) * 1e3, "inference_ms": (arrived - sent) * 1e3,
                            "capture_ms": (time.perf_counter() - arrived) * 1e3}  # fmt: skip
                 yield CallResult(final, completion, response_id, now_seconds(), sequence, timings)
@@ -149,14 +148,14 @@ class Proxy:
         call_id: str,
         result_half: common_pb2.CallRecord,
         link: ChainLink,
-        digests: list[bytes],
+        parent: ChainLink | None,
     ) -> int:
         result_half.sequence = link.sequence = session.take_sequence()
         result_half.finished_at.CopyFrom(timestamp_now())
         await self._store.append(call_id, result_half)
         self.calls_captured += 1
         self.unanswered.pop(session.session_id, None)
-        self._chains.add(session.session_id, link, digests)
+        self._chains.add(session.session_id, link, parent)
         return result_half.sequence
 
     def _discard(self, begun: asyncio.Future[None], call_id: str) -> None:
