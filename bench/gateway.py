@@ -336,18 +336,17 @@ HISTORY = """History of this number (same 2-core shared VM):
   prompt ids' packed bytes from inference's reply straight into the stored record (hand-written protobuf wire
   parsing, ~0.2 ms of capture) measured +2.6 to +2.9 ms, inside the +-0.4 ms run-to-run noise, with lower
   calls/s at concurrency 32; removed again as not worth its complexity.
-- 2026-12-01 (issue 11: unknown fields counted, one sampling helper, chain lookup by rolling prefix digests,
-  error classes): +2.55 ms (load average 6.4-8.9 on 2 cores during the run). The prepare step stays 0.27 ms:
-  the indexed lookup adds one 16-byte digest per message but no longer compares against every earlier call,
-  which only matters in long sessions (before: 0.5 ms -> 4.8 ms per call after 13K calls in one session;
-  now flat, see tests/gateway/test_continuation.py). A cProfile of one call in-process (fake inference, same
-  body, under the same load) puts the handler's own CPU at parse 0.8 ms, tools context digest 0.3 ms
-  (serializing the 24 tools to key its memo), GenerateRequest 0.15 ms, and the hand-off to the capture
-  writer thread. uvloop for the
-  gateway process was tried: one run at load average 8-21 gave +3.3 ms, i.e. nothing measurable on this
-  machine, so it was not added. Not done: sending inference only the new messages of a chain (inference would
-  need to keep the chain's canonical prompt), which is the largest remaining item (the 80 KB re-send and its
-  protobuf encode/decode on both sides)."""
+- 2026-12-01 (issue 11: unknown fields counted, one sampling helper, indexed chain lookup, error classes):
+  +2.55 ms (load average 6.4-8.9 on 2 cores during the run, with the first version of the chain index). The
+  prepare step stays 0.27 ms for this one-call chain; what changed is long sessions (before: 0.5 ms -> 4.8 ms
+  per call after 13K calls in one session): the final chain index costs 0.01 ms per lookup at 2,000 calls /
+  4,000 messages (the old scan: 0.41 ms; docs/gateway.md). A cProfile of one call in-process (fake
+  inference, same body, under the same load) puts the handler's own CPU at parse 0.8 ms, the tools context
+  digest 0.3 ms (serializing the 24 tools to key its memo), the GenerateRequest 0.15 ms, and the hand-off to
+  the capture writer thread. uvloop for the gateway process was tried: one run at load average 8-21 gave
+  +3.3 ms, nothing measurable on this machine, so it was not added. Not done: sending inference only the new
+  messages of a chain (inference would have to keep the chain's canonical prompt), the largest remaining item
+  (the 80 KB re-send and its protobuf encode/decode on both sides)."""
 
 
 def write_docs(text: str, result: dict[str, Any]) -> None:
