@@ -78,7 +78,12 @@ for service in $SERVICES; do
   fi
   s=$(date +%s)
   log "building lodestar/$service:$TAG (context $(du -sh "$context" | cut -f1))"
-  timeout 1800 docker build -q -f "deploy/Dockerfile.$service" --build-arg "BASE=$BASE" -t "lodestar/$service:$TAG" "$context" >/dev/null
+  if ! timeout 1800 docker build -f "deploy/Dockerfile.$service" --build-arg "BASE=$BASE" -t "lodestar/$service:$TAG" \
+      "$context" >"$STAGE/$service.log" 2>&1; then
+    tail -40 "$STAGE/$service.log" >&2
+    log "building lodestar/$service:$TAG failed (full log: $STAGE/$service.log)"
+    exit 1
+  fi
   size=$(docker image inspect -f '{{.Size}}' "lodestar/$service:$TAG")
   log "lodestar/$service:$TAG built in $(( $(date +%s) - s )) s, $(( size / 1000000 )) MB"
 done
