@@ -1,0 +1,213 @@
+"""A 2-step GRPO training run through each real npm harness binary (Claude Code, Codex, Qwen Code, Pi,
+Gemini CLI), driven by `lodestar train CONFIG` against the transformers backend with the tiny model.
+
+One stack for the module (the session's etcd; inference on the transformers backend, a rollout service on
+a SQLite store, one gateway node as processes); each test writes a config whose `[train] attach` names that
+stack's addresses file, so `lodestar train` starts only a trainer, creates a run of 2 tasks x 2 samples
+for its harness and trains 2 steps of one group each. The tiny model writes noise, so the verifier's reward
+is noise too (`0.<random>`, two samples practically never tie), and harnesses that continue after a reply
+cut at max_tokens (Claude Code does) run until their agent timeout, which ends the session TIMED_OUT, a
+scored outcome. These tests are about the pipeline through
+the real binary — calls captured token-faithfully, steps taken, weights pushed to inference and served, no
+session an infrastructure failure — not about learning (the quickstart test is). Each harness's calls go
+through its own vendor dialect (Anthropic Messages, OpenAI Responses, OpenAI Chat, Google).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from lodestar.local import free_port
+from lodestar.v1 import inference_pb2, inference_pb2_grpc, rollout_pb2
+from services.gateway.node.harnesses import make_harness
+from services.inference.tiny_model import TinyModelSpec, build
+from tests.e2e.node_stack import Service
+
+pytestmark = [pytest.mark.slow, pytest.mark.harness]
+HARNESSES = [
+    ("pi", "pi"),
+    ("codex", "codex"),
+    ("qwen_code", "qwen-code"),
+    ("gemini_cli", "gemini-cli"),
+    ("claude_code", "claude-code"),
+]
+NOISE_REWARD = 'echo "{\\"reward\\": 0.$RANDOM}"'
+TRAIN_TIMEOUT_S = 1200
+KNOWN_INFRA_FLAKE = "the namespace helper exited before set-up"
+"""A gateway-node flake seen under load when several sessions start at once (the helper dies before it
+reports; rollout retries the session). Tolerated here, counted in the report; any other is a failure."""
+
+
+class TrainingStack:
+    def __init__(self, root: Path, etcd: str) -> None:
+        self.root = root
+        self.model = build(root / "model", TinyModelSpec())
+        cli = [sys.executable, "-m", "lodestar.cli.main"]
+        prefix = f"/e2e/{uuid.uuid4().hex}/"
+        ports = {name: free_port() for name in ("inference", "rollout", "gateway")}
+        self.inference = Service(
+            "inference",
+            [*cli, "inference", "serve", "--port", str(ports["inference"]), "--backend", "transformers",
+             "--model", str(self.model), "--max-new-tokens", "32", "--log-json"],
+            ports["inference"], root / "inference.log",
+        )  # fmt: skip
+        self.rollout = Service(
+            "rollout",
+            [*cli, "rollout", "serve", "--port", str(ports["rollout"]), "--etcd", etcd, "--etcd-prefix", prefix,
+             "--store", str(root / "rollout.sqlite"), "--log-json"],
+            ports["rollout"], root / "rollout.log",
+        )  # fmt: skip
+        self.node = Service(
+            "node",
+            [*cli, "gateway", "serve", "--port", str(ports["gateway"]), "--http-port", "0",
+             "--inference", self.inference.address, "--rollout", self.rollout.address, "--etcd", etcd,
+             "--etcd-prefix", prefix, "--node-id", "node-0", "--data-dir", str(root / "node-0"),
+             "--slots", "4", "--ready-buffer", "2", "--poll-interval-s", "0.2", "--log-json"],
+            ports["gateway"], root / "node-0.log",
+        )  # fmt: skip
+        self.addresses = root / "addresses.json"
+
+    def start(self) -> None:
+        for service in (self.inference, self.rollout):
+            service.start()
+        for service in (self.inference, self.rollout):
+            service.wait_serving(timeout=120)
+        self.node.start()
+        self.node.wait_serving(timeout=120)
+        addresses = {"inference": self.inference.address, "rollout": self.rollout.address, "model": str(self.model)}
+        self.addresses.write_text(json.dumps(addresses))
+
+    def stop(self) -> None:
+        for service in (self.node, self.rollout, self.inference):
+            service.stop()
+
+    def served_version(self) -> int:
+        with grpc.insecure_channel(self.inference.address) as channel:
+            info = inference_pb2_grpc.InferenceServiceStub(channel).GetModelInfo(
+                inference_pb2.GetModelInfoRequest(), timeout=10
+            )
+        return int(info.policy_version.version)
+
+    def get_run(self, run_id: str) -> rollout_pb2.Run:
+        from lodestar.v1 import rollout_pb2_grpc
+
+        with grpc.insecure_channel(self.rollout.address) as channel:
+            stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+            return stub.GetRun(rollout_pb2.GetRunRequest(run_id=run_id), timeout=10).run
+
+    def infra_failed_attempts(self, run_id: str) -> list[str]:
+        """The error of every INFRA_FAILED attempt of the run's sessions (from the rollout store)."""
+        with contextlib.closing(sqlite3.connect(self.root / "rollout.sqlite", timeout=10)) as db:
+            rows = db.execute(
+                "SELECT error FROM attempts WHERE session_id LIKE ? AND outcome = 'infra_failed'", (f"{run_id}-%",)
+            ).fetchall()
+        return [str(row[0]) for row in rows]
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {s.name}\n{s.tail(3000)}" for s in (self.inference, self.rollout, self.node))
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, etcd_endpoint: str) -> Iterator[TrainingStack]:
+    started = TrainingStack(tmp_path_factory.mktemp("harness-training"), etcd_endpoint)
+    try:
+        started.start()
+        yield started
+    finally:
+        started.stop()
+
+
+def _config(stack: TrainingStack, kind: str, directory: Path) -> Path:
+    tasks = [{"taskId": f"{kind}-{i}", "prompt": "Write hi into out.txt with the shell tool."} for i in range(2)]
+    spec = {
+        "name": f"train-{kind}",
+        "tasks": tasks,
+        "groupSize": 2,
+        "harness": {"kind": kind, "model": "lodestar-tiny"},
+        "verifier": {"kind": "command", "config": {"command": NOISE_REWARD, "timeout_s": 30}},
+        "earlyStopFraction": 1.0,
+        "maxAttempts": 3,
+        "maxStaleness": 4,
+        "sessionTimeout": "360s",
+        "agentTimeout": "300s",
+    }
+    (directory / "run.yaml").write_text(yaml.safe_dump(spec))
+    config = directory / "train.toml"
+    config.write_text(
+        f"""[train]
+spec = "run.yaml"
+steps = 2
+run_dir = "{directory / "runs"}"
+attach = "{stack.addresses}"
+timeout_s = {TRAIN_TIMEOUT_S - 60}
+
+[trainer]
+seed = 0
+lr = 0.001
+groups_per_step = 1
+builder = "tree"
+"""
+    )
+    return config
+
+
+def _train(config: Path, cwd: Path) -> tuple[int, str]:
+    """Run `lodestar train CONFIG`; at the timeout (or an interrupt) SIGTERM it: it stops the trainer it started."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "lodestar.cli.main", "train", str(config)], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, cwd=cwd, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    timed_out, output = False, ""
+    try:
+        output, _ = process.communicate(timeout=TRAIN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    if timed_out:
+        pytest.fail(f"lodestar train still running after {TRAIN_TIMEOUT_S} s", pytrace=False)
+    return process.returncode, output
+
+
+@pytest.mark.timeout(TRAIN_TIMEOUT_S + 90)
+@pytest.mark.parametrize(("kind", "binary"), HARNESSES)
+def test_two_training_steps_through_the_real_harness(stack: TrainingStack, tmp_path: Path, kind: str, binary: str):
+    if not make_harness(binary).is_installed():
+        pytest.fail(f"{make_harness(binary).binary} is not installed: run `make harnesses`", pytrace=False)
+    config = _config(stack, kind, tmp_path)
+
+    returncode, output = _train(config, tmp_path)
+
+    assert returncode == 0, f"{output}\n{stack.logs()}"
+    [run_dir] = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    run_id = run_dir.name
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2], output
+    versions = [s["policy_version"] for s in steps]
+    assert versions[1] == versions[0] + 1, "each step pushed a new policy version"
+    assert stack.served_version() == versions[-1], "inference serves the last pushed weights"
+    run = stack.get_run(run_id)
+    assert run.spec.harness.kind == kind
+    assert run.sessions_failed == 0, run
+    failed = stack.infra_failed_attempts(run_id)
+    unexplained = [error for error in failed if KNOWN_INFRA_FLAKE not in error]
+    assert not unexplained, f"sessions failed as infrastructure: {unexplained}\n{stack.logs()}"
+    assert run.sessions_succeeded >= 4, "both groups of two scored"
