@@ -75,12 +75,13 @@ def report(run_dir: Path, store: Path, run_id: str) -> str:
     per_call = [
         len(c.completion_token_ids) / max(1e-9, stop - begin) for c, (begin, stop) in zip(calls, spans, strict=True)
     ]
+    by_outcome = ", ".join(f"{outcome or 'running'} {count}" for outcome, count in sorted(outcomes.items()))
     summary = [
         "",
         "| sessions (attempts by outcome) | counted results | calls | calls/session | prompt tokens | sampled tokens | "
         "sampling tok/s (busy span) | per-call tok/s (median) |",
         "|---|---|---|---|---|---|---|---|",
-        f"| {', '.join(f'{k} {v}' for k, v in sorted(outcomes.items()))} | {len(results)} | {len(calls)} | "
+        f"| {by_outcome} | {len(results)} | {len(calls)} | "
         f"{len(calls) / max(1, len(results)):.1f} | {prompt} | {sampled} | {sampled / max(1e-9, busy):.1f} | "
         f"{statistics.median(per_call) if per_call else 0.0:.1f} |",
     ]
