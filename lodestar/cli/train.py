@@ -136,8 +136,12 @@ async def _train(config: TrainConfig, console: Console) -> int:
             error = error or (
                 progress.trainer.error if progress.trainer.state == trainer_pb2.TRAINER_STATE_FAILED else ""
             )
-            with console.status("checkpointing the last step"):
-                checkpoint = await _finish(stub, progress)
+            try:
+                with console.status("checkpointing the last step"):
+                    checkpoint = await _finish(stub, progress)
+            except grpc.aio.AioRpcError as failure:  # the trainer died: report what it had written
+                error = error or f"trainer unreachable at the end: {failure.details()}"
+                checkpoint = progress.trainer.last_checkpoint_path
         cancel = rollout_pb2.CancelRunRequest(run_id=run_id)
         await _call(stack.rollout, lambda s: s.CancelRun(cancel, timeout=30.0))
     finally:

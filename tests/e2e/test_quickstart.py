@@ -26,7 +26,7 @@ from services.trainer.wiring import create_trainer
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart" / "quickstart.toml"
-STEPS = 14
+STEPS = 12
 TIMEOUT_S = 1500
 
 
