@@ -126,6 +126,8 @@ async def _train(config: TrainConfig, console: Console) -> int:
         )
         with console.status("starting the trainer"):
             trainer_cluster, address = await train_stack.start_trainer(config, stack, run_id)
+        with console.status("starting the gateway node"):
+            await train_stack.start_node(config, stack)
         progress = train_view.Progress(run_id=run_id, steps=config.steps, started=started)
         async with current().aio_channel(address) as channel:
             stub = trainer_pb2_grpc.TrainerServiceStub(channel)

@@ -5,8 +5,10 @@ Attaching: `lodestar up` records its addresses and served model in `<data-dir>/a
 stack when the file exists and its rollout answers SERVING; `attach = "never"` always starts its own;
 any other value names an addresses file that must be up. Its own stack is what `lodestar up` starts
 minus the idle trainer: etcd, inference (the tiny model unless `model` is set), rollout and one gateway
-node, under `data_dir`. The trainer itself is always a process of its own (`lodestar trainer serve` with
-the run, the model and the config file's `[trainer]` table), so `lodestar up`'s idle trainer stays idle.
+node, under `data_dir`; the node starts only once the trainer serves (`start_node`), so no sessions pile up
+under the initial policy while the trainer imports torch. The trainer itself is always a process of its own
+(`lodestar trainer serve` with the run, the model and the config file's `[trainer]` table), so
+`lodestar up`'s idle trainer stays idle.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class Stack:
     model: Path
     cluster: LocalCluster | None = None
     """Set when this process started the stack (and stops it)."""
+    node: ServiceSpec | None = None
+    """The gateway node of a stack this process starts, started by `start_node` once the trainer serves."""
     attached: Path | None = None
     """The addresses file of the `lodestar up` stack attached to."""
 
@@ -82,10 +86,10 @@ async def _start_own(config: TrainConfig, console: Console) -> Stack:
             ServiceSpec(
                 "rollout", ports["rollout"], ["--etcd", cluster.etcd_url, "--store", f"{data_dir}/rollout.sqlite"]
             ),
-            ServiceSpec("gateway", ports["gateway"], gateway_args, http_port=ports["http"]),
         ]
-        with console.status("starting inference, rollout and a gateway node"):
+        with console.status("starting inference and rollout"):
             await cluster.start_services(specs, timeout=config.start_timeout_s)
+        stack.node = ServiceSpec("gateway", ports["gateway"], gateway_args, http_port=ports["http"])
     except BaseException:
         await cluster.stop()
         raise
@@ -118,6 +122,15 @@ async def start_trainer(config: TrainConfig, stack: Stack, run_id: str) -> tuple
         await cluster.stop()
         raise
     return cluster, f"127.0.0.1:{port}"
+
+
+async def start_node(config: TrainConfig, stack: Stack) -> None:
+    """Start the gateway node of an own stack (after the trainer is up, so the first groups are fresh)."""
+    if stack.cluster is None or stack.node is None:
+        return
+    started = stack.cluster.specs
+    await stack.cluster.start_services([stack.node], timeout=config.start_timeout_s)
+    stack.cluster.specs = [*started, stack.node]  # start_services keeps only the last list: stop all
 
 
 async def close(*clusters: LocalCluster | None) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -53,15 +54,28 @@ def _call_versions(store: Path, run_id: str) -> set[int]:
     return found
 
 
+def _train(config: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`lodestar train CONFIG`; on the timeout SIGTERM it (it stops the stack it started) before failing."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "lodestar.cli.main", "train", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=120)
+        pytest.fail(f"lodestar train did not finish within {TIMEOUT_S} s:\n{stdout[-4000:]}")
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 180)
 def test_the_quickstart_learns(tmp_path: Path) -> None:
     config = _config(tmp_path)
-    done = subprocess.run(
-        [sys.executable, "-m", "lodestar.cli.main", "train", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        cwd=tmp_path,
-    )
+    done = _train(config, tmp_path)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
     assert "reward rise" in done.stdout, done.stdout[-3000:]
