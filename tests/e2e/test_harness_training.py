@@ -94,6 +94,15 @@ class TrainingStack:
         for service in (self.node, self.rollout, self.inference):
             service.stop()
 
+    def fresh_inference(self) -> None:
+        """Restart inference (same port) when it serves trained weights: a new trainer starts from the base
+        model at version 0, and inference refuses a policy version older than the one it serves."""
+        if self.served_version() == 0:
+            return
+        self.inference.stop()
+        self.inference.start()
+        self.inference.wait_serving(timeout=120)
+
     def served_version(self) -> int:
         with grpc.insecure_channel(self.inference.address) as channel:
             info = inference_pb2_grpc.InferenceServiceStub(channel).GetModelInfo(
@@ -192,6 +201,7 @@ def _train(config: Path, cwd: Path) -> tuple[int, str]:
 def test_two_training_steps_through_the_real_harness(stack: TrainingStack, tmp_path: Path, kind: str, binary: str):
     if not make_harness(binary).is_installed():
         pytest.fail(f"{make_harness(binary).binary} is not installed: run `make harnesses`", pytrace=False)
+    stack.fresh_inference()
     config = _config(stack, kind, tmp_path)
 
     returncode, output = _train(config, tmp_path)
