@@ -103,7 +103,7 @@ class Generation:
         fmt: ToolCallFormat,
         *,
         max_new_tokens: int,
-        flush_s: float = 0.005,
+        flush_s: float = 0.02,
     ) -> None:
         self._engine = engine
         self._template = template
