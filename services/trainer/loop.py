@@ -88,6 +88,8 @@ class LoopConfig:
     behaviour_correction: Correction = "ppo_clip"
     micro_batch_tokens: int = 8192
     groups_per_step: int = 1
+    max_staleness: int = -1
+    """Groups older than this many versions behind the trainer's are dropped when taken (-1: no check)."""
     steps: int = 0
     """Steps to run from the start (or resumed) step; 0: until stopped or the run ends."""
     max_grad_norm: float = 1.0
@@ -134,7 +136,7 @@ class Trainer:
     _step_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _saved_step: int = field(default=-1, init=False)
     _counters: dict[str, float] = field(
-        default_factory=lambda: {"groups_no_signal": 0.0, "sessions_dropped": 0.0}, init=False
+        default_factory=lambda: {"groups_no_signal": 0.0, "groups_stale": 0.0, "sessions_dropped": 0.0}, init=False
     )
 
     # -- the loop --------------------------------------------------------------------------------------
@@ -240,6 +242,11 @@ class Trainer:
                     _log.info("the run has no more groups", run_id=self.config.run_id)
                 return _Plan(stop=True, save=self._save_on_stop)
             plan.read += 1
+            behind = self.state.policy_version - group.min_policy_version
+            if 0 <= self.config.max_staleness < behind:
+                self._counters["groups_stale"] += 1
+                _log.info("stale group dropped", group_id=group.group_id, versions_behind=behind)
+                continue
             try:
                 samples = group_samples(
                     group,

@@ -53,6 +53,10 @@ class TrainerSettings(ServiceSettings):
     """Token budget of one packed forward/backward pass."""
     groups_per_step: int = 1
     """Groups (of sessions that all got some reward signal) per optimizer step."""
+    max_staleness: int = -1
+    """Drop a group whose oldest call is more than this many policy versions behind the trainer's version when
+    the group is taken (-1: rely on rollout's bound alone; a group already sent down the stream may then arrive
+    staler than the run's max_staleness, because the stream reads ahead while a step runs)."""
     steps: int = 0
     """Optimizer steps to run, counting from the resumed step; 0 runs until stopped or the run has no more groups."""
     lr: float = 1e-6

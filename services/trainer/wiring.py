@@ -50,6 +50,7 @@ def loop_config(settings: TrainerSettings) -> LoopConfig:
         behaviour_correction=settings.behaviour_correction,
         micro_batch_tokens=settings.micro_batch_tokens,
         groups_per_step=settings.groups_per_step,
+        max_staleness=settings.max_staleness,
         steps=settings.steps,
         max_grad_norm=settings.max_grad_norm,
         checkpoint_every=settings.checkpoint_every,

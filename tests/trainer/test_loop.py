@@ -108,3 +108,29 @@ def test_kl_to_the_starting_model_and_truncated_importance_sampling(trainer_mode
     assert lines[1]["ratio_mean"] == 1.0
     assert lines[1]["clip_fraction"] == 0.0
     assert lines[1]["tis_clip_fraction"] > 0.0
+
+
+def test_groups_staler_than_the_trainers_bound_are_dropped_when_taken(trainer_model_dir: Path, tmp_path: Path) -> None:
+    """The stream reads ahead while a step runs, so a group may arrive older than rollout's bound: the trainer
+    drops it against its own version (max_staleness=0: only groups sampled by the current policy train)."""
+    fresh, old, fresh_again = make_group(0), make_group(1), make_group(2)
+    old.min_policy_version = 0  # sampled by version 0, taken after step 1 (version 1): one behind
+    fresh_again.min_policy_version = 1
+    trainer, _ = trainer_for(trainer_model_dir, tmp_path, [fresh, old, fresh_again], steps=2, max_staleness=0)
+
+    trainer.run()
+
+    status = trainer.board.snapshot()
+    assert status.phase is Phase.STOPPED, status.error
+    assert (status.step, trainer.state.groups_read) == (2, 3)
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["groups_stale"] for line in lines] == [0.0, 1.0]
+
+
+def test_without_a_trainer_bound_stale_groups_train(trainer_model_dir: Path, tmp_path: Path) -> None:
+    old = make_group(1)
+    trainer, _ = trainer_for(trainer_model_dir, tmp_path, [make_group(0), old], steps=2)
+
+    trainer.run()
+
+    assert (trainer.board.snapshot().step, trainer.state.groups_read) == (2, 2)
