@@ -10,7 +10,7 @@ BUF := node_modules/.bin/buf
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 
-.PHONY: run up test setup system-deps venv node-tools vllm-venv harnesses node-client proto proto-check lint typecheck pytest bench clean docker-deps images compose-test
+.PHONY: run up test test-training setup system-deps venv node-tools vllm-venv harnesses node-client proto proto-check lint typecheck pytest bench clean docker-deps images compose-test
 
 ## run: set up, then train the bundled quickstart (examples/quickstart: local etcd + the four services, the tiny
 ## model, a live view) and exit with its summary (reward rise, plot, checkpoint). See docs/quickstart.md.
@@ -87,7 +87,13 @@ typecheck: venv
 	$(VENV)/bin/mypy
 
 pytest: venv
-	$(VENV)/bin/pytest -q -ra
+	$(VENV)/bin/pytest -q -ra -m "not training_e2e"
+
+## test-training: the whole-training e2e runs (the quickstart must learn; a 2-step run per harness family).
+## Not in `make test` yet: the quickstart's reward does not rise reliably (issue 9) and the five harness
+## runs take longer than CI's budget for them.
+test-training: setup harnesses
+	$(VENV)/bin/pytest -q -ra -m training_e2e
 
 ## docker-deps: Docker, debootstrap and compose from apt, and a running dockerd (for `images`/`compose-test` only).
 docker-deps:

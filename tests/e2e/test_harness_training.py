@@ -36,7 +36,7 @@ from services.gateway.node.harnesses import make_harness
 from services.inference.tiny_model import TinyModelSpec, build
 from tests.e2e.node_stack import Service
 
-pytestmark = [pytest.mark.slow, pytest.mark.harness]
+pytestmark = [pytest.mark.slow, pytest.mark.harness, pytest.mark.training_e2e]
 HARNESSES = [
     ("pi", "pi"),
     ("codex", "codex"),
