@@ -107,6 +107,7 @@ class Launcher:
         timed_out = False
         setup_error: OSError | None = None
         mount_ns: str | None = None
+        mount_ns_fd: int | None = None
         try:
             if channel is not None:
                 try:
@@ -114,7 +115,7 @@ class Launcher:
                 except OSError as exc:
                     setup_error = exc
                 if binds and setup_error is None:
-                    mount_ns = _mount_namespace(proc.pid)
+                    mount_ns, mount_ns_fd = _hold_mount_namespace(proc.pid)
                 if isolated and setup_error is None:
                     relay = GatewayRelay(listeners, host, port)
                     await relay.start()
@@ -124,7 +125,11 @@ class Launcher:
             await _kill_group(proc)
             if mount_ns is not None:
                 # Processes that left the group (setsid, daemonized tools) still share the run's mount namespace.
+                # The held descriptor keeps the namespace alive until the sweep is done, so its inode number
+                # cannot be reused by another session's new namespace (whose processes the sweep would kill).
                 _kill_namespace(mount_ns)
+            if mount_ns_fd is not None:
+                os.close(mount_ns_fd)
             if channel is not None:
                 channel.close()
             if relay is not None:
@@ -232,6 +237,19 @@ def _mount_namespace(pid: int) -> str | None:
         return os.readlink(f"/proc/{pid}/ns/mnt")
     except OSError:
         return None
+
+
+def _hold_mount_namespace(pid: int) -> tuple[str | None, int | None]:
+    """(the mount namespace of `pid`, a descriptor that keeps it alive), or (None, None) when unreadable."""
+    try:
+        fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None, None
+    name = _mount_namespace(pid)
+    if name is None or os.readlink(f"/proc/self/fd/{fd}") != name:  # pid gone or reused in between
+        os.close(fd)
+        return None, None
+    return name, fd
 
 
 def _kill_namespace(mount_ns: str) -> int:
