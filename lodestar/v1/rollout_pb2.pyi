@@ -132,10 +132,14 @@ class Task(_message.Message):
     PROMPT_FIELD_NUMBER: _builtins.int
     FILES_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
+    IMAGE_FIELD_NUMBER: _builtins.int
+    REPOSITORY_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Unique within the run."""
     prompt: _builtins.str
     """The instruction given to the harness."""
+    image: _builtins.str
+    """Container image of this task's sessions (runtime "docker"); empty: the run's `runtime.image`."""
     @_builtins.property
     def files(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Files written into the session's workspace before the harness starts (path -> content)."""
@@ -144,6 +148,10 @@ class Task(_message.Message):
     def metadata(self) -> _struct_pb2.Struct:
         """Anything the verifier needs (expected answers, test commands...)."""
 
+    @_builtins.property
+    def repository(self) -> Global___RepositoryTask:
+        """A repository task (SWE-style): the repository the session works in and the tests that score it."""
+
     def __init__(
         self,
         *,
@@ -151,14 +159,126 @@ class Task(_message.Message):
         prompt: _builtins.str = ...,
         files: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         metadata: _struct_pb2.Struct | None = ...,
+        image: _builtins.str = ...,
+        repository: Global___RepositoryTask | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata", "repository", b"repository"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["files", b"files", "metadata", b"metadata", "prompt", b"prompt", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["files", b"files", "image", b"image", "metadata", b"metadata", "prompt", b"prompt", "repository", b"repository", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Task: _TypeAlias = Task  # noqa: Y015
+
+@_typing.final
+class RepositoryTask(_message.Message):
+    """A repository at a commit, a problem statement (the task's `prompt`) and tests in the SWE-bench sense."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_FIELD_NUMBER: _builtins.int
+    BASE_COMMIT_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    FAIL_TO_PASS_FIELD_NUMBER: _builtins.int
+    PASS_TO_PASS_FIELD_NUMBER: _builtins.int
+    TEST_COMMAND_FIELD_NUMBER: _builtins.int
+    TEST_PATCH_FIELD_NUMBER: _builtins.int
+    INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    source: _builtins.str
+    """Where the repository comes from, as the node sees it: a local git directory or a git bundle file.
+    Empty: the repository is already in the task image at `path`.
+    """
+    base_commit: _builtins.str
+    """The commit the session starts from (checked out, detached, with no later history)."""
+    path: _builtins.str
+    """Where the repository is inside the session (relative to the workspace, or absolute in the image).
+    Default: the workspace itself.
+    """
+    test_patch: _builtins.str
+    """A unified diff applied after the agent ran, before the tests (the hidden tests)."""
+    instance_id: _builtins.str
+    """SWE-bench's instance id, when the task came from SWE-bench-format data."""
+    @_builtins.property
+    def fail_to_pass(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Tests that must go from failing to passing (test ids as the test command reports them)."""
+
+    @_builtins.property
+    def pass_to_pass(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Tests that must keep passing."""
+
+    @_builtins.property
+    def test_command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The command that runs the tests (argv); `{tests}` is replaced by the test ids, one argument each."""
+
+    def __init__(
+        self,
+        *,
+        source: _builtins.str = ...,
+        base_commit: _builtins.str = ...,
+        path: _builtins.str = ...,
+        fail_to_pass: _abc.Iterable[_builtins.str] | None = ...,
+        pass_to_pass: _abc.Iterable[_builtins.str] | None = ...,
+        test_command: _abc.Iterable[_builtins.str] | None = ...,
+        test_patch: _builtins.str = ...,
+        instance_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_commit", b"base_commit", "fail_to_pass", b"fail_to_pass", "instance_id", b"instance_id", "pass_to_pass", b"pass_to_pass", "path", b"path", "source", b"source", "test_command", b"test_command", "test_patch", b"test_patch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RepositoryTask: _TypeAlias = RepositoryTask  # noqa: Y015
+
+@_typing.final
+class RuntimeSpec(_message.Message):
+    """Where a session's processes run."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    IMAGE_FIELD_NUMBER: _builtins.int
+    CPUS_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    PIDS_LIMIT_FIELD_NUMBER: _builtins.int
+    DISK_BYTES_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """"host" (default: the node's host, a private mount and network namespace) or "docker" (a fresh
+    container per session).
+    """
+    image: _builtins.str
+    """Default container image of the run's sessions (a task's `image` wins)."""
+    cpus: _builtins.float
+    """CPU limit (cores; 0: none)."""
+    memory_bytes: _builtins.int
+    """Memory limit in bytes (0: none)."""
+    pids_limit: _builtins.int
+    """Process-count limit (0: none)."""
+    disk_bytes: _builtins.int
+    """Size limit of the session's writable workspace in bytes (0: none)."""
+    @_builtins.property
+    def options(self) -> _struct_pb2.Struct:
+        """Runtime-specific options (e.g. extra read-only mounts)."""
+
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        image: _builtins.str = ...,
+        cpus: _builtins.float = ...,
+        memory_bytes: _builtins.int = ...,
+        pids_limit: _builtins.int = ...,
+        disk_bytes: _builtins.int = ...,
+        options: _struct_pb2.Struct | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpus", b"cpus", "disk_bytes", b"disk_bytes", "image", b"image", "kind", b"kind", "memory_bytes", b"memory_bytes", "options", b"options", "pids_limit", b"pids_limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RuntimeSpec: _TypeAlias = RuntimeSpec  # noqa: Y015
 
 @_typing.final
 class HarnessSpec(_message.Message):
@@ -266,6 +386,7 @@ class RunSpec(_message.Message):
     AGENT_TIMEOUT_FIELD_NUMBER: _builtins.int
     EARLY_STOP_FRACTION_FIELD_NUMBER: _builtins.int
     MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    RUNTIME_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Human-readable name."""
     group_size: _builtins.int
@@ -292,6 +413,10 @@ class RunSpec(_message.Message):
     def agent_timeout(self) -> _duration_pb2.Duration:
         """Limit on the harness run alone."""
 
+    @_builtins.property
+    def runtime(self) -> Global___RuntimeSpec:
+        """Where sessions run; unset: "host"."""
+
     def __init__(
         self,
         *,
@@ -305,10 +430,11 @@ class RunSpec(_message.Message):
         agent_timeout: _duration_pb2.Duration | None = ...,
         early_stop_fraction: _builtins.float = ...,
         max_attempts: _builtins.int = ...,
+        runtime: Global___RuntimeSpec | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_timeout", b"agent_timeout", "harness", b"harness", "session_timeout", b"session_timeout", "verifier", b"verifier"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_timeout", b"agent_timeout", "harness", b"harness", "runtime", b"runtime", "session_timeout", b"session_timeout", "verifier", b"verifier"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_timeout", b"agent_timeout", "early_stop_fraction", b"early_stop_fraction", "group_size", b"group_size", "harness", b"harness", "max_attempts", b"max_attempts", "max_staleness", b"max_staleness", "name", b"name", "session_timeout", b"session_timeout", "tasks", b"tasks", "verifier", b"verifier"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_timeout", b"agent_timeout", "early_stop_fraction", b"early_stop_fraction", "group_size", b"group_size", "harness", b"harness", "max_attempts", b"max_attempts", "max_staleness", b"max_staleness", "name", b"name", "runtime", b"runtime", "session_timeout", b"session_timeout", "tasks", b"tasks", "verifier", b"verifier"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -551,6 +677,7 @@ class SessionAssignment(_message.Message):
     VERIFIER_FIELD_NUMBER: _builtins.int
     SESSION_TIMEOUT_FIELD_NUMBER: _builtins.int
     AGENT_TIMEOUT_FIELD_NUMBER: _builtins.int
+    RUNTIME_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     run_id: _builtins.str
     group_id: _builtins.str
@@ -567,6 +694,10 @@ class SessionAssignment(_message.Message):
     def session_timeout(self) -> _duration_pb2.Duration: ...
     @_builtins.property
     def agent_timeout(self) -> _duration_pb2.Duration: ...
+    @_builtins.property
+    def runtime(self) -> Global___RuntimeSpec:
+        """The run's runtime (the task's `image` overrides its image)."""
+
     def __init__(
         self,
         *,
@@ -579,10 +710,11 @@ class SessionAssignment(_message.Message):
         verifier: Global___VerifierSpec | None = ...,
         session_timeout: _duration_pb2.Duration | None = ...,
         agent_timeout: _duration_pb2.Duration | None = ...,
+        runtime: Global___RuntimeSpec | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_timeout", b"agent_timeout", "harness", b"harness", "session_timeout", b"session_timeout", "task", b"task", "verifier", b"verifier"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_timeout", b"agent_timeout", "harness", b"harness", "runtime", b"runtime", "session_timeout", b"session_timeout", "task", b"task", "verifier", b"verifier"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_timeout", b"agent_timeout", "attempt", b"attempt", "group_id", b"group_id", "harness", b"harness", "run_id", b"run_id", "session_id", b"session_id", "session_timeout", b"session_timeout", "task", b"task", "verifier", b"verifier"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_timeout", b"agent_timeout", "attempt", b"attempt", "group_id", b"group_id", "harness", b"harness", "run_id", b"run_id", "runtime", b"runtime", "session_id", b"session_id", "session_timeout", b"session_timeout", "task", b"task", "verifier", b"verifier"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -65,6 +65,7 @@ def assignment(session: Session, run: Run) -> rollout_pb2.SessionAssignment:
         verifier=spec.verifier,
         session_timeout=spec.session_timeout,
         agent_timeout=spec.agent_timeout,
+        runtime=spec.runtime,
     )
 
 
