@@ -30,7 +30,7 @@ from services.gateway.membership import Membership, NodeRecord
 from services.gateway.node.harnesses import Launcher
 from services.gateway.node.lifecycle import LifecycleConfig, NodeLifecycle
 from services.gateway.node.rollout_client import GrpcRollout, RetryPolicy, RolloutLink
-from services.gateway.node.runtime import RuntimeFactory
+from services.gateway.node.runtimes import DockerBackend, HostBackend, Runtimes
 from services.gateway.node.stages import SessionStages
 from services.gateway.proxy import InferenceBackend, Proxy
 from services.gateway.servicer import GatewayServicer
@@ -78,7 +78,7 @@ class GatewayNode:
             rollout = self._own_rollout = GrpcRollout(settings.rollout)
         self._rollout = rollout
         self.lifecycle: NodeLifecycle | None = None
-        self.runtimes: RuntimeFactory | None = None
+        self.runtimes: Runtimes | None = None
 
     @property
     def capacity(self) -> int:
@@ -91,9 +91,12 @@ class GatewayNode:
     def _build_lifecycle(self, rollout: RolloutLink) -> NodeLifecycle:
         settings = self.settings
         launcher = Launcher(isolate_network=settings.isolate_network, mount_namespaces=settings.mount_namespaces)
-        self.runtimes = RuntimeFactory(
-            settings.sessions_dir or settings.data_dir / "sessions", launcher, fixed_root=settings.session_root
-        )
+        sessions_dir = settings.sessions_dir or settings.data_dir / "sessions"
+        self.runtimes = Runtimes({
+            "host": HostBackend(sessions_dir, launcher, fixed_root=settings.session_root),
+            "docker": DockerBackend(sessions_dir, node_id=self.node_id, fixed_root=settings.session_root,
+                                    bin_dir=settings.harness_bin_dir),
+        })  # fmt: skip
         stages = SessionStages(
             sessions=self.sessions, store=self.store, proxy=self.proxy, launcher=launcher, runtimes=self.runtimes,
             base_url=self.http_base_url, default_model=settings.default_model, bin_dir=settings.harness_bin_dir,
@@ -147,7 +150,7 @@ class GatewayNode:
             assert self.runtimes is not None
             removed = await self.runtimes.remove_leftovers()
             if removed:
-                _log.warning("removed session workspaces left by an earlier process", count=removed)
+                _log.warning("removed session runtimes left by an earlier process", count=removed)
             self.lifecycle.start()
             _log.info("node lifecycle running", rollout=settings_rollout(self.settings), slots=self.settings.slots,
                       ready_buffer=self.settings.ready_buffer)  # fmt: skip
@@ -167,6 +170,8 @@ class GatewayNode:
         if self.lifecycle is not None:
             await self.lifecycle.stop()
             self.lifecycle = None
+        if self.runtimes is not None:
+            await self.runtimes.close()
         if self._own_rollout is not None:
             await self._own_rollout.close()
             self._own_rollout = None

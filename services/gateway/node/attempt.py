@@ -14,7 +14,7 @@ from google.protobuf import duration_pb2, struct_pb2
 
 from lodestar.v1 import common_pb2, rollout_pb2
 from services.gateway.node.harnesses import HarnessResult
-from services.gateway.node.runtime import SessionRuntime
+from services.gateway.node.runtimes.base import SessionRuntime
 
 TAIL_CHARS = 8000
 STAGE_NAMES: dict[rollout_pb2.SessionStage.ValueType, str] = {

@@ -217,7 +217,7 @@ class NodeLifecycle:
         details = {**(outcome.details or {})}
         if runtime is not None:
             details["runtime"] = {
-                "fixed_paths": runtime.fixed_paths,
+                **runtime.details(),
                 "network_isolated": bool(attempt.harness and attempt.harness.isolated),
             }
         result = attempt.result(

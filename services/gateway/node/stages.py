@@ -23,10 +23,9 @@ from lodestar.v1 import rollout_pb2
 from services.gateway.capture import CaptureStore
 from services.gateway.node.attempt import Attempt, OutcomeCode, final_answer
 from services.gateway.node.harnesses import GatewayEndpoint, HarnessResult, Invocation, Launcher
-from services.gateway.node.harnesses.base import clean_env
 from services.gateway.node.harnesses.pi import PI_APIS
 from services.gateway.node.kinds import harness_for
-from services.gateway.node.runtime import RuntimeFactory, SessionRuntime
+from services.gateway.node.runtimes import Runtimes, SessionRuntime
 from services.gateway.node.verifiers import VerifierError, VerifierInput, make_verifier
 from services.gateway.proxy import Proxy
 from services.gateway.sessions import SessionRegistry
@@ -58,7 +57,7 @@ class SessionStages:
         store: CaptureStore,
         proxy: Proxy,
         launcher: Launcher,
-        runtimes: RuntimeFactory,
+        runtimes: Runtimes,
         base_url: str,
         default_model: str,
         bin_dir: Path | None = None,
@@ -75,7 +74,7 @@ class SessionStages:
     async def init(self, attempt: Attempt) -> None:
         """Fresh runtime with the task's files, and a gateway session labelled with run and task."""
         assignment = attempt.assignment
-        attempt.runtime = await self._runtimes.create(attempt.name, dict(assignment.task.files))
+        attempt.runtime = await self._runtimes.create(attempt.name, assignment)
         entry = await self._sessions.open(
             run_id=assignment.run_id,
             labels={
@@ -107,10 +106,7 @@ class SessionStages:
 
     async def run(self, attempt: Attempt, timeout_s: float) -> None:
         """Run the harness to completion or `timeout_s` (its process group is killed on every exit path)."""
-        runtime = _runtime(attempt)
-        attempt.harness = await self._launcher.run(
-            self.invocation(attempt), self._base_url, timeout_s, binds=runtime.binds
-        )
+        attempt.harness = await _runtime(attempt).run_harness(self.invocation(attempt), self._base_url, timeout_s)
 
     async def collect(self, attempt: Attempt) -> tuple[int, str]:
         """Close the gateway session (later calls with its key are refused) and read its captured calls into
@@ -135,6 +131,8 @@ class SessionStages:
             return infra(f"harness exited {harness.returncode}{limit} without any answered model call{why}")
         if failed:
             return infra(f"the harness's last {failed} model call(s) got no answer (inference failed: {last_error})")
+        if runtime.limit_failure:
+            return infra(runtime.limit_failure)
         try:
             verifier = make_verifier(attempt.assignment.verifier)
             verdict = await verifier.score(
@@ -143,7 +141,7 @@ class SessionStages:
                     final_answer=final_answer(attempt.calls),
                     workspace=runtime.visible.workdir,
                     timed_out=harness.timed_out,
-                    run=SessionProcessRunner(self._launcher, runtime),
+                    run=runtime.run_process,
                     scratch=runtime.real.tmpdir,
                     scratch_visible=runtime.visible.tmpdir,
                 )
@@ -168,16 +166,14 @@ class SessionStages:
 
 
 class SessionProcessRunner:
-    """Runs a verifier process in the session's runtime (workspace cwd, fixed paths, clean env)."""
+    """Runs a verifier process in the session's runtime (workspace cwd, fixed paths, clean env): kept for
+    callers of the earlier API; `SessionRuntime.run_process` is the same."""
 
     def __init__(self, launcher: Launcher, runtime: SessionRuntime) -> None:
-        self._launcher = launcher
         self._runtime = runtime
 
     async def __call__(self, argv: list[str], env: Mapping[str, str], timeout_s: float) -> HarnessResult:
-        visible = self._runtime.visible
-        invocation = Invocation("verifier", argv, clean_env(visible, extra=env), visible.workdir)
-        return await self._launcher.run(invocation, None, timeout_s, binds=self._runtime.binds)
+        return await self._runtime.run_process(argv, env, timeout_s)
 
 
 def _runtime(attempt: Attempt) -> SessionRuntime:

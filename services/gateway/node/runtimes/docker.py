@@ -1,0 +1,476 @@
+"""The `docker` runtime: a fresh container per session attempt, from the task's image (else the run's).
+
+INIT: the session's private root `<sessions_dir>/<name>/{home,tmp,work}` is staged on the node (task files
+in `work`; a tmpfs of `disk_bytes` when the run sets one) and a container is started from the image with
+that root bind-mounted on the fixed root (`/tmp/lodestar-session`), the node's harness install mounted
+read-only at its own paths (`node_install`), `--network none`, the RuntimeSpec's CPU, memory and pids
+limits, labels naming the node, its sessions directory and the session, and `sleep infinity` under
+`--init` as its only process. The session then waits in READY with its container running.
+
+RUN: `docker exec` of the translated harness. The container has no network but loopback: the node binds
+a listener on the gateway's loopback address and port *inside* the container's network namespace
+(`nsenter --net` + `harnesses/netns_child.py`) and relays each connection to the real gateway
+(`GatewayRelay`), so the harness sees its usual base URL and nothing else is reachable. When the harness
+exits or its time is up, the container is killed (every process in it, background tools included) and the
+cgroup counters tell whether a limit was hit.
+
+POST: the verifier's processes `docker exec` in the same container (restarted: same files, no processes).
+Cleanup (every exit path): `docker rm -f`, then the private root. A node killed with SIGKILL loses its
+containers at once (a reaper child with PR_SET_PDEATHSIG removes every container labelled with the node's
+sessions directory), and a node that starts removes any such container left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import socket
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+
+from lodestar.errors import FailedPreconditionError, InvalidArgumentError
+from lodestar.logging import get_logger
+from lodestar.v1 import rollout_pb2
+from services.gateway.node.harnesses import HarnessResult, Invocation, RunDirs
+from services.gateway.node.harnesses.base import DEFAULT_BIN_DIR, REPO_ROOT, SYSTEM_PATH, clean_env
+from services.gateway.node.harnesses.netns import CHILD_SCRIPT, GatewayRelay, gateway_address, receive_setup
+from services.gateway.node.runtimes.base import DEFAULT_FIXED_ROOT, remove_dir, stage_dirs, translate_paths
+from services.gateway.node.runtimes.docker_cli import DockerCli
+
+_log = get_logger("gateway.node.runtimes.docker")
+LABEL = "lodestar"
+NODE_BIN = Path("/opt/lodestar/node/bin")
+"""Where the node's Node.js binary is mounted in every container (first on PATH after the harness dirs)."""
+KILL_GRACE_S = 5.0
+POLL_S = 0.02
+MAX_OUTPUT_BYTES = 8 * 1024 * 1024
+ON_LIMIT = ("score", "infra")
+
+
+def node_install(bin_dir: Path | None = None, extra: Sequence[str] = ()) -> list[Path]:
+    """Host paths mounted read-only, at the same path, into every session container: the harness install
+    (the package tree of `bin_dir`), the node's Python environment (for `{python}` and the python
+    verifier), lodestar's own code and example agent, and `extra` (RuntimeSpec.options.mounts)."""
+    bins = (bin_dir or DEFAULT_BIN_DIR).resolve()
+    harnesses = bins.parent.parent if bins.parent.name == "node_modules" else bins
+    code = [REPO_ROOT / "lodestar", REPO_ROOT / "services", REPO_ROOT / "examples" / "agent"]
+    paths = [harnesses, Path(sys.prefix), *code]
+    base = Path(sys.base_prefix).resolve()
+    if not str(base).startswith(("/usr", "/bin", "/lib")):
+        paths.append(base)  # a self-built interpreter (pyenv, /opt): the venv's python links into it
+    paths += [Path(item) for item in extra]
+    existing = [path.resolve() for path in paths if path.exists()]
+    return [path for path in dict.fromkeys(existing) if not any(path.is_relative_to(o) and path != o for o in existing)]
+
+
+def limits_argv(spec: rollout_pb2.RuntimeSpec) -> list[str]:
+    """docker run flags of the RuntimeSpec's CPU, memory (no swap beyond it) and pids limits."""
+    argv: list[str] = []
+    if spec.cpus > 0:
+        argv += ["--cpus", f"{spec.cpus:g}"]
+    if spec.memory_bytes:
+        argv += ["--memory", str(spec.memory_bytes), "--memory-swap", str(spec.memory_bytes)]
+    if spec.pids_limit:
+        argv += ["--pids-limit", str(spec.pids_limit)]
+    return argv
+
+
+def options_of(spec: rollout_pb2.RuntimeSpec) -> tuple[list[str], str]:
+    """(extra read-only mounts, on_limit) from RuntimeSpec.options; InvalidArgumentError when malformed."""
+    options = json_format.MessageToDict(spec.options)
+    unknown = set(options) - {"mounts", "on_limit"}
+    if unknown:
+        raise InvalidArgumentError(f"docker runtime: unknown options {sorted(unknown)} (known: mounts, on_limit)")
+    mounts = options.get("mounts", [])
+    if not isinstance(mounts, list) or not all(isinstance(item, str) and item.startswith("/") for item in mounts):
+        raise InvalidArgumentError("docker runtime: options.mounts must be a list of absolute host paths")
+    on_limit = options.get("on_limit", "score")
+    if on_limit not in ON_LIMIT:
+        raise InvalidArgumentError(f"docker runtime: options.on_limit must be one of {', '.join(ON_LIMIT)}")
+    return mounts, str(on_limit)
+
+
+def container_path(path: str, mounted: Sequence[Path], image_path: str) -> str:
+    """A harness PATH for the container: its entries under mounted install paths, the mounted Node.js, then
+    the image's own PATH (which replaces the host's system directories)."""
+    kept = [entry for entry in path.split(":") if entry and any(Path(entry).is_relative_to(m) for m in mounted)]
+    return ":".join(dict.fromkeys([*kept, str(NODE_BIN), *(image_path or SYSTEM_PATH).split(":")]))
+
+
+def run_argv(
+    container: str,
+    spec: rollout_pb2.RuntimeSpec,
+    *,
+    root: Path,
+    fixed_root: Path,
+    mounted: Sequence[Path],
+    node: Path | None,
+    labels: Mapping[str, str],
+) -> list[str]:
+    """`docker run` arguments of a session container: detached, `--init` (reaps orphans, forwards
+    signals), never pulls, no network, no new privileges, root inside, the limits, `lodestar.*` labels,
+    the session root on the fixed root, the node install read-only, `sleep infinity` as its process."""
+    argv = ["run", "--detach", "--init", "--pull", "never", "--name", container, "--hostname", "lodestar-session"]
+    argv += ["--network", "none", "--security-opt", "no-new-privileges", "--user", "0:0", *limits_argv(spec)]
+    for key, value in labels.items():
+        argv += ["--label", f"{LABEL}.{key}={value}"]
+    argv += ["--mount", f"type=bind,source={root},target={fixed_root}"]
+    for path in mounted:
+        argv += ["--mount", f"type=bind,source={path},target={path},readonly"]
+    if node is not None:
+        argv += ["--mount", f"type=bind,source={node},target={NODE_BIN / 'node'},readonly"]
+    return [*argv, "--workdir", str(fixed_root / "work"), "--entrypoint", "sleep", spec.image, "infinity"]
+
+
+def _node_binary() -> Path | None:
+    node = shutil.which("node")
+    return Path(os.path.realpath(node)) if node else None
+
+
+def cgroup_counters(pid: int) -> dict[str, int]:
+    """{"oom_kill": n, "pids_max": n} of process `pid`'s cgroups (v1 or v2; 0 where unreadable): how often
+    the kernel OOM-killed in it and refused a fork at the pids limit."""
+    counters = {"oom_kill": 0, "pids_max": 0}
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return counters
+    root = Path("/sys/fs/cgroup")
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        relative = path.lstrip("/")
+        files = {
+            "memory": [(root / "memory" / relative / "memory.oom_control", "oom_kill", "oom_kill")],
+            "pids": [(root / "pids" / relative / "pids.events", "max", "pids_max")],
+            "": [
+                (root / relative / "memory.events", "oom_kill", "oom_kill"),
+                (root / relative / "pids.events", "max", "pids_max"),
+            ],
+        }.get(controllers, [])
+        for file, key, name in files:
+            counters[name] = max(counters[name], _counter(file, key))
+    return counters
+
+
+def _counter(file: Path, key: str) -> int:
+    try:
+        for line in file.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == key:
+                return int(parts[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+@dataclass
+class DockerRuntime:
+    """One session attempt's container (see the module docstring)."""
+
+    root: Path
+    real: RunDirs
+    visible: RunDirs
+    container: str
+    image: str
+    spec: rollout_pb2.RuntimeSpec
+    mounted: list[Path]
+    image_path: str
+    on_limit: str
+    cli: DockerCli
+    pid: int
+    """Host pid of the container's init while it runs (0 when stopped)."""
+    kind: str = "docker"
+    fixed_paths: bool = True
+    limit_failure: str | None = None
+    limits_hit: list[str] = field(default_factory=list)
+    _removed: bool = False
+
+    def translate(self, invocation: Invocation) -> Invocation:
+        translated = translate_paths(invocation, self.root, self.visible.home.parent)
+        env = {**translated.env, "PATH": container_path(translated.env.get("PATH", ""), self.mounted, self.image_path)}
+        argv = list(translated.argv)
+        node = shutil.which("node")
+        if argv and node and argv[0] in (node, os.path.realpath(node)):
+            argv[0] = str(NODE_BIN / "node")
+        return Invocation(translated.harness, argv, env, translated.cwd, translated.config_files)
+
+    async def run_harness(self, invocation: Invocation, gateway_url: str, timeout_s: float) -> HarnessResult:
+        await self._ensure_running()
+        relay = await self._relay(gateway_url)
+        try:
+            result = await self._exec(invocation, timeout_s, stop_after=True)
+        finally:
+            await relay.close()
+        _log.info("harness run finished", harness=invocation.harness, container=self.container,
+                  returncode=result.returncode, timed_out=result.timed_out, duration_s=round(result.duration_s, 3),
+                  relayed_connections=relay.connections, limits_hit=self.limits_hit or None)  # fmt: skip
+        return result
+
+    async def run_process(self, argv: list[str], env: Mapping[str, str], timeout_s: float) -> HarnessResult:
+        prepared = Invocation("verifier", argv, clean_env(self.visible, extra=env), self.visible.workdir)
+        await self._ensure_running()
+        return await self._exec(self.translate(prepared), timeout_s, stop_after=False)
+
+    def details(self) -> dict[str, Any]:
+        limits = {"cpus": self.spec.cpus, "memory_bytes": self.spec.memory_bytes,
+                  "pids_limit": self.spec.pids_limit, "disk_bytes": self.spec.disk_bytes}  # fmt: skip
+        return {"kind": self.kind, "fixed_paths": True, "image": self.image, "container": self.container,
+                "limits": limits, "limits_hit": list(self.limits_hit)}  # fmt: skip
+
+    async def cleanup(self) -> None:
+        if not self._removed:
+            try:
+                await self.cli.remove([self.container])
+                self._removed = True
+            except FailedPreconditionError as error:  # the reaper / the next start removes it
+                _log.error("could not remove a session container", container=self.container, error=error.message)
+        await asyncio.to_thread(remove_dir, self.root)
+
+    # Internals -----------------------------------------------------------------------------------------
+
+    async def _ensure_running(self) -> None:
+        if self.pid:
+            return
+        await self.cli("start", self.container)
+        self.pid = await _running_pid(self.cli, self.container)
+
+    async def _relay(self, gateway_url: str) -> GatewayRelay:
+        """A listener on the gateway's address and port inside the container's network namespace, relayed
+        to the gateway from the node's."""
+        host, port, addresses = gateway_address(gateway_url)
+        channel, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        argv = ["nsenter", f"--net=/proc/{self.pid}/ns/net", "--", sys.executable, "-I", str(CHILD_SCRIPT),
+                str(child_end.fileno()), "--listen", ",".join(addresses), str(port), "--", "true"]  # fmt: skip
+        try:
+            with child_end:
+                helper = await asyncio.create_subprocess_exec(
+                    *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.PIPE, pass_fds=(child_end.fileno(),),
+                )  # fmt: skip
+            try:
+                listeners = await receive_setup(channel, timeout_s=15)
+            except OSError as error:
+                _, err = await asyncio.wait_for(helper.communicate(), timeout=5)
+                detail = err.decode(errors="replace").strip()[-300:]
+                message = f"gateway relay into {self.container}: {error} {detail}".strip()
+                raise FailedPreconditionError(message) from error
+            await asyncio.wait_for(helper.wait(), timeout=5)
+        except OSError as error:
+            raise FailedPreconditionError(f"gateway relay into {self.container}: {error}") from error
+        finally:
+            channel.close()
+        relay = GatewayRelay(listeners, host, port)
+        await relay.start()
+        return relay
+
+    async def _exec(self, invocation: Invocation, timeout_s: float, *, stop_after: bool) -> HarnessResult:
+        """`docker exec` the invocation (its env passed by name, so values never show in a process list);
+        at the deadline, on cancellation, and with `stop_after` always, the container is killed."""
+        started = time.monotonic()
+        names = [arg for key in invocation.env for arg in ("--env", key)]
+        argv = self.cli.argv("exec", "--workdir", str(invocation.cwd), *names, self.container, *invocation.argv)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=self.cli.client_env(invocation.env), start_new_session=True,
+            )  # fmt: skip
+        except OSError as error:
+            raise FailedPreconditionError(f"{invocation.harness}: cannot run docker exec: {error.strerror}") from error
+        readers = [asyncio.create_task(_read(proc.stdout)), asyncio.create_task(_read(proc.stderr))]
+        timed_out = False
+        try:
+            timed_out = not await _exited(proc, started + timeout_s)
+        finally:
+            if timed_out or stop_after or proc.returncode is None:
+                await self._stop()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), timeout=KILL_GRACE_S)
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+            done, pending = await asyncio.wait(readers, timeout=KILL_GRACE_S)
+            for task in pending:
+                task.cancel()
+        out, err = (task.result() if task in done and not task.cancelled() else b"" for task in readers)
+        returncode = -9 if timed_out else (proc.returncode if proc.returncode is not None else -9)
+        if returncode in (126, 127) and b"OCI runtime exec failed" in err:
+            raise FailedPreconditionError(f"{invocation.harness}: cannot start in the container: {err.decode()[-400:]}")
+        return HarnessResult(
+            harness=invocation.harness, returncode=returncode, stdout=out.decode("utf-8", errors="replace"),
+            stderr=err.decode("utf-8", errors="replace"), timed_out=timed_out,
+            duration_s=time.monotonic() - started, isolated=True, mounted=True,
+        )  # fmt: skip
+
+    async def _stop(self) -> None:
+        """Kill every process of the container (it stays, stopped, with its files); note the limits hit."""
+        if not self.pid:
+            return
+        counters = cgroup_counters(self.pid)
+        hits = [name for name, key in (("memory", "oom_kill"), ("pids", "pids_max")) if counters[key]]
+        if self.spec.disk_bytes and _full(self.root):
+            hits.append("disk")
+        self.limits_hit = sorted({*self.limits_hit, *hits})
+        if self.limits_hit and self.on_limit == "infra":
+            self.limit_failure = f"the session hit its {', '.join(self.limits_hit)} limit(s) (on_limit: infra)"
+        self.pid = 0
+        await self.cli("kill", self.container, timeout_s=30, check=False)
+
+
+class DockerBackend:
+    """Creates docker runtimes; one per node (see the module docstring)."""
+
+    kind = "docker"
+
+    def __init__(
+        self,
+        sessions_dir: Path,
+        *,
+        node_id: str,
+        fixed_root: Path = DEFAULT_FIXED_ROOT,
+        bin_dir: Path | None = None,
+        cli: DockerCli | None = None,
+        reaper: bool = True,
+    ) -> None:
+        self.sessions_dir = sessions_dir
+        self._owner = os.path.realpath(sessions_dir)
+        self.node_id = node_id
+        self.fixed_root = fixed_root
+        self.bin_dir = bin_dir
+        self.cli = cli or DockerCli()
+        self._reaper_enabled = reaper
+        self._reaper: asyncio.subprocess.Process | None = None
+
+    @property
+    def owner_label(self) -> str:
+        """The label every container of this node's sessions directory carries (`key=value`)."""
+        return f"{LABEL}.sessions-dir={self._owner}"
+
+    async def create(
+        self,
+        name: str,
+        files: Mapping[str, str],
+        spec: rollout_pb2.RuntimeSpec | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> DockerRuntime:
+        spec = spec or rollout_pb2.RuntimeSpec(kind="docker")
+        if not spec.image:
+            raise InvalidArgumentError("docker runtime: no image (set the run's runtime.image or the task's image)")
+        extra, on_limit = options_of(spec)
+        root = self.sessions_dir / name
+        await self._start_reaper()
+        real = await asyncio.to_thread(stage_dirs, root, files, tmpfs_bytes=spec.disk_bytes)
+        mounted = node_install(self.bin_dir, extra)
+        container = f"{LABEL}-{name}-{secrets.token_hex(3)}"
+        argv = run_argv(
+            container, spec, root=root, fixed_root=self.fixed_root, mounted=mounted, node=_node_binary(),
+            labels={"sessions-dir": self._owner, "node": self.node_id, **(labels or {})},
+        )  # fmt: skip
+        started = time.monotonic()
+        try:
+            await self.cli(*argv, timeout_s=120)
+            pid = await _running_pid(self.cli, container)
+            image_path = await self._image_path(container)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.cli.remove([container])
+            await asyncio.to_thread(remove_dir, root)
+            raise
+        _log.info("session container started", container=container, image=spec.image,
+                  seconds=round(time.monotonic() - started, 3))  # fmt: skip
+        visible = RunDirs(self.fixed_root / "home", self.fixed_root / "tmp", self.fixed_root / "work")
+        return DockerRuntime(
+            root, real, visible, container, spec.image, spec, mounted, image_path, on_limit, self.cli, pid
+        )
+
+    async def remove_leftovers(self) -> int:
+        """Remove the containers an earlier process on this sessions directory left behind."""
+        if shutil.which(self.cli.binary) is None:
+            return 0
+        try:
+            leftovers = await self.cli.labelled(self.owner_label)
+            await self.cli.remove(leftovers)
+        except FailedPreconditionError as error:
+            _log.warning("could not look for leftover session containers", error=error.message)
+            return 0
+        if leftovers:
+            _log.warning("removed session containers left by an earlier process", count=len(leftovers))
+        return len(leftovers)
+
+    async def close(self) -> None:
+        """Stop the reaper (its signal handler removes any container still labelled for this node)."""
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None and reaper.returncode is None:
+            reaper.terminate()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(reaper.wait(), timeout=30)
+
+    async def _image_path(self, container: str) -> str:
+        out = await self.cli("inspect", "--format", "{{json .Config.Env}}", container)
+        env = json.loads(out or "[]") or []
+        return next((item[5:] for item in env if item.startswith("PATH=")), "")
+
+    async def _start_reaper(self) -> None:
+        """One child process that removes every container of this node when the node dies (SIGKILL
+        included: PR_SET_PDEATHSIG via setpriv delivers it a SIGTERM)."""
+        if not self._reaper_enabled or (self._reaper is not None and self._reaper.returncode is None):
+            return
+        if shutil.which("setpriv") is None:
+            _log.warning("no setpriv: containers of a killed node are removed only when a node starts again")
+            self._reaper_enabled = False
+            return
+        script = (
+            'reap() { "$0" ps -aq --filter "label=$1" | xargs -r "$0" rm -f -v >/dev/null 2>&1; kill $! 2>/dev/null; '
+            "exit 0; }; trap reap TERM INT HUP; while :; do sleep 3600 & wait $!; done"
+        )
+        self._reaper = await asyncio.create_subprocess_exec(
+            "setpriv", "--pdeathsig", "TERM", "--", "sh", "-c", script, self.cli.binary, self.owner_label,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            env=self.cli.client_env(), start_new_session=True,
+        )  # fmt: skip
+
+
+async def _running_pid(cli: DockerCli, container: str) -> int:
+    """The host pid of a running container's init; FailedPreconditionError (with its log) when it is not
+    running (e.g. the image has no `sleep`)."""
+    out = (await cli("inspect", "--format", "{{.State.Running}} {{.State.Pid}}", container)).split()
+    if len(out) == 2 and out[0] == "true" and out[1].isdigit() and int(out[1]) > 0:
+        return int(out[1])
+    logs = await cli("logs", "--tail", "20", container, check=False)
+    raise FailedPreconditionError(f"container {container} is not running: {logs.strip()[-400:]}")
+
+
+async def _exited(proc: asyncio.subprocess.Process, deadline: float) -> bool:
+    while proc.returncode is None:
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(POLL_S)
+    return True
+
+
+async def _read(stream: asyncio.StreamReader | None) -> bytes:
+    if stream is None:
+        return b""
+    kept = bytearray()
+    while chunk := await stream.read(64 * 1024):
+        room = MAX_OUTPUT_BYTES - len(kept)
+        if room > 0:
+            kept += chunk[:room]
+    return bytes(kept)
+
+
+def _full(root: Path) -> bool:
+    try:
+        stat = os.statvfs(root)
+    except OSError:
+        return False
+    return stat.f_bavail * stat.f_frsize < 64 * 1024
