@@ -24,7 +24,7 @@ from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import rollout_pb2
 
 HARNESS_KINDS = ("claude_code", "codex", "qwen_code", "pi", "gemini_cli", "command")
-VERIFIER_KINDS = ("command", "exact_match", "python")
+VERIFIER_KINDS = ("command", "exact_match", "python", "swe")
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_SESSION_TIMEOUT_S = 1800
 DEFAULT_AGENT_TIMEOUT_S = 1200

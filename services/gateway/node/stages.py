@@ -25,6 +25,7 @@ from services.gateway.node.attempt import Attempt, OutcomeCode, final_answer
 from services.gateway.node.harnesses import GatewayEndpoint, HarnessResult, Invocation, Launcher
 from services.gateway.node.harnesses.pi import PI_APIS
 from services.gateway.node.kinds import harness_for
+from services.gateway.node.repository import prepare_repository
 from services.gateway.node.runtimes import Runtimes, SessionRuntime
 from services.gateway.node.verifiers import VerifierError, VerifierInput, make_verifier
 from services.gateway.proxy import Proxy
@@ -72,9 +73,11 @@ class SessionStages:
         self._bin_dir = bin_dir
 
     async def init(self, attempt: Attempt) -> None:
-        """Fresh runtime with the task's files, and a gateway session labelled with run and task."""
+        """Fresh runtime with the task's files (and repository), and a gateway session labelled with run and task."""
         assignment = attempt.assignment
         attempt.runtime = await self._runtimes.create(attempt.name, assignment)
+        if assignment.task.HasField("repository"):  # a repository task: its repo at base_commit (docs/swe.md)
+            await prepare_repository(assignment.task.repository, attempt.runtime.real.workdir)
         entry = await self._sessions.open(
             run_id=assignment.run_id,
             labels={

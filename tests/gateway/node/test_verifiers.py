@@ -141,4 +141,4 @@ def test_bad_specs_are_invalid_arguments(kind: str, config: dict[str, Any]):
 
 
 def test_registry_has_every_kind():
-    assert set(VERIFIERS) == {"command", "exact_match", "python"}
+    assert set(VERIFIERS) == {"command", "exact_match", "python", "swe"}

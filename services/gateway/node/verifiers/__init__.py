@@ -16,11 +16,13 @@ from services.gateway.node.verifiers.base import Verdict, Verifier, VerifierErro
 from services.gateway.node.verifiers.command import CommandVerifier
 from services.gateway.node.verifiers.exact_match import ExactMatchVerifier
 from services.gateway.node.verifiers.python import PythonVerifier
+from services.gateway.node.verifiers.swe import SweVerifier
 
 VERIFIERS: dict[str, Callable[[dict[str, Any]], Verifier]] = {
     CommandVerifier.kind: CommandVerifier,
     ExactMatchVerifier.kind: ExactMatchVerifier,
     PythonVerifier.kind: PythonVerifier,
+    SweVerifier.kind: SweVerifier,
 }
 
 

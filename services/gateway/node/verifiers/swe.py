@@ -1,0 +1,158 @@
+"""`swe` verifier: the tests of a repository task (SWE-bench style), run against what the agent left.
+
+Config (all optional): {"timeout_s": 300 (the test run), "parser": "auto" | "pytest" | "unittest" |
+"exit_code" (see `swe_tests.py`), "partial_credit": false, "env": {extra variables of the test run}}.
+
+The task must have `repository` (docs/swe.md). After the agent ran, in the session's runtime (the same
+container or namespace as the harness, via `VerifierInput.run`), in the repository directory:
+
+1. Restore the hidden tests' files: every file the `test_patch` touches is checked out at `base_commit`
+   (or removed when it does not exist there), so whatever the agent did to those files is undone. This is
+   what SWE-bench's evaluation does (`git checkout <base> <test files>`).
+2. Apply the `test_patch` with `git apply` (the agent never saw it).
+3. Run `test_command` (`{tests}` -> the FAIL_TO_PASS and PASS_TO_PASS ids) and parse per-test outcomes.
+
+Reward 1.0 when every FAIL_TO_PASS test passes and no PASS_TO_PASS test breaks, else 0.0 (`partial_credit`:
+the passing fraction of FAIL_TO_PASS when no PASS_TO_PASS broke). `details` has each test's outcome.
+
+Infrastructure, never 0 (VerifierError): the task has no repository, a file could not be restored, the test
+patch does not apply to the restored files (a dataset error), the test run timed out, was killed or could
+not start (exit 126/127), or its output reports no test at all (e.g. pytest is not installed: with the
+`exit_code` parser this check is off). A repository the agent destroyed (the directory, `.git` or the base
+commit gone) scores 0.0 with the reason in `details.error`. Processes see `PYTHONDONTWRITEBYTECODE=1`, git's
+`safe.directory=*` (the files may belong to another user inside a container) and, first on PATH, the
+bin directory of the node's Python (as for the `command` harness: on the host runtime `python` is the node's
+interpreter; in a container that directory usually does not exist and the image's `python` is used).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from lodestar.errors import InvalidArgumentError
+from lodestar.logging import get_logger
+from services.gateway.node.harnesses.base import SYSTEM_PATH
+from services.gateway.node.repository import repository_dir
+from services.gateway.node.verifiers.base import (
+    Verdict,
+    VerifierError,
+    VerifierInput,
+    process_failure,
+    tail,
+    timeout_of,
+)
+from services.gateway.node.verifiers.swe_tests import (
+    PARSERS,
+    command_argv,
+    exit_code_outcomes,
+    parse_outcomes,
+    patch_files,
+    report,
+)
+
+_log = get_logger("gateway.node.verifiers.swe")
+PATCH_FILE = "lodestar-test.patch"
+PREPARE_TIMEOUT_S = 120.0
+DEFAULT_TEST_COMMAND = ["python", "-m", "pytest", "-rA", "-p", "no:cacheprovider", "{tests}"]
+# Exit codes of PREPARE: the first three mean the agent destroyed the repository (reward 0), the others are
+# infrastructure (a dataset whose patch does not apply, a checkout that failed).
+_NO_DIRECTORY, _NOT_A_REPOSITORY, _NO_BASE_COMMIT, _RESTORE_FAILED, _PATCH_FAILED = 90, 91, 92, 93, 94
+PREPARE = r"""
+cd "$1" 2>/dev/null || { echo "repository directory $1 is gone" >&2; exit 90; }
+base=$2; patch=$3; shift 3
+git rev-parse --git-dir >/dev/null 2>&1 || { echo "$PWD is no longer a git repository" >&2; exit 91; }
+git cat-file -e "$base^{commit}" 2>/dev/null || { echo "base commit $base is not in the repository" >&2; exit 92; }
+for file in "$@"; do
+  if git cat-file -e "$base:$file" 2>/dev/null; then
+    git checkout --quiet "$base" -- "$file" || exit 93
+  else
+    rm -rf -- "$file" || exit 93
+  fi
+done
+if [ -s "$patch" ]; then git apply --whitespace=nowarn "$patch" || exit 94; fi
+"""
+RUN_IN = 'cd "$1" && shift && exec "$@"'
+
+
+class SweVerifier:
+    kind = "swe"
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.timeout_s = timeout_of(config, self.kind)
+        self.parser = config.get("parser", "auto")
+        if self.parser not in PARSERS:
+            raise InvalidArgumentError(f"swe verifier: parser must be one of {', '.join(PARSERS)}, got {self.parser!r}")
+        partial = config.get("partial_credit", False)
+        if not isinstance(partial, bool):
+            raise InvalidArgumentError("swe verifier: partial_credit must be true or false")
+        self.partial_credit = partial
+        env = config.get("env", {})
+        if not isinstance(env, dict) or not all(isinstance(value, str) for value in env.values()):
+            raise InvalidArgumentError("swe verifier: env must be an object of strings")
+        self.env: dict[str, str] = {
+            "PATH": f"{Path(sys.executable).parent}:{SYSTEM_PATH}",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "GIT_CONFIG_COUNT": "1",
+            "GIT_CONFIG_KEY_0": "safe.directory",
+            "GIT_CONFIG_VALUE_0": "*",
+            **env,
+        }
+
+    async def score(self, given: VerifierInput) -> Verdict:
+        task = given.task
+        if not task.HasField("repository"):
+            raise VerifierError(f"swe: task {task.task_id!r} has no repository")
+        repo = task.repository
+        try:
+            directory = repository_dir(repo, given.workspace) or Path(repo.path)
+        except InvalidArgumentError as error:
+            raise VerifierError(f"swe: {error.message}") from error
+        started = time.monotonic()
+        restored = patch_files(repo.test_patch)
+        (given.scratch / PATCH_FILE).write_text(repo.test_patch, encoding="utf-8")
+        argv = ["bash", "-c", PREPARE, "swe-prepare", str(directory), repo.base_commit,
+                str(given.scratch_visible / PATCH_FILE), *restored]  # fmt: skip
+        prepared = await given.run(argv, self.env, PREPARE_TIMEOUT_S)
+        failure = process_failure(prepared, self.kind, PREPARE_TIMEOUT_S)
+        if failure is not None:
+            raise failure
+        details: dict[str, Any] = {"kind": self.kind, "restored_files": restored, "parser": self.parser}
+        if prepared.returncode in (_NO_DIRECTORY, _NOT_A_REPOSITORY, _NO_BASE_COMMIT):
+            _log.info("repository destroyed by the agent", task_id=task.task_id, error=prepared.stderr.strip())
+            return Verdict(0.0, {**details, "resolved": False, "error": tail(prepared.stderr.strip())})
+        if prepared.returncode == _PATCH_FAILED:
+            why = tail(prepared.stderr)[-800:]
+            raise VerifierError(f"swe: the test patch does not apply to {task.task_id!r}: {why}")
+        if prepared.returncode != 0:
+            raise VerifierError(f"swe: restoring the test files failed: {tail(prepared.stderr)[-800:]}")
+
+        f2p, p2p = list(repo.fail_to_pass), list(repo.pass_to_pass)
+        tests = list(dict.fromkeys([*f2p, *p2p]))
+        command = command_argv(list(repo.test_command) or DEFAULT_TEST_COMMAND, tests)
+        argv = ["bash", "-c", RUN_IN, "swe-tests", str(directory), *command]
+        result = await given.run(argv, self.env, self.timeout_s)
+        failure = process_failure(result, self.kind, self.timeout_s)
+        if failure is not None:
+            raise failure
+        output = f"{result.stdout}\n{result.stderr}"
+        if self.parser == "exit_code":
+            outcomes = exit_code_outcomes(tests, result.returncode)
+        else:
+            outcomes = parse_outcomes(output, self.parser)
+            if not outcomes:
+                raise VerifierError(
+                    f"swe: the test command reported no test outcome (exit {result.returncode}): {tail(output)[-800:]}"
+                )
+        tested = report(outcomes, f2p, p2p)
+        details.update(
+            resolved=tested.resolved,
+            fail_to_pass=tested.fail_to_pass,
+            pass_to_pass=tested.pass_to_pass,
+            exit_code=result.returncode,
+            output_tail=tail(output),
+            duration_s=round(time.monotonic() - started, 3),
+        )
+        return Verdict(tested.reward(partial_credit=self.partial_credit), details)
