@@ -2,9 +2,9 @@
 # Builds the per-service images (etcd, rollout, inference CPU, gateway) with the local Docker daemon,
 # offline from any container registry. `make images` calls it; `make compose-test` then runs them.
 #
-# 1. Base: BASE=<image> uses that image (e.g. python:3.11-slim where a registry is reachable); by default
-#    a Debian bookworm minbase with python3 + venv is built with debootstrap and imported as
-#    local/lodestar-base:bookworm (once).
+# 1. Base: scripts/base-image.sh (BASE=<image> as given, e.g. python:3.11-slim where a registry is
+#    reachable; by default a Debian bookworm minbase with python3 + venv built with debootstrap and imported
+#    as local/lodestar-base:bookworm, once).
 # 2. Wheelhouse: every Python package of the images (and lodestar itself) is built on the host into
 #    build/images/wheels with `pip wheel` (again only when pyproject.toml or the sources changed); each
 #    image's context build/images/<service> gets just the wheels of its own extra, and the image installs
@@ -22,7 +22,6 @@ TAG="${TAG:-dev}"
 SERVICES="${SERVICES:-etcd rollout inference gateway}"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 STAGE="$ROOT/build/images"
-LOCAL_BASE="local/lodestar-base:bookworm"
 export DOCKER_BUILDKIT=0
 declare -A EXTRA=([rollout]=rollout [inference]=inference [gateway]=gateway [trainer]=trainer)
 
@@ -31,26 +30,7 @@ t0=$(date +%s)
 
 docker info >/dev/null 2>&1 || { log "no Docker daemon (make docker-deps starts one)"; exit 1; }
 
-if [[ -z "${BASE:-}" ]]; then
-  BASE="$LOCAL_BASE"
-  if ! docker image inspect "$BASE" >/dev/null 2>&1; then
-    log "building $BASE with debootstrap"
-    rootfs="$(mktemp -d /tmp/lodestar-rootfs.XXXXXX)"
-    trap 'rm -rf "$rootfs"' EXIT
-    mirror="$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)"
-    timeout 900 debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
-      bookworm "$rootfs" "${mirror:-http://deb.debian.org/debian}" >/dev/null
-    # The host's apt sources and settings (its mirror, proxy settings) replace debootstrap's sources.list.
-    if compgen -G "/etc/apt/sources.list.d/*.sources" >/dev/null; then rm -f "$rootfs/etc/apt/sources.list"; fi
-    cp -r /etc/apt/sources.list.d/. "$rootfs/etc/apt/sources.list.d/" 2>/dev/null || true
-    if [[ -f /etc/apt/sources.list ]]; then cp /etc/apt/sources.list "$rootfs/etc/apt/"; fi
-    for conf in /etc/apt/apt.conf.d/*; do if [[ -f "$conf" ]]; then cp "$conf" "$rootfs/etc/apt/apt.conf.d/"; fi; done
-    rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
-    tar -C "$rootfs" -c . | docker import - "$BASE" >/dev/null
-    rm -rf "$rootfs"
-    trap - EXIT
-  fi
-fi
+BASE="$(bash "$ROOT/scripts/base-image.sh")"
 log "base image: $BASE"
 
 mkdir -p "$STAGE/wheels"

@@ -25,6 +25,9 @@ from lodestar.v1 import rollout_pb2
 
 HARNESS_KINDS = ("claude_code", "codex", "qwen_code", "pi", "gemini_cli", "command")
 VERIFIER_KINDS = ("command", "exact_match", "python", "swe")
+RUNTIME_KINDS = ("host", "docker")
+DOCKER_OPTIONS = {"mounts": "a list of absolute host paths", "on_limit": '"score" or "infra"'}
+"""RuntimeSpec.options the docker runtime knows (services/gateway/node/runtimes/docker.py, docs/runtimes.md)."""
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_SESSION_TIMEOUT_S = 1800
 DEFAULT_AGENT_TIMEOUT_S = 1200
@@ -118,6 +121,7 @@ def validate_spec(spec: rollout_pb2.RunSpec) -> None:
         raise InvalidArgumentError(
             f"unknown verifier kind {spec.verifier.kind!r} (expected one of {', '.join(VERIFIER_KINDS)})"
         )
+    validate_runtime(spec)
     fraction = spec.early_stop_fraction
     if math.isnan(fraction) or fraction < 0.0 or fraction > 1.0:
         raise InvalidArgumentError(f"early_stop_fraction must be in (0, 1], got {fraction}")
@@ -129,6 +133,34 @@ def validate_spec(spec: rollout_pb2.RunSpec) -> None:
     agent_s = spec.agent_timeout.ToTimedelta().total_seconds()
     if session_s and agent_s and agent_s > session_s:
         raise InvalidArgumentError(f"agent_timeout ({agent_s:g} s) is longer than session_timeout ({session_s:g} s)")
+
+
+def validate_runtime(spec: rollout_pb2.RunSpec) -> None:
+    """InvalidArgumentError for an unknown runtime kind, a negative CPU limit, bad docker options, or a
+    docker run in which some task has no image (neither its own nor the run's)."""
+    runtime = spec.runtime
+    kind = runtime.kind or "host"
+    if kind not in RUNTIME_KINDS:
+        raise InvalidArgumentError(f"unknown runtime kind {kind!r} (expected one of {', '.join(RUNTIME_KINDS)})")
+    if math.isnan(runtime.cpus) or runtime.cpus < 0:
+        raise InvalidArgumentError(f"runtime.cpus must be a positive number of cores (0: no limit), got {runtime.cpus}")
+    if kind != "docker":
+        return
+    options = json_format.MessageToDict(runtime.options)
+    for key, value in options.items():
+        if key not in DOCKER_OPTIONS:
+            raise InvalidArgumentError(f"unknown docker runtime option {key!r} (known: {', '.join(DOCKER_OPTIONS)})")
+        valid = (
+            isinstance(value, list) and all(isinstance(path, str) and path.startswith("/") for path in value)
+            if key == "mounts"
+            else value in ("score", "infra")
+        )
+        if not valid:
+            raise InvalidArgumentError(f"docker runtime option {key!r} must be {DOCKER_OPTIONS[key]}, got {value!r}")
+    missing = [task.task_id for task in spec.tasks if not (task.image or runtime.image)]
+    if missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise InvalidArgumentError(f"runtime 'docker' needs an image: set runtime.image or task image ({shown})")
 
 
 def with_defaults(spec: rollout_pb2.RunSpec) -> rollout_pb2.RunSpec:
