@@ -147,6 +147,7 @@ class SessionStages:
                     run=runtime.run_process,
                     scratch=runtime.real.tmpdir,
                     scratch_visible=runtime.visible.tmpdir,
+                    runtime_kind=runtime.kind,
                 )
             )
         except VerifierError as error:

@@ -18,8 +18,7 @@ from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import rollout_pb2
 from services.gateway.node.harnesses import Launcher
 from services.gateway.node.repository import prepare_repository
-from services.gateway.node.runtime import RuntimeFactory, SessionRuntime
-from services.gateway.node.stages import SessionProcessRunner
+from services.gateway.node.runtimes import HostBackend, HostRuntime
 from services.gateway.node.verifiers import VerifierError, VerifierInput, make_verifier
 
 SWE_MINI = Path(__file__).resolve().parents[3] / "examples" / "swe-mini"
@@ -38,13 +37,13 @@ def git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True).stdout
 
 
-async def _session(tmp_path: Path, task: rollout_pb2.Task, name: str = "s1-a1") -> SessionRuntime:
-    runtime = await RuntimeFactory(tmp_path / "sessions", Launcher()).create(name, dict(task.files))
+async def _session(tmp_path: Path, task: rollout_pb2.Task, name: str = "s1-a1") -> HostRuntime:
+    runtime = await HostBackend(tmp_path / "sessions", Launcher()).create(name, dict(task.files))
     await prepare_repository(task.repository, runtime.real.workdir)
     return runtime
 
 
-async def _score(runtime: SessionRuntime, task: rollout_pb2.Task, **config: Any) -> tuple[float, dict[str, Any]]:
+async def _score(runtime: HostRuntime, task: rollout_pb2.Task, **config: Any) -> tuple[float, dict[str, Any]]:
     spec = rollout_pb2.VerifierSpec(kind="swe")
     spec.config.update(config)
     given = VerifierInput(
@@ -52,7 +51,7 @@ async def _score(runtime: SessionRuntime, task: rollout_pb2.Task, **config: Any)
         final_answer="done",
         workspace=runtime.visible.workdir,
         timed_out=False,
-        run=SessionProcessRunner(Launcher(), runtime),
+        run=runtime.run_process,
         scratch=runtime.real.tmpdir,
         scratch_visible=runtime.visible.tmpdir,
     )
@@ -64,7 +63,7 @@ def _git_fails(cwd: Path, *args: str) -> bool:
     return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True).returncode != 0
 
 
-def _agent_applies(runtime: SessionRuntime, patch: str) -> None:
+def _agent_applies(runtime: HostRuntime, patch: str) -> None:
     subprocess.run(["git", "apply"], input=patch, text=True, cwd=runtime.real.workdir, check=True)
 
 
@@ -99,7 +98,7 @@ async def test_later_history_is_not_in_the_workspace(tmp_path: Path):
     task = rollout_pb2.Task(
         task_id="t", repository=rollout_pb2.RepositoryTask(source=str(upstream), base_commit=base[:10], path="src")
     )
-    runtime = await RuntimeFactory(tmp_path / "sessions", Launcher()).create("s-a1", {"NOTES.md": "hi"})
+    runtime = await HostBackend(tmp_path / "sessions", Launcher()).create("s-a1", {"NOTES.md": "hi"})
 
     repo = await prepare_repository(task.repository, runtime.real.workdir)
 
@@ -255,7 +254,7 @@ def test_bad_config_is_refused(config: dict[str, Any]):
 
 
 async def test_a_task_without_repository_is_infrastructure(tmp_path: Path):
-    runtime = await RuntimeFactory(tmp_path / "sessions", Launcher()).create("s-a1", {})
+    runtime = await HostBackend(tmp_path / "sessions", Launcher()).create("s-a1", {})
     with pytest.raises(VerifierError, match="no repository"):
         await _score(runtime, rollout_pb2.Task(task_id="plain"))
 

@@ -44,6 +44,8 @@ class VerifierInput:
     """A directory of the session (its TMPDIR) the node may write into, as the node sees it ..."""
     scratch_visible: Path
     """... and as the session's processes see it."""
+    runtime_kind: str = "host"
+    """The session's runtime (`RuntimeSpec.kind`: "host" or "docker")."""
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,10 @@ patch does not apply to the restored files (a dataset error), the test run timed
 not start (exit 126/127), or its output reports no test at all (e.g. pytest is not installed: with the
 `exit_code` parser this check is off). A repository the agent destroyed (the directory, `.git` or the base
 commit gone) scores 0.0 with the reason in `details.error`. Processes see `PYTHONDONTWRITEBYTECODE=1`, git's
-`safe.directory=*` (the files may belong to another user inside a container) and, first on PATH, the
-bin directory of the node's Python (as for the `command` harness: on the host runtime `python` is the node's
-interpreter; in a container that directory usually does not exist and the image's `python` is used).
+`safe.directory=*` (the files may belong to another user inside a container) and the runtime's PATH; on
+the `host` runtime the bin directory of the node's Python comes first (as for the `command` harness:
+`python` is the node's interpreter), in a container the image's PATH decides (its `python`). A config
+`env.PATH` replaces either.
 """
 
 from __future__ import annotations
@@ -93,7 +94,6 @@ class SweVerifier:
         if not isinstance(env, dict) or not all(isinstance(value, str) for value in env.values()):
             raise InvalidArgumentError("swe verifier: env must be an object of strings")
         self.env: dict[str, str] = {
-            "PATH": f"{Path(sys.executable).parent}:{SYSTEM_PATH}",
             "PYTHONDONTWRITEBYTECODE": "1",
             "GIT_CONFIG_COUNT": "1",
             "GIT_CONFIG_KEY_0": "safe.directory",
@@ -115,7 +115,10 @@ class SweVerifier:
         (given.scratch / PATCH_FILE).write_text(repo.test_patch, encoding="utf-8")
         argv = ["bash", "-c", PREPARE, "swe-prepare", str(directory), repo.base_commit,
                 str(given.scratch_visible / PATCH_FILE), *restored]  # fmt: skip
-        prepared = await given.run(argv, self.env, PREPARE_TIMEOUT_S)
+        env = self.env
+        if given.runtime_kind == "host":  # as for the `command` harness: `python` is the node's interpreter
+            env = {"PATH": f"{Path(sys.executable).parent}:{SYSTEM_PATH}", **self.env}
+        prepared = await given.run(argv, env, PREPARE_TIMEOUT_S)
         failure = process_failure(prepared, self.kind, PREPARE_TIMEOUT_S)
         if failure is not None:
             raise failure
@@ -133,7 +136,7 @@ class SweVerifier:
         tests = list(dict.fromkeys([*f2p, *p2p]))
         command = command_argv(list(repo.test_command) or DEFAULT_TEST_COMMAND, tests)
         argv = ["bash", "-c", RUN_IN, "swe-tests", str(directory), *command]
-        result = await given.run(argv, self.env, self.timeout_s)
+        result = await given.run(argv, env, self.timeout_s)
         failure = process_failure(result, self.kind, self.timeout_s)
         if failure is not None:
             raise failure
