@@ -1,8 +1,11 @@
 """Run specs: parse a spec file (YAML or JSON, the protobuf JSON mapping of `RunSpec`), validate it and
 fill in the defaults of unset fields. Used by the CLI (reads the file) and by CreateRun (validates).
 
-`tasks` may be a list of `Task` objects or a string naming a JSONL file of them (one `Task` per line,
-relative to the spec file); the CLI resolves the file and sends the tasks inline.
+`tasks` may be a list of `Task` objects, a string naming a JSONL file of them (one `Task` per line,
+relative to the spec file; a line in SWE-bench's fields is read as one), or a mapping `{swebench: FILE,
+...}` of SWE-bench-format data with options (`services/rollout/swebench.py`, docs/swe.md); the CLI resolves
+the files and sends the tasks inline. Relative `repository.source` paths are resolved against the file
+that names them.
 
 Defaults of unset (zero) fields, applied by `with_defaults`:
   max_attempts 3, session_timeout 1800 s, agent_timeout 1200 s (never above the session timeout),
@@ -22,6 +25,7 @@ from google.protobuf import json_format
 
 from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import rollout_pb2
+from services.rollout.swebench import load_swebench, parse_task_line, resolve_source, validate_repository_tasks
 
 HARNESS_KINDS = ("claude_code", "codex", "qwen_code", "pi", "gemini_cli", "command")
 VERIFIER_KINDS = ("command", "exact_match", "python", "swe")
@@ -58,15 +62,11 @@ def read_tasks_jsonl(path: Path) -> list[rollout_pb2.Task]:
         lines = path.read_text().splitlines()
     except OSError as error:
         raise InvalidArgumentError(f"cannot read tasks file {path}: {error.strerror}") from error
-    tasks = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            tasks.append(json_format.Parse(line, rollout_pb2.Task()))
-        except json_format.ParseError as error:
-            raise InvalidArgumentError(f"tasks file {path} line {number}: {error}") from error
-    return tasks
+    return [
+        parse_task_line(line, path.resolve().parent, f"tasks file {path} line {number}")
+        for number, line in enumerate(lines, start=1)
+        if line.strip()
+    ]
 
 
 def parse_spec_document(document: Any, base_dir: Path) -> rollout_pb2.RunSpec:
@@ -75,15 +75,19 @@ def parse_spec_document(document: Any, base_dir: Path) -> rollout_pb2.RunSpec:
         raise InvalidArgumentError("run spec must be a mapping of RunSpec fields")
     document = dict(document)
     tasks_file = document.get("tasks")
-    if isinstance(tasks_file, str):
+    if isinstance(tasks_file, str | dict):
         del document["tasks"]
     try:
         spec = json_format.ParseDict(document, rollout_pb2.RunSpec())
     except json_format.ParseError as error:
         raise InvalidArgumentError(f"run spec: {error}") from error
+    for task in spec.tasks:
+        resolve_source(task, base_dir)
     if isinstance(tasks_file, str):
         path = Path(tasks_file)
         spec.tasks.extend(read_tasks_jsonl(path if path.is_absolute() else base_dir / path))
+    elif isinstance(tasks_file, dict):  # {swebench: FILE, ...}: SWE-bench-format records (docs/swe.md)
+        spec.tasks.extend(load_swebench(tasks_file, base_dir))
     return spec
 
 
@@ -111,6 +115,7 @@ def validate_spec(spec: rollout_pb2.RunSpec) -> None:
         if task.task_id in seen:
             raise InvalidArgumentError(f"duplicate task id {task.task_id!r}")
         seen.add(task.task_id)
+    validate_repository_tasks(spec)
     if spec.harness.kind not in HARNESS_KINDS:
         raise InvalidArgumentError(
             f"unknown harness kind {spec.harness.kind!r} (expected one of {', '.join(HARNESS_KINDS)})"
