@@ -7,7 +7,9 @@ from the runs' groups (`StreamGroups`, tokens only); the math is in `services/ro
 
 - TASKS is a run spec (YAML/JSON, docs/runs.md: its tasks, verifier, timeouts and harness settings are
   used; `--harness` replaces the harness kind, `--samples` the group size) or a tasks JSONL file (then
-  `--verifier KIND` and `--verifier-config JSON` give the verifier; default exact_match).
+  `--verifier KIND` and `--verifier-config JSON` give the verifier; default exact_match), or a task-set
+  directory holding one of them (`run.yaml` first; e.g. `lodestar eval examples/swe-mini`).
+  `--runtime host|docker` and `--image` set the runs' `runtime` (docs/runtimes.md).
 - Without `--model` it attaches to a running stack (`--rollout`, default `lodestar up`'s 127.0.0.1:50053)
   and evaluates whatever policy that stack serves, e.g. mid-training. With `--model DIR` it starts its own
   stack (etcd, inference serving DIR, rollout, a gateway node; no trainer) under `--data-dir`, and stops
@@ -41,19 +43,39 @@ DEFAULT_ROLLOUT = "127.0.0.1:50053"
 _console = Console(stderr=True)
 
 
+SPEC_NAMES = ("run.yaml", "run.yml", "run.json", "tasks.jsonl")
+"""What a task-set directory given as TASKS is read from: the first of these files it has."""
+
+
+def tasks_path(path: Path) -> Path:
+    """TASKS itself, or for a task-set directory (e.g. examples/swe-mini) its run spec or tasks JSONL."""
+    if not path.is_dir():
+        return path
+    found = next((path / name for name in SPEC_NAMES if (path / name).is_file()), None)
+    if found is None:
+        raise InvalidArgumentError(f"task directory {path} has none of {', '.join(SPEC_NAMES)}")
+    return found
+
+
 def _spec(args: argparse.Namespace) -> rollout_pb2.RunSpec:
     from google.protobuf import json_format
 
     from services.rollout.spec import load_spec_file, read_tasks_jsonl
 
-    if args.tasks.suffix == ".jsonl":
-        spec = rollout_pb2.RunSpec(name=args.tasks.stem, group_size=1)
-        spec.tasks.extend(read_tasks_jsonl(args.tasks))
+    path = tasks_path(args.tasks)
+    if path.suffix == ".jsonl":
+        spec = rollout_pb2.RunSpec(name=path.parent.name if path.name == "tasks.jsonl" else path.stem, group_size=1)
+        spec.tasks.extend(read_tasks_jsonl(path))
         spec.verifier.kind = args.verifier
         if args.verifier_config:
             json_format.ParseDict({"config": json.loads(args.verifier_config)}, spec.verifier)
-        return spec
-    return load_spec_file(args.tasks)
+    else:
+        spec = load_spec_file(path)
+    if args.runtime:
+        spec.runtime.kind = args.runtime
+    if args.image:
+        spec.runtime.image = args.image
+    return spec
 
 
 def eval_spec(base: rollout_pb2.RunSpec, harness: str, samples: int) -> rollout_pb2.RunSpec:
@@ -196,13 +218,17 @@ def _handle(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `eval` command."""
     command = subparsers.add_parser("eval", help="pass@1 and pass@k of harnesses on a task set (no training)")
-    command.add_argument("tasks", type=Path, metavar="TASKS", help="run spec (YAML/JSON) or tasks JSONL")
+    command.add_argument(
+        "tasks", type=Path, metavar="TASKS", help="run spec (YAML/JSON), tasks JSONL, or a task-set directory"
+    )
     command.add_argument("--harness", action="append", required=True, help="harness kind; repeat for several")
     command.add_argument("--samples", type=int, default=4, help="samples per task: K of pass@K (default 4)")
     command.add_argument("--model", type=Path, default=None, help="serve this model on a stack of our own")
     command.add_argument("--rollout", default=DEFAULT_ROLLOUT, metavar="HOST:PORT", help="stack to attach to")
     command.add_argument("--verifier", default="exact_match", help="verifier kind for a JSONL TASKS file")
     command.add_argument("--verifier-config", default="", help="verifier config (JSON) for a JSONL TASKS file")
+    command.add_argument("--runtime", choices=["host", "docker"], default=None, help="runtime.kind of the runs")
+    command.add_argument("--image", default="", help="runtime.image of the runs (the default session image)")
     command.add_argument("--pass-threshold", type=float, default=1.0, help="a sample passes at reward >= this")
     command.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the runs")
     command.add_argument("--json", action="store_true", help="print the scores as JSON")
