@@ -10,7 +10,7 @@ BUF := node_modules/.bin/buf
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 
-.PHONY: run up test test-training setup system-deps venv node-tools vllm-venv harnesses node-client proto proto-check lint typecheck pytest bench clean docker-deps images compose-test
+.PHONY: run up test test-training test-docker setup system-deps venv node-tools vllm-venv harnesses node-client proto proto-check lint typecheck pytest bench clean docker-deps images session-image compose-test
 
 ## run: set up, then train the bundled quickstart (examples/quickstart: local etcd + the four services, the tiny
 ## model, a live view) and exit with its summary (reward rise, plot, checkpoint). See docs/quickstart.md.
@@ -87,7 +87,7 @@ typecheck: venv
 	$(VENV)/bin/mypy
 
 pytest: venv
-	$(VENV)/bin/pytest -q -ra -m "not training_e2e"
+	$(VENV)/bin/pytest -q -ra -m "not training_e2e and not docker"
 
 ## test-training: the whole-training e2e runs (the quickstart must learn; a 2-step run per harness family).
 ## Not in `make test` yet: the quickstart's reward does not rise reliably (issue 9) and the five harness
@@ -105,6 +105,17 @@ docker-deps:
 ## (debootstrap base, wheelhouse built on the host): scripts/images.sh. Not part of `make test` (minutes).
 images: setup harnesses docker-deps
 	bash scripts/images.sh
+
+## session-image: lodestar/session-base:TAG (TAG=dev by default), the base of session containers (`docker` runtime) and of
+## task images, FROM the debootstrap base, offline: scripts/session-image.sh (~45 s the first time).
+session-image: docker-deps
+	bash scripts/session-image.sh
+
+## test-docker: the `docker` runtime tests (marker docker: a container per session, isolation, limits, cleanup,
+## SIGKILL of a node) on a real Docker daemon. Not in `make test`: with the image build they take ~5 min
+## here (`make test` runs the runtime's unit tests without Docker).
+test-docker: setup docker-deps session-image
+	$(VENV)/bin/pytest -q -ra -m docker
 
 ## compose-test: the compose smoke test of the images (deploy/compose.yaml): scripts/compose-smoke.sh.
 compose-test: images

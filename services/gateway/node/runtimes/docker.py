@@ -137,15 +137,14 @@ def _node_binary() -> Path | None:
     return Path(os.path.realpath(node)) if node else None
 
 
-def cgroup_counters(pid: int) -> dict[str, int]:
+def cgroup_counters(pid: int, *, proc: Path = Path("/proc"), root: Path = Path("/sys/fs/cgroup")) -> dict[str, int]:
     """{"oom_kill": n, "pids_max": n} of process `pid`'s cgroups (v1 or v2; 0 where unreadable): how often
     the kernel OOM-killed in it and refused a fork at the pids limit."""
     counters = {"oom_kill": 0, "pids_max": 0}
     try:
-        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        lines = (proc / str(pid) / "cgroup").read_text().splitlines()
     except OSError:
         return counters
-    root = Path("/sys/fs/cgroup")
     for line in lines:
         _, controllers, path = line.split(":", 2)
         relative = path.lstrip("/")
@@ -429,8 +428,9 @@ class DockerBackend:
             self._reaper_enabled = False
             return
         script = (
-            'reap() { "$0" ps -aq --filter "label=$1" | xargs -r "$0" rm -f -v >/dev/null 2>&1; kill $! 2>/dev/null; '
-            "exit 0; }; trap reap TERM INT HUP; while :; do sleep 3600 & wait $!; done"
+            'docker="$0"; label="$1"; reap() { "$docker" ps -aq --filter "label=$label" | '
+            'xargs -r "$docker" rm -f -v >/dev/null 2>&1; kill $! 2>/dev/null; exit 0; }; '
+            "trap reap TERM INT HUP; while :; do sleep 3600 & wait $!; done"
         )
         self._reaper = await asyncio.create_subprocess_exec(
             "setpriv", "--pdeathsig", "TERM", "--", "sh", "-c", script, self.cli.binary, self.owner_label,
