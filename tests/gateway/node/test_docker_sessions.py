@@ -1,23 +1,32 @@
 """Sessions on the `docker` runtime through a real node (scripted inference, the real gateway, a rollout
 stand-in): the example agent edits the workspace inside its container, the verifier scores it there,
 prompts of a group are identical, and nothing is left; a fork bomb and a disk filler hit their limits
-(scored or infrastructure failure as `options.on_limit` says) while the node stays healthy.
+(scored or infrastructure failure as `options.on_limit` says) while the node stays healthy; SIGTERM of a
+node process kills, reports and removes its containers.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 from google.protobuf import struct_pb2
 
 from lodestar.v1 import gateway_pb2, rollout_pb2
-from tests.docker_support import SESSION_IMAGE, containers, skip_reason
-from tests.gateway.node.conftest import AGENT, NodeFactory, sessions_dir
+from tests.docker_support import SESSION_IMAGE, containers, remove, skip_reason
+from tests.gateway.conftest import StackFactory
+from tests.gateway.node.conftest import AGENT, HANG_AGENT, NodeFactory, read_pids, sessions_dir
 from tests.gateway.node.standin import RolloutStandIn, assignment
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 SCORED = rollout_pb2.SESSION_OUTCOME_SCORED
+TESTS = Path(__file__).resolve().parents[1]
+"""Mounted read-only into the containers (options.mounts) for the hanging test harness."""
 CHECK_FILE = {"kind": "command", "config": {"command": 'test "$(cat out.txt)" = hi', "timeout_s": 30}}
 
 
@@ -91,3 +100,45 @@ def test_fork_bomb_and_disk_filler_hit_their_limits_and_the_node_stays_healthy(
     status = stack.stub().GetNodeStatus(gateway_pb2.GetNodeStatusRequest(), timeout=5)
     assert status.capacity == 1
     assert containers(f"lodestar.sessions-dir={sessions_dir(stack).resolve()}") == []
+
+
+def test_sigterm_of_a_node_kills_reports_and_removes_its_containers(
+    gateway_stack_factory: StackFactory, standin: RolloutStandIn, etcd_endpoint: str, etcd_prefix: str, tmp_path: Path
+):
+    inference = gateway_stack_factory({"replies": [{"text": "first"}]}).inference_address
+    data_dir = tmp_path / "node"
+    argv = [
+        sys.executable, "-m", "lodestar.cli.main", "gateway", "serve", "--port", "0", "--http-port", "0",
+        "--inference", inference, "--rollout", standin.address, "--etcd", etcd_endpoint,
+        "--etcd-prefix", etcd_prefix, "--data-dir", str(data_dir), "--poll-interval-s", "0.2", "--log-json",
+    ]  # fmt: skip
+    pids = "/tmp/lodestar-session/tmp/pids"  # inside the container; the node sees it in the private root
+    log = (tmp_path / "node.log").open("wb")
+    node = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env={**os.environ})
+    owner = f"lodestar.sessions-dir={(data_dir / 'sessions').resolve()}"
+    try:
+        hang = [
+            _on_docker(assignment(f"h{i}", command=HANG_AGENT, env={"PIDFILE": pids}), options={"mounts": [str(TESTS)]})
+            for i in range(2)
+        ]
+        standin.offer(*hang)
+        standin.wait_for(
+            lambda: all(read_pids(data_dir / "sessions" / f"h{i}-a1" / "tmp" / "pids") for i in range(2)),
+            90, "both harnesses to hang in their containers",
+        )  # fmt: skip
+        assert len(containers(owner)) == 2
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(timeout=60) == 0
+        results = standin.wait_results(2, timeout=5)
+        for result in results:
+            assert result.outcome == rollout_pb2.SESSION_OUTCOME_INFRA_FAILED, standin.describe(result)
+            assert result.error == "node shutting down"
+            assert len(result.calls) == 1
+        assert containers(owner) == [], "every container is removed"
+        assert list((data_dir / "sessions").iterdir()) == [], "every workspace is removed"
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+        remove(containers(owner))
+        log.close()
