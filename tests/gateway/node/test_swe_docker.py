@@ -1,0 +1,88 @@
+"""Repository tasks on the `docker` runtime (marker `docker`): `lodestar images build-task examples/swe-mini`
+builds the task image FROM lodestar/session-base offline; a session container from it gets the repository
+checked out by INIT into its mounted workspace; the `swe` verifier runs inside the container with the image's
+python (pytest from the wheelhouse, not the node's); unfixed 0.0, fixed (inside the container) 1.0."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf import json_format
+
+from lodestar.cli.images import build_task_image
+from lodestar.v1 import rollout_pb2
+from services.gateway.node.repository import prepare_repository
+from services.gateway.node.runtimes import DockerBackend, DockerRuntime
+from services.gateway.node.verifiers import VerifierInput, make_verifier
+from tests.docker_support import SESSION_IMAGE, containers, remove, skip_reason
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+SWE_MINI = Path(__file__).resolve().parents[3] / "examples" / "swe-mini"
+TASK_IMAGE = "lodestar/task-swe-mini:dev"
+
+
+@pytest.fixture(scope="module")
+def task_image() -> str:
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    return build_task_image(SWE_MINI, base=SESSION_IMAGE, tag=TASK_IMAGE, log=False)
+
+
+@pytest.fixture
+async def backend(tmp_path: Path, task_image: str) -> AsyncIterator[DockerBackend]:
+    made = DockerBackend(tmp_path / "sessions", node_id=f"swe-{uuid.uuid4().hex[:6]}")
+    try:
+        yield made
+    finally:
+        await made.close()
+        remove(containers(made.owner_label))
+
+
+def _task(task_id: str) -> rollout_pb2.Task:
+    for line in (SWE_MINI / "tasks.jsonl").read_text().splitlines():
+        task = json_format.Parse(line, rollout_pb2.Task())
+        if task.task_id == task_id:
+            task.repository.source = str(SWE_MINI / task.repository.source)
+            return task
+    raise AssertionError(task_id)
+
+
+async def _score(runtime: DockerRuntime, task: rollout_pb2.Task) -> tuple[float, dict[str, Any]]:
+    given = VerifierInput(task=task, final_answer="done", workspace=runtime.visible.workdir, timed_out=False,
+                          run=runtime.run_process, scratch=runtime.real.tmpdir,
+                          scratch_visible=runtime.visible.tmpdir, runtime_kind=runtime.kind)  # fmt: skip
+    verdict = await make_verifier(rollout_pb2.VerifierSpec(kind="swe")).score(given)
+    return verdict.reward, verdict.details
+
+
+async def test_swe_verifier_in_a_task_image_container(backend: DockerBackend, task_image: str):
+    task = _task("swe-mini-roman")
+    del task.repository.test_command[:]  # the same pytest run, saying which python ran it
+    task.repository.test_command.extend(
+        ["bash", "-c", "command -v python; python -m pytest -rA -p no:cacheprovider {tests}"]
+    )
+    runtime = await backend.create("s1-a1", {}, rollout_pb2.RuntimeSpec(kind="docker", image=task_image))
+    try:
+        await prepare_repository(task.repository, runtime.real.workdir)
+        head = await runtime.run_process(["git", "rev-parse", "HEAD"], {}, 30)
+        assert head.stdout.strip() == task.repository.base_commit, head.stderr
+
+        before, details = await _score(runtime, task)
+        assert before == 0.0
+        assert details["fail_to_pass"] == {"tests/test_roman.py::test_subtractive_numerals": "failed"}
+        assert details["pass_to_pass"] == {"tests/test_roman.py::test_additive_numerals": "passed"}
+        assert "/opt/swe-mini/bin/python" in details["output_tail"], "the image's python ran the tests"
+
+        (runtime.real.tmpdir / "fix.patch").write_text(task.metadata["gold_patch"])
+        fixed = await runtime.run_process(["git", "apply", str(runtime.visible.tmpdir / "fix.patch")], {}, 30)
+        assert fixed.returncode == 0, fixed.stderr
+        after, details = await _score(runtime, task)
+        assert after == 1.0, details["output_tail"]
+    finally:
+        await runtime.cleanup()
+    assert containers(backend.owner_label) == []
