@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Installs the five real coding-agent harnesses (Claude Code, Codex, Qwen Code, Pi, Gemini CLI), pinned
-# by harnesses/package.json + harnesses/package-lock.json, into the git-ignored folder .harnesses/
-# (binaries in .harnesses/node_modules/.bin). `make harnesses` calls it; `make test` runs it first.
+# Installs the real coding-agent harnesses into the git-ignored folder .harnesses/. `make harnesses` calls
+# it; `make test` runs it first.
+#   - npm: Claude Code, Codex, Qwen Code, Pi, Gemini CLI and opencode, pinned by harnesses/package.json +
+#     harnesses/package-lock.json (binaries in .harnesses/node_modules/.bin);
+#   - PyPI, each in its own venv: mini-swe-agent (.harnesses/mini-swe-agent-venv, pinned with every
+#     dependency by harnesses/mini-swe-agent.txt) and the OpenHands SDK agent (.harnesses/openhands-venv,
+#     harnesses/openhands.txt), which needs Python >= 3.12: it is skipped, with a message, when no such
+#     interpreter is found (OPENHANDS_PYTHON, else python3.13 / python3.12 on PATH).
 #
-# Idempotent: a stamp (hash of this script and both harness manifests) plus a present binary for every
-# harness makes a second run return in well under a second. Pass --force (or delete .harnesses) to
-# reinstall. Needs only node + npm and the npm registry (or a warm npm cache).
+# Idempotent: a stamp per part (hash of this script and that part's manifests) plus its present binaries
+# makes a second run return in well under a second. Pass --force (or delete .harnesses) to reinstall.
+# Needs node + npm, python3 with venv, and the npm registry and PyPI (or warm caches).
 #
 # Environment:
 #   HARNESSES_DIR   install folder (default .harnesses in the repository root)
 #   NPM             npm executable (default npm)
+#   PYTHON          interpreter for the mini-swe-agent venv (default python3)
+#   OPENHANDS_PYTHON  interpreter (>= 3.12) for the OpenHands venv (default: python3.13 or python3.12)
 #
 # Pitfalls handled here:
 #   - Claude Code 2.1.x ships a native binary in a per-platform optional dependency; its postinstall
@@ -29,7 +36,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEST="${HARNESSES_DIR:-$ROOT/.harnesses}"
 NPM="${NPM:-npm}"
 STAMP="$DEST/.lodestar-install-stamp"
-BINS=(claude codex qwen pi gemini)
+BINS=(claude codex qwen pi gemini opencode)
 
 force=0
 [[ "${1:-}" == "--force" ]] && force=1
@@ -43,11 +50,7 @@ all_present() {
   done
 }
 
-if [[ $force -eq 0 && -f "$STAMP" && "$(cat "$STAMP")" == "$want_stamp" ]] && all_present; then
-  echo "harnesses: up to date in $DEST"
-  exit 0
-fi
-
+install_npm() {
 command -v "$NPM" >/dev/null || { echo "harnesses: npm not found (install Node.js >= 20)" >&2; exit 1; }
 mkdir -p "$DEST"
 cp "$ROOT/harnesses/package.json" "$ROOT/harnesses/package-lock.json" "$DEST/"
@@ -77,4 +80,67 @@ for b in "${BINS[@]}"; do
   echo "harnesses: $b $v"
 done
 echo "$want_stamp" >"$STAMP"
-echo "harnesses: installed in $(( $(date +%s) - start ))s, $(du -sh "$DEST" | cut -f1)"
+echo "harnesses: npm harnesses installed in $(( $(date +%s) - start ))s, $(du -sh "$DEST/node_modules" | cut -f1)"
+}
+
+# install_venv NAME PYTHON REQUIREMENTS CHECK...: a fresh venv .harnesses/NAME-venv from a pinned
+# requirements file, then CHECK (a command line run with the venv's python, private HOME) must succeed.
+install_venv() {
+  local name="$1" python="$2" requirements="$3"
+  shift 3
+  local venv="$DEST/$name-venv" stamp="$DEST/$name-venv/.lodestar-install-stamp" want
+  want="$(cat "$0" "$requirements" | sha256sum | cut -c1-16)"
+  if [[ $force -eq 0 && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    echo "harnesses: $name up to date in $venv"
+    return 0
+  fi
+  local begin check_home version
+  begin=$(date +%s)
+  echo "harnesses: installing $name into $venv ($("$python" --version 2>&1), pip install -r ${requirements#"$ROOT"/})"
+  rm -rf "$venv"
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input -r "$requirements"
+  check_home="$(mktemp -d)"
+  version="$(cd "$check_home" && HOME="$check_home" timeout 120 "$@" </dev/null 2>&1 | tail -1)" || {
+    rm -rf "$check_home"
+    echo "harnesses: $name check failed after install: $version" >&2
+    exit 1
+  }
+  rm -rf "$check_home"
+  echo "$want" >"$stamp"
+  echo "harnesses: $name $version installed in $(( $(date +%s) - begin ))s, $(du -sh "$venv" | cut -f1)"
+}
+
+# A Python >= 3.12 for the OpenHands SDK (empty when there is none).
+openhands_python() {
+  local candidate
+  for candidate in "${OPENHANDS_PYTHON:-}" python3.13 python3.12; do
+    [[ -n "$candidate" ]] || continue
+    if command -v "$candidate" >/dev/null \
+      && "$candidate" -c 'import sys, venv; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+      command -v "$candidate"
+      return 0
+    fi
+  done
+}
+
+mkdir -p "$DEST"
+if [[ $force -eq 0 && -f "$STAMP" && "$(cat "$STAMP")" == "$want_stamp" ]] && all_present; then
+  echo "harnesses: npm harnesses up to date in $DEST"
+else
+  install_npm
+fi
+
+install_venv mini-swe-agent "${PYTHON:-python3}" "$ROOT/harnesses/mini-swe-agent.txt" \
+  env MSWEA_SILENT_STARTUP=1 MSWEA_CONFIGURED=true LITELLM_LOCAL_MODEL_COST_MAP=True \
+  "$DEST/mini-swe-agent-venv/bin/python" -c 'import minisweagent; print(minisweagent.__version__)'
+
+oh_python="$(openhands_python)"
+if [[ -z "$oh_python" ]]; then
+  echo "harnesses: openhands skipped: openhands-sdk needs Python >= 3.12 and none was found" \
+    "(set OPENHANDS_PYTHON, or install python3.12/python3.13)"
+else
+  install_venv openhands "$oh_python" "$ROOT/harnesses/openhands.txt" \
+    "$DEST/openhands-venv/bin/python" -c \
+    'import importlib.metadata as m; print(m.version("openhands-sdk"), m.version("openhands-tools"))'
+fi

@@ -1,6 +1,6 @@
-"""The five REAL harness binaries (from .harnesses/, `make harnesses`) against a running gateway.
+"""The REAL npm harness binaries (from .harnesses/, `make harnesses`) against a running gateway.
 
-Each harness — Claude Code, Codex, Qwen Code, Gemini CLI and Pi over each of its four APIs — runs
+Each harness — Claude Code, Codex, Qwen Code, Gemini CLI, opencode and Pi over each of its four APIs — runs
 non-interactively through its launcher adapter (private HOME/TMPDIR/workdir, stdin=/dev/null, every
 telemetry/update switch off, a loopback-only network namespace when available) with a session key from
 GatewayService.OpenSession, against the scripted inference engine:
@@ -64,6 +64,7 @@ CASES = [
     # Qwen Code opens every chat with a fixed user "context" turn and an assistant "Got it." reply.
     Case("qwen-code", common_pb2.DIALECT_OPENAI_CHAT, "run_shell_command", preamble_turns=1),
     Case("gemini-cli", common_pb2.DIALECT_GOOGLE_GENERATE_CONTENT, "run_shell_command"),
+    Case("opencode", common_pb2.DIALECT_OPENAI_CHAT, "bash"),
     Case("pi:openai-completions", common_pb2.DIALECT_OPENAI_CHAT, "bash"),
     Case("pi:openai-responses", common_pb2.DIALECT_OPENAI_RESPONSES, "bash"),
     Case("pi:anthropic-messages", common_pb2.DIALECT_ANTHROPIC_MESSAGES, "bash"),

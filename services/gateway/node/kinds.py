@@ -1,7 +1,8 @@
 """`HarnessSpec.kind` -> launcher adapter, and validation of a spec's harness and verifier kinds.
 
 Kinds: `claude_code`, `codex`, `qwen_code`, `gemini_cli`, `pi` (OpenAI Chat) or `pi:<api>` with <api> one
-of openai-completions, openai-responses, anthropic-messages, google-generative-ai, and `command` (the
+of openai-completions, openai-responses, anthropic-messages, google-generative-ai, `opencode`,
+`mini_swe_agent`, `openhands`, and `command` (the
 program in `HarnessSpec.command`). `validate_harness` / `validate_verifier` raise InvalidArgumentError
 naming the problem; rollout may call them on CreateRun so a bad spec is refused before anything runs.
 """
@@ -21,6 +22,9 @@ HARNESS_KINDS: dict[str, str] = {
     "qwen_code": "qwen-code",
     "gemini_cli": "gemini-cli",
     "pi": "pi",
+    "opencode": "opencode",
+    "mini_swe_agent": "mini-swe-agent",
+    "openhands": "openhands",
     **{f"pi:{api}": f"pi:{api}" for api in PI_APIS},
 }
 """Spec kind -> launcher name (plus "command")."""

@@ -1,7 +1,8 @@
 """Harness launchers: one small adapter per harness (config files, env, flags) and the process launcher.
 
 `make_harness(name)` returns an adapter; `Launcher.run` runs what it prepared. Harness names:
-claude-code, codex, qwen-code, gemini-cli, pi (optionally `pi:<api>`, e.g. `pi:anthropic-messages`).
+claude-code, codex, qwen-code, gemini-cli, pi (optionally `pi:<api>`, e.g. `pi:anthropic-messages`),
+opencode, mini-swe-agent and openhands.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from services.gateway.node.harnesses.codex import Codex
 from services.gateway.node.harnesses.command import Command
 from services.gateway.node.harnesses.gemini_cli import GeminiCli
 from services.gateway.node.harnesses.launcher import HarnessResult, Launcher
+from services.gateway.node.harnesses.mini_swe_agent import MiniSweAgent
+from services.gateway.node.harnesses.opencode import OpenCode
+from services.gateway.node.harnesses.openhands import OpenHands
 from services.gateway.node.harnesses.pi import PI_APIS, Pi, PiApi
 from services.gateway.node.harnesses.qwen_code import QwenCode
 
@@ -24,6 +28,9 @@ BUILTIN: dict[str, type[Harness]] = {
     QwenCode.name: QwenCode,
     GeminiCli.name: GeminiCli,
     Pi.name: Pi,
+    OpenCode.name: OpenCode,
+    MiniSweAgent.name: MiniSweAgent,
+    OpenHands.name: OpenHands,
 }
 HARNESS_NAMES: tuple[str, ...] = (*BUILTIN, *(f"pi:{api}" for api in PI_APIS))
 
@@ -59,6 +66,9 @@ __all__ = [
     "HarnessResult",
     "Invocation",
     "Launcher",
+    "MiniSweAgent",
+    "OpenCode",
+    "OpenHands",
     "Pi",
     "QwenCode",
     "RunDirs",

@@ -1,0 +1,207 @@
+"""The REAL Python harnesses (mini-swe-agent and the OpenHands SDK agent, each in its own venv under
+.harnesses/, `make harnesses`) against a running gateway with the scripted engine.
+
+Both speak OpenAI Chat through litellm and both expect a TOOL CALL in every reply, so their runs differ
+from the npm harnesses' (tests/gateway/test_harnesses.py):
+
+- a text run: the model answers with text — plain text for OpenHands (a reply without tool calls ends
+  its run); for mini-swe-agent, text AND its bash tool running `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`
+  (its only way to finish): one captured call with token ids and logprobs, the answer on stdout, exit 0;
+- a shell-tool run: the model first calls the harness's shell tool (a file appears in the workdir), then
+  finishes (mini-swe-agent: the submit command; OpenHands: its `finish` tool with the answer): two
+  captured calls, the second carries the tool's result and extends the first token by token;
+- mini-swe-agent only: a reply WITHOUT a tool call is a format error: the harness drops that reply and
+  calls again with a corrective user message appended (three in a row end the run), so the retry is a
+  new branch of the session, not a continuation.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lodestar.v1 import common_pb2
+from services.gateway.node.harnesses import GatewayEndpoint, HarnessResult, Launcher, RunDirs, make_harness
+from services.gateway.node.harnesses.mini_swe_agent import SUBMIT_MARKER
+from tests.gateway.stack import GatewayStack, assert_chain_extends
+
+pytestmark = [pytest.mark.harness, pytest.mark.slow]
+
+MODEL = "lodestar-tiny"
+RUN_TIMEOUT_S = 240.0
+
+
+def _mini_finish(answer: str) -> dict[str, Any]:
+    return {"text": answer, "tool_calls": [{"name": "bash", "arguments": {"command": f"echo {SUBMIT_MARKER}"}}]}
+
+
+def _openhands_finish(answer: str) -> dict[str, Any]:
+    return {"tool_calls": [{"name": "finish", "arguments": {"message": answer}}]}
+
+
+def _text_reply(answer: str) -> dict[str, Any]:
+    return {"text": answer}
+
+
+@dataclass(frozen=True)
+class Case:
+    harness: str
+    shell_tool: str
+    shell_arguments: Callable[[str], dict[str, Any]]
+    finish: Callable[[str], dict[str, Any]]
+    """A reply that carries `answer` and ends the run after a tool call."""
+    text_answer: Callable[[str], dict[str, Any]]
+    """A first reply that carries `answer` and ends the run."""
+    text_finish_reason: int
+
+
+CASES = [
+    Case(
+        "mini-swe-agent",
+        "bash",
+        lambda command: {"command": command},
+        _mini_finish,
+        _mini_finish,
+        common_pb2.FINISH_REASON_TOOL_CALLS,
+    ),
+    Case(
+        "openhands",
+        "terminal",
+        lambda command: {"command": command, "summary": "Write the proof file"},
+        _openhands_finish,
+        _text_reply,
+        common_pb2.FINISH_REASON_STOP,
+    ),
+]
+PARAMS = [pytest.param(case, id=case.harness) for case in CASES]
+
+
+@pytest.fixture(scope="module")
+def launcher() -> Launcher:
+    return Launcher(isolate_network=True)
+
+
+NOT_INSTALLED = {
+    "mini-swe-agent": "run `make harnesses`",
+    "openhands": "run `make harnesses`; openhands-sdk needs a Python >= 3.12, which Debian 12 does not ship",
+}
+
+
+def _require_installed(case: Case) -> None:
+    harness = make_harness(case.harness)
+    if not harness.is_installed():
+        pytest.skip(f"{harness.binary} is not installed ({NOT_INSTALLED[case.harness]})")
+
+
+async def _run(
+    case: Case, stack: GatewayStack, launcher: Launcher, tmp_path: Path, prompt: str
+) -> tuple[HarnessResult, RunDirs, str]:
+    session = stack.open_session(harness=case.harness)
+    dirs = RunDirs.under(tmp_path / "run")
+    endpoint = GatewayEndpoint(stack.http_base_url, session.key, MODEL)
+    invocation = make_harness(case.harness).prepare(dirs, endpoint, prompt)
+    result = await launcher.run(invocation, stack.http_base_url, timeout_s=RUN_TIMEOUT_S)
+    return result, dirs, session.session_id
+
+
+def _describe(result: HarnessResult, calls: list[common_pb2.CallRecord]) -> str:
+    return (
+        f"rc={result.returncode} timed_out={result.timed_out} isolated={result.isolated} "
+        f"calls={len(calls)}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-5000:]}"
+    )
+
+
+def _assert_captured(call: common_pb2.CallRecord, case: Case) -> None:
+    assert call.dialect == common_pb2.DIALECT_OPENAI_CHAT
+    assert len(call.prompt_token_ids) > 0
+    assert len(call.completion_token_ids) > 0
+    assert len(call.completion_logprobs) == len(call.completion_token_ids)
+    assert call.original_request_json
+    assert case.shell_tool in {tool.name for tool in call.tools}, "the harness no longer offers its shell tool"
+
+
+def _text(message: common_pb2.ChatMessage) -> str:
+    return "".join(part.text.text for part in message.content if part.HasField("text"))
+
+
+@pytest.mark.parametrize("case", PARAMS)
+async def test_text_run(case: Case, gateway_stack: GatewayStack, launcher: Launcher, tmp_path: Path) -> None:
+    _require_installed(case)
+    answer = f"Lodestar answer {secrets.token_hex(4)}."
+    gateway_stack.set_script({"replies": [case.text_answer(answer)]})
+
+    result, _, session_id = await _run(case, gateway_stack, launcher, tmp_path, "Say hello.")
+    calls = gateway_stack.calls(session_id)
+
+    assert result.ok, _describe(result, calls)
+    assert answer in result.stdout, _describe(result, calls)
+    assert len(calls) == 1, _describe(result, calls)
+    (call,) = calls
+    _assert_captured(call, case)
+    assert call.finish_reason == case.text_finish_reason
+    assert answer in _text(call.completion)
+    assert call.continued_from_sequence == -1
+    assert gateway_stack.get_session(session_id).session.call_count == 1
+
+
+@pytest.mark.parametrize("case", PARAMS)
+async def test_shell_tool_run(case: Case, gateway_stack: GatewayStack, launcher: Launcher, tmp_path: Path) -> None:
+    _require_installed(case)
+    proof = f"proof-{secrets.token_hex(4)}"
+    final = f"Created the file {secrets.token_hex(4)}."
+    command = f"echo {proof} > proof.txt"
+    tool_call = {"name": case.shell_tool, "arguments": case.shell_arguments(command)}
+    gateway_stack.set_script({"replies": [{"tool_calls": [tool_call]}, case.finish(final)]})
+
+    result, dirs, session_id = await _run(
+        case, gateway_stack, launcher, tmp_path, "Create proof.txt with the shell tool, then say what you did."
+    )
+    calls = gateway_stack.calls(session_id)
+
+    assert result.ok, _describe(result, calls)
+    proof_file = dirs.workdir / "proof.txt"
+    assert proof_file.is_file(), _describe(result, calls)
+    assert proof_file.read_text().strip() == proof
+    assert final in result.stdout, _describe(result, calls)
+    assert len(calls) == 2, _describe(result, calls)
+    first, second = calls
+    for call in calls:
+        _assert_captured(call, case)
+    assert [tc.name for tc in first.completion.tool_calls] == [case.shell_tool]
+    tool_results = [m for m in second.messages if m.role == common_pb2.ROLE_TOOL]
+    assert len(tool_results) == 1, "the second call must carry the shell tool's result"
+    assert proof not in _text(tool_results[0])  # `echo ... > file` prints nothing; the file holds it
+    assert_chain_extends(calls)
+    assert second.usage.continued_prompt_tokens >= len(first.prompt_token_ids) + len(first.completion_token_ids)
+
+
+async def test_mini_swe_agent_answers_a_reply_without_tool_call_with_a_format_error(
+    gateway_stack: GatewayStack, launcher: Launcher, tmp_path: Path
+) -> None:
+    (case,) = [case for case in CASES if case.harness == "mini-swe-agent"]
+    _require_installed(case)
+    # In call order: mini-swe-agent drops the reply it could not parse, so the second chat has no
+    # assistant turn either (a turn-count script would answer it with the first reply again).
+    gateway_stack.set_script(
+        {"select": "sequence", "replies": [{"text": "Just text."}, case.finish("Now with the tool.")]}
+    )
+
+    result, dirs, session_id = await _run(case, gateway_stack, launcher, tmp_path, "Say hello.")
+    calls = gateway_stack.calls(session_id)
+
+    assert result.ok, _describe(result, calls)
+    assert len(calls) == 2, _describe(result, calls)
+    first, second = calls
+    assert first.finish_reason == common_pb2.FINISH_REASON_STOP
+    assert [m.role for m in second.messages] == [m.role for m in first.messages] + [common_pb2.ROLE_USER]
+    assert "No tool calls found" in _text(second.messages[-1])
+    assert "Just text." not in second.original_request_json  # the unparsable reply is not re-sent
+    assert second.chain_start == common_pb2.CHAIN_START_BRANCH
+    trajectory = json.loads((dirs.home / "trajectory.json").read_text())
+    assert trajectory["info"]["exit_status"] == "Submitted"
