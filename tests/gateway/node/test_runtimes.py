@@ -18,7 +18,8 @@ from services.gateway.node.harnesses import Command, GatewayEndpoint, Launcher, 
 from services.gateway.node.harnesses.base import DEFAULT_BIN_DIR, REPO_ROOT
 from services.gateway.node.runtimes import DockerRuntime, HostBackend, HostRuntime, Runtimes, resolved_spec
 from services.gateway.node.runtimes.base import mounts_under, remove_dir, stage_dirs
-from services.gateway.node.runtimes.docker import (
+from services.gateway.node.runtimes.docker_cli import DockerCli
+from services.gateway.node.runtimes.docker_spec import (
     NODE_BIN,
     cgroup_counters,
     container_path,
@@ -27,7 +28,6 @@ from services.gateway.node.runtimes.docker import (
     options_of,
     run_argv,
 )
-from services.gateway.node.runtimes.docker_cli import DockerCli
 
 FIXED = Path("/tmp/lodestar-session")
 
