@@ -71,7 +71,7 @@ async def prepare_repository(repo: rollout_pb2.RepositoryTask, workdir: Path) ->
 
 
 async def _checkout(source: Path, base_commit: str, target: Path, mirror: Path) -> None:
-    await git(None, "clone", "--bare", "--quiet", "--no-hardlinks", str(source), str(mirror))
+    await git(None, "clone", "--bare", "--quiet", str(source), str(mirror))
     try:
         commit = (await git(mirror, "rev-parse", "--verify", "--quiet", f"{base_commit}^{{commit}}")).strip()
     except InvalidArgumentError as error:

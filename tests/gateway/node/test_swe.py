@@ -274,3 +274,11 @@ async def test_every_swe_mini_task_fails_unfixed_and_passes_with_its_gold_patch(
         await runtime.cleanup()
     assert len(scores) == 10
     assert scores == dict.fromkeys(scores, (0.0, 1.0)), json.dumps(scores)
+
+
+def test_swe_mini_tasks_are_what_make_tasks_builds():
+    """tasks.jsonl (base commits, test and gold patches) is reproducible from repos.py on this machine."""
+    done = subprocess.run(
+        ["python3", str(SWE_MINI / "make_tasks.py"), "--check"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
