@@ -1006,6 +1006,7 @@ class StreamGroupsRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     START_AFTER_FIELD_NUMBER: _builtins.int
     TOKENS_ONLY_FIELD_NUMBER: _builtins.int
+    MAX_GROUPS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     start_after: _builtins.int
     """Resume after this many groups already delivered to this consumer (0 from the start)."""
@@ -1013,16 +1014,22 @@ class StreamGroupsRequest(_message.Message):
     """Leave out each call's request body and canonical chat (original_request_json, messages, tools): the
     trainer needs only token ids and logprobs, and full groups of long sessions run to hundreds of MB.
     """
+    max_groups: _builtins.int
+    """End the stream after this many groups (0: no limit). A trainer asks for the groups it is about to
+    train on, so each group's fate (delivered or dropped as stale) is decided when it is taken, not while
+    it waits in a transport buffer, and rollout's pace estimate counts what was really consumed.
+    """
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
         start_after: _builtins.int = ...,
         tokens_only: _builtins.bool = ...,
+        max_groups: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "start_after", b"start_after", "tokens_only", b"tokens_only"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_groups", b"max_groups", "run_id", b"run_id", "start_after", b"start_after", "tokens_only", b"tokens_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -199,12 +199,13 @@ class RolloutCore:
     # -- groups ------------------------------------------------------------------------------------
 
     async def stream_groups(
-        self, run_id: str, start_after: int, *, tokens_only: bool = False
+        self, run_id: str, start_after: int, *, tokens_only: bool = False, max_groups: int = 0
     ) -> AsyncIterator[rollout_pb2.Group]:
-        """Complete groups after delivery sequence `start_after`, waiting for new ones until the run ends."""
+        """Complete groups after delivery sequence `start_after`, waiting for new ones until the run ends or
+        `max_groups` were sent (0: no limit)."""
         run = self.scheduler.run(run_id)
         sent = start_after
-        while True:
+        while not max_groups or sent - start_after < max_groups:
             if self.stopped:
                 raise errors.UnavailableError("this rollout instance stopped leading: reconnect to the leader")
             event = self._run_events.setdefault(run_id, asyncio.Event())

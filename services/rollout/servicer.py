@@ -72,7 +72,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self, request: rollout_pb2.StreamGroupsRequest, context: Context
     ) -> AsyncIterator[rollout_pb2.StreamGroupsResponse]:
         core = await self._leading(context)
-        stream = core.stream_groups(request.run_id, request.start_after, tokens_only=request.tokens_only)
+        stream = core.stream_groups(
+            request.run_id, request.start_after, tokens_only=request.tokens_only, max_groups=request.max_groups
+        )
         async for group in stream:
             yield rollout_pb2.StreamGroupsResponse(group=group)
 

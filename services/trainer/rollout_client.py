@@ -1,9 +1,12 @@
 """RolloutService client of the training thread: the run's groups as an iterator, and policy-version reports.
 
-`RolloutClient.groups(start_after)` reads `StreamGroups(run, start_after, tokens_only=true)` and yields
-groups one by one. Waiting for the next group has no deadline (sessions take minutes); a stream that
-breaks with UNAVAILABLE is reopened after `start_after + groups already yielded` with backoff, so no
-group is read twice or skipped. A stream that ends normally means the run has no more groups. `cancel()`
+`RolloutClient.groups(start_after)` yields the run's groups one by one, each read by its own
+`StreamGroups(run, start_after, tokens_only=true, max_groups=1)` when the loop asks for it: no group waits
+in a transport buffer while a step runs (it would go stale there, unseen by rollout's staleness check, and
+rollout would count it as consumed and race ahead). Waiting for the next group has no deadline (sessions
+take minutes); a stream that breaks with UNAVAILABLE is reopened after `start_after + groups already
+yielded` with backoff, so no group is read twice or skipped. A stream that ends without a group means the
+run has no more groups. `cancel()`
 (from any thread) ends a blocked read: the iterator stops. A follower rollout instance answers UNAVAILABLE
 naming the leader (`lodestar-leader` trailing metadata): both calls move to the leader and carry on.
 """
@@ -71,18 +74,23 @@ class RolloutClient:
         backoff = 0.2
         failing_since: float | None = None
         while not self._cancelled.is_set():
-            request = rollout_pb2.StreamGroupsRequest(run_id=self.run_id, start_after=delivered, tokens_only=True)
+            request = rollout_pb2.StreamGroupsRequest(
+                run_id=self.run_id, start_after=delivered, tokens_only=True, max_groups=1
+            )
             call = self._stub.StreamGroups(request, wait_for_ready=True)
             with self._lock:
                 self._call = call
             if self._cancelled.is_set():
                 call.cancel()
             try:
-                for response in call:
+                received = 0
+                for response in call:  # one group (more from a rollout that ignores max_groups)
                     failing_since, backoff = None, 0.2
                     delivered += 1
+                    received += 1
                     yield response.group
-                return
+                if not received:
+                    return
             except grpc.RpcError as error:
                 if self._cancelled.is_set() or status_of(error) == grpc.StatusCode.CANCELLED:
                     return

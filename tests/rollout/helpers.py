@@ -70,10 +70,19 @@ class Rollout:
         return (await self.stub.GetRun(rollout_pb2.GetRunRequest(run_id=run_id))).run
 
     async def groups(
-        self, run_id: str, start_after: int = 0, *, tokens_only: bool = False, limit: int = 0, timeout: float = 20
+        self,
+        run_id: str,
+        start_after: int = 0,
+        *,
+        tokens_only: bool = False,
+        limit: int = 0,
+        max_groups: int = 0,
+        timeout: float = 20,
     ) -> list[rollout_pb2.Group]:
-        """Read the group stream until it ends (or `limit` groups arrived)."""
-        request = rollout_pb2.StreamGroupsRequest(run_id=run_id, start_after=start_after, tokens_only=tokens_only)
+        """Read the group stream until it ends (or `limit` groups arrived: then the reader hangs up)."""
+        request = rollout_pb2.StreamGroupsRequest(
+            run_id=run_id, start_after=start_after, tokens_only=tokens_only, max_groups=max_groups
+        )
         out: list[rollout_pb2.Group] = []
         call = self.stub.StreamGroups(request, timeout=timeout)
         async for reply in call:

@@ -60,6 +60,23 @@ async def test_stale_groups_are_dropped_and_counted(rollout: Rollout, etcd) -> N
     assert (run.groups_complete, run.groups_delivered, run.groups_dropped, run.policy_version) == (3, 2, 1, 4)
 
 
+async def test_max_groups_ends_the_stream_and_staleness_is_decided_when_a_group_is_asked_for(
+    rollout: Rollout, etcd
+) -> None:
+    run_id = await rollout.create_run(make_spec(tasks=3, group_size=1, max_staleness=1))
+    await rollout.stub.ReportPolicyVersion(rollout_pb2.ReportPolicyVersionRequest(policy_version=1))
+    async with sim_node(etcd, rollout.stub, "a") as node:
+        assigned = await node.acquire(3)
+        await _finish(node, [0, 1, 2], assigned, version=1)  # all three complete, fresh at version 1
+        first = await rollout.groups(run_id, max_groups=1)  # the stream ends by itself after one group
+        assert [g.task_id for g in first] == ["task-0"]
+        # the trainer steps twice before asking again: task-1 and task-2 are now 2 versions behind
+        await rollout.stub.ReportPolicyVersion(rollout_pb2.ReportPolicyVersionRequest(policy_version=3))
+        assert await rollout.groups(run_id, start_after=1, max_groups=1) == []  # both dropped, run over
+    run = await rollout.get_run(run_id)
+    assert (run.groups_delivered, run.groups_dropped) == (1, 2)
+
+
 async def test_tokens_only_strips_bodies_and_chat(rollout: Rollout, etcd) -> None:
     run_id = await rollout.create_run(make_spec(tasks=1, group_size=1))
     async with sim_node(etcd, rollout.stub, "a") as node:

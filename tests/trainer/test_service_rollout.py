@@ -77,7 +77,9 @@ async def test_the_group_stream_reconnects_after_the_groups_it_already_read() ->
         restarted, _ = await start_rollout_standin(second, port=int(address.rsplit(":", 1)[1]))
         await asyncio.wait_for(reader, 30)
         assert received == ["g0", "g1", "g2"]
-        assert [request.start_after for request in second.requests] == [2]
+        # one stream per group asked for: the stand-in ignores max_groups and sends g2, then the next
+        # request (start_after 3) gets nothing, which ends the iteration
+        assert [(request.start_after, request.max_groups) for request in second.requests] == [(2, 1), (3, 1)]
         await restarted.stop(0)
     finally:
         client.close()
