@@ -19,7 +19,8 @@ workspace, or absolute in an image such as SWE-bench's `/testbed`), `image` (a t
 `{instance_id}`, `{repo}`, `{owner}`, `{name}`, `{version}`; e.g. `sweb.eval.x86_64.{instance_id}`),
 `test_command` (argv; default `python -m pytest -rA -p no:cacheprovider {tests}`), `test_commands` (repo ->
 argv, wins over `test_command` for that repo), `prompt_template` (`{problem_statement}`, `{repo}`,
-`{instance_id}`), `limit` (the first N records).
+`{instance_id}`, `{location}`: the absolute `path`, else "your working directory"), `limit` (the first N
+records).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from lodestar.v1 import rollout_pb2
 
 DEFAULT_TEST_COMMAND = ["python", "-m", "pytest", "-rA", "-p", "no:cacheprovider", "{tests}"]
 DEFAULT_PROMPT_TEMPLATE = (
-    "The repository {repo} is checked out in your working directory. Resolve this issue in it (do not add "
-    "or change tests; they are run after you finish):\n\n{problem_statement}"
+    "The repository {repo} is checked out in {location}. Resolve this issue in it (do not add or change "
+    "tests; they are run after you finish):\n\n{problem_statement}"
 )
 OPTIONS = ("swebench", "repos_dir", "path", "image", "test_command", "test_commands", "prompt_template", "limit")
 REQUIRED_FIELDS = ("instance_id", "repo", "base_commit", "problem_statement")
@@ -90,8 +91,11 @@ def task_from_record(
     if not isinstance(commands, dict):
         raise InvalidArgumentError("tasks.test_commands must map repo names to argv lists")
     command = commands.get(repo_name, options.get("test_command", DEFAULT_TEST_COMMAND))
+    path = str(options.get("path", ""))
+    location = path if path.startswith("/") else f"your working directory{f' under {path}' if path else ''}"
     values = {"instance_id": record["instance_id"], "repo": repo_name, "owner": owner, "name": name,
-              "version": str(record.get("version", "")), "problem_statement": record["problem_statement"]}  # fmt: skip
+              "version": str(record.get("version", "")), "problem_statement": record["problem_statement"],
+              "location": location}  # fmt: skip
     try:
         prompt = str(options.get("prompt_template", DEFAULT_PROMPT_TEMPLATE)).format_map(values)
         image = str(options.get("image", "")).format_map(values)
@@ -101,7 +105,7 @@ def task_from_record(
     repository = task.repository
     repository.source = _source(base_dir / repos_dir if isinstance(repos_dir, str) else None, repo_name)
     repository.base_commit = record["base_commit"]
-    repository.path = str(options.get("path", ""))
+    repository.path = path
     repository.fail_to_pass.extend(_test_list(record.get("FAIL_TO_PASS"), "FAIL_TO_PASS", where))
     repository.pass_to_pass.extend(_test_list(record.get("PASS_TO_PASS"), "PASS_TO_PASS", where))
     repository.test_command.extend(_argv(command, f"test command of {repo_name}"))

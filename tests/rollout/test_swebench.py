@@ -55,7 +55,7 @@ def test_record_maps_to_a_repository_task(tmp_path: Path):
 
     assert task.task_id == "acme__widgets-42"
     assert "Widgets spin backwards." in task.prompt
-    assert "acme/widgets" in task.prompt
+    assert "The repository acme/widgets is checked out in /testbed." in task.prompt
     assert task.image == "sweb.eval.x86_64.acme__widgets-42"
     repo = task.repository
     assert (repo.source, repo.path, repo.base_commit) == ("", "/testbed", RECORD["base_commit"])

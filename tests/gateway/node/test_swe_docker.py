@@ -86,3 +86,23 @@ async def test_swe_verifier_in_a_task_image_container(backend: DockerBackend, ta
     finally:
         await runtime.cleanup()
     assert containers(backend.owner_label) == []
+
+
+async def test_a_repository_already_in_the_image(backend: DockerBackend, task_image: str):
+    """Empty `source`, absolute `path`: INIT copies nothing; the verifier works on the image's repository."""
+    task = _task("swe-mini-flatten")
+    task.repository.source = ""
+    task.repository.path = "/opt/swe-mini/repos/flatten"
+    runtime = await backend.create("s2-a1", {}, rollout_pb2.RuntimeSpec(kind="docker", image=task_image))
+    try:
+        assert await prepare_repository(task.repository, runtime.real.workdir) is None
+        assert list(runtime.real.workdir.iterdir()) == []
+
+        assert (await _score(runtime, task))[0] == 0.0
+        (runtime.real.tmpdir / "fix.patch").write_text(task.metadata["gold_patch"])
+        fix = ["git", "-C", task.repository.path, "apply", str(runtime.visible.tmpdir / "fix.patch")]
+        assert (await runtime.run_process(fix, {}, 30)).returncode == 0
+        reward, details = await _score(runtime, task)
+        assert reward == 1.0, details["output_tail"]
+    finally:
+        await runtime.cleanup()
