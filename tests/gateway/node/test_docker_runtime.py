@@ -213,3 +213,19 @@ def test_a_node_killed_with_sigkill_loses_its_containers(tmp_path: Path):
         if node.poll() is None:
             node.kill()
         remove(containers(label))
+
+
+async def test_a_harness_over_its_memory_limit_is_oom_killed_and_reported(backend: DockerBackend):
+    spec = _spec(memory_bytes=128 << 20)
+    spec.options.update({"on_limit": "infra"})
+    runtime = await backend.create("oom-a1", {}, spec)
+    try:
+        hog = ["{python}", "-c", "blocks = [bytearray(16 << 20) for _ in range(64)]; print('survived')"]
+        result = await runtime.run_harness(_command(runtime, hog), "http://127.0.0.1:9", 60)
+    finally:
+        await runtime.cleanup()
+    assert "survived" not in result.stdout
+    assert result.returncode == 137, "SIGKILLed by the kernel's OOM killer (docker exec reports 128 + 9)"
+    assert runtime.limits_hit == ["memory"]
+    assert runtime.limit_failure is not None
+    assert "memory" in runtime.limit_failure

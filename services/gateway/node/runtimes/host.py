@@ -53,7 +53,8 @@ class HostRuntime:
         return await self.launcher.run(invocation, None, timeout_s, binds=self.binds)
 
     def details(self) -> dict[str, Any]:
-        return {"kind": self.kind, "fixed_paths": self.fixed_paths}
+        """As before runtimes had kinds: a result without `kind` in its runtime details ran on the host."""
+        return {"fixed_paths": self.fixed_paths}
 
     async def cleanup(self) -> None:
         """Remove every file of the session (its processes are gone: the launcher kills them)."""
