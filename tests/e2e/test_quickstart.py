@@ -24,7 +24,7 @@ from lodestar.v1 import rollout_pb2
 from services.trainer.settings import TrainerSettings
 from services.trainer.wiring import create_trainer
 
-pytestmark = [pytest.mark.slow, pytest.mark.training_e2e]
+pytestmark = [pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart" / "quickstart.toml"
 STEPS = 12
