@@ -156,7 +156,7 @@ class DockerRuntime:
                 detail = err.decode(errors="replace").strip()[-300:]
                 message = f"gateway relay into {self.container}: {error} {detail}".strip()
                 raise FailedPreconditionError(message) from error
-            await asyncio.wait_for(helper.wait(), timeout=5)
+            await asyncio.wait_for(helper.communicate(), timeout=5)
         except OSError as error:
             raise FailedPreconditionError(f"gateway relay into {self.container}: {error}") from error
         finally:
