@@ -3,10 +3,10 @@
 # it; `make test` runs it first.
 #   - npm: Claude Code, Codex, Qwen Code, Pi, Gemini CLI and opencode, pinned by harnesses/package.json +
 #     harnesses/package-lock.json (binaries in .harnesses/node_modules/.bin);
-#   - PyPI, each in its own venv: mini-swe-agent (.harnesses/mini-swe-agent-venv, pinned with every
-#     dependency by harnesses/mini-swe-agent.txt) and the OpenHands SDK agent (.harnesses/openhands-venv,
-#     harnesses/openhands.txt), which needs Python >= 3.12: it is skipped, with a message, when no such
-#     interpreter is found (OPENHANDS_PYTHON, else python3.13 / python3.12 on PATH).
+#   - PyPI, in its own venv: mini-swe-agent (.harnesses/mini-swe-agent-venv, pinned with every dependency
+#     by harnesses/mini-swe-agent.txt).
+# The OpenHands SDK agent has its own installer and target (scripts/install-openhands.sh, make
+# harnesses-openhands): it needs Python >= 3.12 and costs ~6 min and ~1 GB on Debian 12.
 #
 # Idempotent: a stamp per part (hash of this script and that part's manifests) plus its present binaries
 # makes a second run return in well under a second. Pass --force (or delete .harnesses) to reinstall.
@@ -16,7 +16,6 @@
 #   HARNESSES_DIR   install folder (default .harnesses in the repository root)
 #   NPM             npm executable (default npm)
 #   PYTHON          interpreter for the mini-swe-agent venv (default python3)
-#   OPENHANDS_PYTHON  interpreter (>= 3.12) for the OpenHands venv (default: python3.13 or python3.12)
 #
 # Pitfalls handled here:
 #   - Claude Code 2.1.x ships a native binary in a per-platform optional dependency; its postinstall
@@ -111,19 +110,6 @@ install_venv() {
   echo "harnesses: $name $version installed in $(( $(date +%s) - begin ))s, $(du -sh "$venv" | cut -f1)"
 }
 
-# A Python >= 3.12 for the OpenHands SDK (empty when there is none).
-openhands_python() {
-  local candidate
-  for candidate in "${OPENHANDS_PYTHON:-}" python3.13 python3.12; do
-    [[ -n "$candidate" ]] || continue
-    if command -v "$candidate" >/dev/null \
-      && "$candidate" -c 'import sys, venv; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
-      command -v "$candidate"
-      return 0
-    fi
-  done
-}
-
 mkdir -p "$DEST"
 if [[ $force -eq 0 && -f "$STAMP" && "$(cat "$STAMP")" == "$want_stamp" ]] && all_present; then
   echo "harnesses: npm harnesses up to date in $DEST"
@@ -134,13 +120,3 @@ fi
 install_venv mini-swe-agent "${PYTHON:-python3}" "$ROOT/harnesses/mini-swe-agent.txt" \
   env MSWEA_SILENT_STARTUP=1 MSWEA_CONFIGURED=true LITELLM_LOCAL_MODEL_COST_MAP=True \
   "$DEST/mini-swe-agent-venv/bin/python" -c 'import minisweagent; print(minisweagent.__version__)'
-
-oh_python="$(openhands_python)"
-if [[ -z "$oh_python" ]]; then
-  echo "harnesses: openhands skipped: openhands-sdk needs Python >= 3.12 and none was found" \
-    "(set OPENHANDS_PYTHON, or install python3.12/python3.13)"
-else
-  install_venv openhands "$oh_python" "$ROOT/harnesses/openhands.txt" \
-    "$DEST/openhands-venv/bin/python" -c \
-    'import importlib.metadata as m; print(m.version("openhands-sdk"), m.version("openhands-tools"))'
-fi

@@ -25,6 +25,9 @@ from services.gateway.node.harnesses import (
     GatewayEndpoint,
     GeminiCli,
     Launcher,
+    MiniSweAgent,
+    OpenCode,
+    OpenHands,
     Pi,
     QwenCode,
     RunDirs,
@@ -314,6 +317,59 @@ def test_pi_models_json(tmp_path, api):
     assert inv.argv[inv.argv.index("--provider") + 1] == "lodestar"
     assert inv.argv[-2:] == ["-p", "the prompt"]
     assert make_harness(f"pi:{api}").api == api  # type: ignore[attr-defined]
+
+
+def test_opencode_config_and_prompt_words(tmp_path: Path) -> None:
+    prompt = '-f x  "q" 007 --help\nline two'
+    inv = _prepare(OpenCode(), tmp_path, prompt)
+    config = json.loads(Path(inv.env["OPENCODE_CONFIG"]).read_text())
+    provider = config["provider"]["lodestar"]
+    assert provider["npm"] == "@ai-sdk/openai-compatible"
+    assert provider["options"]["baseURL"] == "http://127.0.0.1:4567/v1"
+    assert provider["options"]["apiKey"] == "{env:LODESTAR_SESSION_KEY}"
+    assert inv.env["LODESTAR_SESSION_KEY"] == "sk-test-session"
+    assert list(provider["models"]) == ["tiny"]
+    assert config["model"] == config["small_model"] == "lodestar/tiny"
+    assert config["autoupdate"] is False
+    assert config["share"] == "disabled"
+    for switch in ("OPENCODE_DISABLE_AUTOUPDATE", "OPENCODE_DISABLE_MODELS_FETCH", "OPENCODE_DISABLE_CLAUDE_CODE"):
+        assert inv.env[switch] == "1", switch
+    assert inv.argv[1] == "run"
+    assert inv.argv[inv.argv.index("--title") + 1] == "lodestar"  # a fixed title: no title-generation call
+    words = inv.argv[inv.argv.index("--") + 1 :]
+    # opencode quotes every message argument that holds a space, then joins them with spaces.
+    assert not any(" " in word for word in words)
+    assert " ".join(words) == prompt
+
+
+def test_mini_swe_agent_config(tmp_path: Path) -> None:
+    harness = MiniSweAgent(bin_dir=tmp_path / "h" / "node_modules" / ".bin")
+    assert harness.binary == tmp_path / "h" / "mini-swe-agent-venv" / "bin" / "mini"
+    inv = _prepare(harness, tmp_path / "run")
+    config_path = Path(inv.argv[inv.argv.index("-c", inv.argv.index("-c") + 1) + 1])
+    model = json.loads(config_path.read_text())["model"]
+    assert model["model_name"] == "openai/tiny"
+    assert model["model_kwargs"]["api_base"] == "http://127.0.0.1:4567/v1"
+    assert model["cost_tracking"] == "ignore_errors"
+    assert inv.env["OPENAI_API_KEY"] == "sk-test-session"
+    assert inv.env["MSWEA_CONFIGURED"] == "true"  # else a first-run wizard prompts
+    assert inv.env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+    assert {"--yolo", "--exit-immediately"} <= set(inv.argv)
+    assert inv.argv[inv.argv.index("--task") + 1] == "the prompt"
+    assert "mini-swe-agent-venv" not in inv.env["PATH"]  # the agent's commands must not see its python
+
+
+def test_openhands_invocation(tmp_path: Path) -> None:
+    harness = OpenHands(bin_dir=tmp_path / "h" / "node_modules" / ".bin")
+    assert harness.binary == tmp_path / "h" / "openhands-venv" / "bin" / "python"
+    inv = _prepare(harness, tmp_path / "run")
+    assert inv.argv[1] == "-P"  # else the driver's folder shadows the `openhands` package
+    assert Path(inv.argv[2]).name == "openhands_driver.py"
+    assert inv.argv[inv.argv.index("--prompt") + 1] == "the prompt"
+    assert inv.argv[inv.argv.index("--workdir") + 1] == str(inv.cwd)
+    assert inv.env["LODESTAR_BASE_URL"] == "http://127.0.0.1:4567/v1"
+    assert inv.env["LODESTAR_SESSION_KEY"] == "sk-test-session"
+    assert inv.env["LODESTAR_MODEL"] == "tiny"
 
 
 def test_unknown_harness_name_is_refused():

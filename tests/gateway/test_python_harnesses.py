@@ -89,7 +89,7 @@ def launcher() -> Launcher:
 
 NOT_INSTALLED = {
     "mini-swe-agent": "run `make harnesses`",
-    "openhands": "run `make harnesses`; openhands-sdk needs a Python >= 3.12, which Debian 12 does not ship",
+    "openhands": "run `make harnesses-openhands`: it needs Python >= 3.12 (on Debian 12: a debootstrapped Debian 13)",
 }
 
 
