@@ -27,7 +27,17 @@ from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import rollout_pb2
 from services.rollout.swebench import load_swebench, parse_task_line, resolve_source, validate_repository_tasks
 
-HARNESS_KINDS = ("claude_code", "codex", "qwen_code", "pi", "gemini_cli", "command")
+HARNESS_KINDS = (
+    "claude_code",
+    "codex",
+    "qwen_code",
+    "pi",
+    "gemini_cli",
+    "opencode",
+    "mini_swe_agent",
+    "openhands",
+    "command",
+)
 VERIFIER_KINDS = ("command", "exact_match", "python", "swe")
 RUNTIME_KINDS = ("host", "docker")
 DOCKER_OPTIONS = {"mounts": "a list of absolute host paths", "on_limit": '"score" or "infra"'}
