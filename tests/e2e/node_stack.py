@@ -27,7 +27,7 @@ import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from lodestar.local import free_port
+from lodestar.local import TORCH_SERVICES, free_port, torch_threads
 from lodestar.v1 import gateway_pb2, gateway_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 from services.inference.tiny_model import TinyModelSpec, build
 
@@ -49,9 +49,9 @@ class Service:
 
     def start(self) -> None:
         with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-            )
+            threads = {"OMP_NUM_THREADS": str(torch_threads())} if self.name in TORCH_SERVICES else {}
+            env = {**threads, **os.environ, "PYTHONUNBUFFERED": "1"}  # as lodestar.local starts them
+            self.process = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
 
     def wait_serving(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

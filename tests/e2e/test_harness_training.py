@@ -6,8 +6,8 @@ a SQLite store, one gateway node as processes); each test writes a config whose 
 stack's addresses file, so `lodestar train` starts only a trainer, creates a run of 2 tasks x 2 samples
 for its harness and trains 2 steps of one group each. The tiny model writes noise, so the verifier's reward
 is noise too (`0.<random>`, two samples practically never tie), and harnesses that continue after a reply
-cut at max_tokens (Claude Code does) run until their agent timeout, which ends the session TIMED_OUT, a
-scored outcome. These tests are about the pipeline through
+cut at max_tokens (Claude Code does) run until their agent timeout (90 s here), which ends the session
+TIMED_OUT, a scored outcome. These tests are about the pipeline through
 the real binary — calls captured token-faithfully, steps taken, weights pushed to inference and served, no
 session an infrastructure failure — not about learning (the quickstart test is). Each harness's calls go
 through its own vendor dialect (Anthropic Messages, OpenAI Responses, OpenAI Chat, Google).
@@ -150,8 +150,8 @@ def _config(stack: TrainingStack, kind: str, directory: Path) -> Path:
         "earlyStopFraction": 1.0,
         "maxAttempts": 3,
         "maxStaleness": 4,
-        "sessionTimeout": "360s",
-        "agentTimeout": "300s",
+        "sessionTimeout": "150s",
+        "agentTimeout": "90s",
     }
     (directory / "run.yaml").write_text(yaml.safe_dump(spec))
     config = directory / "train.toml"
