@@ -241,6 +241,7 @@ class DockerBackend:
         self.cli = cli or DockerCli()
         self._reaper_enabled = reaper
         self._reaper: asyncio.subprocess.Process | None = None
+        self._reaper_lock = asyncio.Lock()
 
     @property
     def owner_label(self) -> str:
@@ -314,8 +315,11 @@ class DockerBackend:
     async def _start_reaper(self) -> None:
         """One child process that removes every container of this node when the node dies (SIGKILL
         included: PR_SET_PDEATHSIG via setpriv delivers it a SIGTERM)."""
-        if not self._reaper_enabled or (self._reaper is not None and self._reaper.returncode is None):
-            return
+        async with self._reaper_lock:  # concurrent INITs start one reaper
+            if self._reaper_enabled and (self._reaper is None or self._reaper.returncode is not None):
+                await self._spawn_reaper()
+
+    async def _spawn_reaper(self) -> None:
         if shutil.which("setpriv") is None:
             _log.warning("no setpriv: containers of a killed node are removed only when a node starts again")
             self._reaper_enabled = False
