@@ -1,10 +1,11 @@
 """swe-mini on the `docker` runtime through the real stack (marker `docker`): scripted inference, rollout, one
-gateway node, the task image of `lodestar images build-task examples/swe-mini`, and Claude Code (the real
-binary, mounted into each session container) editing the repository inside its container. The scripted
-model makes one Bash call that fixes slugify's bug where the workspace holds slugify, then says "done".
+gateway node, the task image of `lodestar images build-task examples/swe-mini`, and real harnesses (the
+node's pinned installs, mounted into each session container) editing the repository inside their container.
+The scripted model makes one bash call that fixes slugify's bug where the workspace holds slugify, then
+one that prints mini-swe-agent's submit marker, then says "done".
 
-- 3 tasks x 2 with Claude Code: slugify's sessions score 1.0, roman's and stats' 0.0, per-test details in
-  each result; no session container is left afterwards.
+- 3 tasks x 2 with Claude Code, and with mini-swe-agent: slugify's sessions score 1.0, roman's and
+  stats' 0.0, per-test details in each result; no session container is left afterwards.
 - `lodestar eval examples/swe-mini --harness claude_code --runtime docker` prints its table (pass@1 0.100).
 """
 
@@ -23,6 +24,7 @@ import pytest
 from lodestar.cli.images import build_task_image
 from lodestar.v1 import rollout_pb2
 from services.gateway.node.harnesses import make_harness
+from services.gateway.node.harnesses.mini_swe_agent import SUBMIT_MARKER
 from tests.docker_support import SESSION_IMAGE, containers, remove, skip_reason
 from tests.e2e.node_stack import REPO, NodeStack
 from tests.e2e.test_swe_runs import FIX_SLUGIFY
@@ -30,12 +32,15 @@ from tests.e2e.test_swe_runs import FIX_SLUGIFY
 pytestmark = [pytest.mark.docker, pytest.mark.harness, pytest.mark.slow]
 SWE_MINI = REPO / "examples" / "swe-mini"
 TASK_IMAGE = "lodestar/task-swe-mini:dev"
-SCRIPT = {
+SUBMIT = f"echo {SUBMIT_MARKER}"
+SCRIPT = {  # Claude Code: fix, submit command (a no-op for it), "done"; mini-swe-agent: fix, submit (its end)
     "replies": [
-        {"tool_calls": [{"name": ["Bash", "shell"], "arguments": {"command": FIX_SLUGIFY, "description": "Fix it"}}]},
-        {"text": "done"},
-    ]
+        {"tool_calls": [{"name": ["Bash", "bash"], "arguments": {"command": FIX_SLUGIFY, "description": "Fix it"}}]},
+        {"tool_calls": [{"name": ["Bash", "bash"], "arguments": {"command": SUBMIT, "description": "Submit"}}]},
+    ],
+    "default": {"text": "done"},
 }
+HARNESSES = {"claude_code": ("claude-code", "Bash"), "mini_swe_agent": ("mini-swe-agent", "bash")}
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +48,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, etcd_endpoint: str) -> Itera
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
-    if not make_harness("claude-code").is_installed():
-        pytest.fail("Claude Code is not installed: run `make harnesses`", pytrace=False)
+    for launcher, _ in HARNESSES.values():
+        if not make_harness(launcher).is_installed():
+            pytest.fail(f"{launcher} is not installed: run `make harnesses`", pytrace=False)
     build_task_image(SWE_MINI, base=SESSION_IMAGE, tag=TASK_IMAGE, log=False)
     root = tmp_path_factory.mktemp("swe-docker-e2e")
     with NodeStack.start(root, etcd_endpoint, f"/e2e-swe/{uuid.uuid4().hex}/", script=SCRIPT, nodes=1) as started:
@@ -64,12 +70,13 @@ def _tasks(*task_ids: str) -> list[dict[str, Any]]:
     return chosen
 
 
-def test_claude_code_fixes_a_repository_in_its_container(stack: NodeStack):
+@pytest.mark.parametrize("kind", list(HARNESSES))
+def test_a_harness_fixes_a_repository_in_its_container(stack: NodeStack, kind: str):
     spec = {
-        "name": "swe-mini-docker",
+        "name": f"swe-mini-docker-{kind}",
         "tasks": _tasks("swe-mini-slugify", "swe-mini-roman", "swe-mini-stats"),
         "groupSize": 2,
-        "harness": {"kind": "claude_code", "model": "lodestar-tiny"},
+        "harness": {"kind": kind, "model": "lodestar-tiny"},
         "verifier": {"kind": "swe", "config": {"timeout_s": 120}},
         "maxAttempts": 2,
         "sessionTimeout": "300s",
@@ -89,9 +96,8 @@ def test_claude_code_fixes_a_repository_in_its_container(stack: NodeStack):
             assert session.outcome == rollout_pb2.SESSION_OUTCOME_SCORED, session.error
             assert details["runtime"]["kind"] == "docker"
             assert details["runtime"]["image"] == TASK_IMAGE
-            assert any(
-                call.completion.tool_calls and call.completion.tool_calls[0].name == "Bash" for call in session.calls
-            )
+            tools = {call.completion.tool_calls[0].name for call in session.calls if call.completion.tool_calls}
+            assert tools == {HARNESSES[kind][1]}
             f2p, p2p = dict(details["fail_to_pass"]), dict(details["pass_to_pass"])
             assert set(p2p.values()) == {"passed"}, details["output_tail"]
             expected = "passed" if task_id == "swe-mini-slugify" else "failed"
