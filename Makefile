@@ -61,9 +61,14 @@ node-client: clients/node/node_modules/.installed
 vllm-venv: venv
 	bash scripts/setup-vllm-venv.sh
 
-## harnesses: the five real coding-agent harnesses from npm, pinned, into .harnesses/.
+## harnesses: the real coding-agent harnesses, pinned, into .harnesses/: six from npm, mini-swe-agent in its own venv.
 harnesses:
 	bash scripts/install-harnesses.sh
+
+## harnesses-openhands: the OpenHands SDK agent in its own venv (.harnesses/openhands-venv). Not in `make test`:
+## it needs Python >= 3.12, which on Debian 12 means a Debian 13 root built with debootstrap (4.5-9 min, ~930 MB).
+harnesses-openhands:
+	bash scripts/install-openhands.sh
 
 ## proto: regenerate lodestar/v1 from protos/ (committed output).
 proto: venv node-tools
