@@ -221,6 +221,23 @@ async def test_a_test_run_that_cannot_run_is_infrastructure(
         await _score(runtime, task, **config)
 
 
+def _without_git(directory: Path) -> Path:
+    """A directory of links to every program in /usr/bin but git."""
+    directory.mkdir()
+    for program in Path("/usr/bin").iterdir():
+        if not program.name.startswith("git"):
+            (directory / program.name).symlink_to(program)
+    return directory
+
+
+async def test_a_runtime_without_git_is_infrastructure(tmp_path: Path, slugify: rollout_pb2.Task):
+    runtime = await _session(tmp_path, slugify)
+    no_git = _without_git(tmp_path / "bin-without-git")
+
+    with pytest.raises(VerifierError, match="git is not installed"):
+        await _score(runtime, slugify, env={"PATH": str(no_git)})
+
+
 async def test_a_test_patch_that_does_not_apply_is_infrastructure(tmp_path: Path, slugify: rollout_pb2.Task):
     task = rollout_pb2.Task()
     task.CopyFrom(slugify)

@@ -62,6 +62,7 @@ DEFAULT_TEST_COMMAND = ["python", "-m", "pytest", "-rA", "-p", "no:cacheprovider
 # infrastructure (a dataset whose patch does not apply, a checkout that failed).
 _NO_DIRECTORY, _NOT_A_REPOSITORY, _NO_BASE_COMMIT, _RESTORE_FAILED, _PATCH_FAILED = 90, 91, 92, 93, 94
 PREPARE = r"""
+command -v git >/dev/null || { echo "git is not installed in the session's runtime" >&2; exit 127; }
 cd "$1" 2>/dev/null || { echo "repository directory $1 is gone" >&2; exit 90; }
 base=$2; patch=$3; shift 3
 git rev-parse --git-dir >/dev/null 2>&1 || { echo "$PWD is no longer a git repository" >&2; exit 91; }
