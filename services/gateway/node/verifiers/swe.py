@@ -16,15 +16,14 @@ Reward 1.0 when every FAIL_TO_PASS test passes and no PASS_TO_PASS test breaks, 
 the passing fraction of FAIL_TO_PASS when no PASS_TO_PASS broke). `details` has each test's outcome.
 
 Infrastructure, never 0 (VerifierError): the task has no repository, a file could not be restored, the test
-patch does not apply to the restored files (a dataset error), the test run timed out, was killed or could
-not start (exit 126/127), or its output reports no test at all (e.g. pytest is not installed: with the
-`exit_code` parser this check is off). A repository the agent destroyed (the directory, `.git` or the base
-commit gone) scores 0.0 with the reason in `details.error`. Processes see `PYTHONDONTWRITEBYTECODE=1`, git's
-`safe.directory=*` (the files may belong to another user inside a container) and the runtime's PATH; on
-the `host` runtime the bin directory of the node's Python comes first (as for the `command` harness:
-`python` is the node's interpreter), in a container the image's PATH decides (its `python`). A config
-`env.PATH` replaces either.
-"""
+patch does not apply to the restored files (a dataset error), the test run timed out, was killed or could not
+start (exit 126/127), or its output reports no test at all (e.g. pytest is not installed: with the `exit_code`
+parser this check is off), or git is missing. A repository the agent destroyed (the directory, `.git` or the
+base commit gone) scores 0.0 with the reason in `details.error`. Processes see `PYTHONDONTWRITEBYTECODE=1`,
+git's `safe.directory=*` (the files may belong to another user inside a container) and the runtime's PATH; on
+the `host` runtime the bin directory of the node's Python comes first (as for the `command` harness: `python`
+is the node's interpreter), in a container the image's PATH decides (its `python`). A config `env.PATH`
+replaces either. """
 
 from __future__ import annotations
 
