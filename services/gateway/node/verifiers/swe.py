@@ -23,7 +23,8 @@ base commit gone) scores 0.0 with the reason in `details.error`. Processes see `
 git's `safe.directory=*` (the files may belong to another user inside a container) and the runtime's PATH; on
 the `host` runtime the bin directory of the node's Python comes first (as for the `command` harness: `python`
 is the node's interpreter), in a container the image's PATH decides (its `python`). A config `env.PATH`
-replaces either. """
+replaces either.
+"""
 
 from __future__ import annotations
 
