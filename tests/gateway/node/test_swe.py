@@ -252,7 +252,9 @@ async def test_exit_code_parser(tmp_path: Path, slugify: rollout_pb2.Task):
     task = rollout_pb2.Task()
     task.CopyFrom(slugify)
     del task.repository.test_command[:]
-    task.repository.test_command.extend(["python", "-m", "pytest", "-q", "{tests}"])
+    task.repository.test_command.extend(
+        ["env", "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", "python", "-m", "pytest", "-q", "{tests}"]
+    )
     runtime = await _session(tmp_path, task)
 
     assert (await _score(runtime, task, parser="exit_code"))[0] == 0.0
