@@ -25,10 +25,9 @@ SWITCHES_OFF = {
     "MSWEA_SILENT_STARTUP": "1",
     "MSWEA_COST_TRACKING": "ignore_errors",
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # else litellm fetches its price list at import
-    "LITELLM_TELEMETRY": "False",
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
-    "DO_NOT_TRACK": "1",
+    "DO_NOT_TRACK": "1",  # huggingface_hub telemetry
     "PYTHONUNBUFFERED": "1",
     "PYTHONDONTWRITEBYTECODE": "1",
 }

@@ -19,12 +19,11 @@ DRIVER = Path(__file__).with_name("openhands_driver.py")
 
 SWITCHES_OFF = {
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    "LITELLM_TELEMETRY": "False",
     "OPENHANDS_SUPPRESS_BANNER": "1",
-    "LMNR_PROJECT_API_KEY": "",
+    "LMNR_PROJECT_API_KEY": "",  # its Laminar tracing starts only with a key
     "OTEL_SDK_DISABLED": "true",
     "HF_HUB_OFFLINE": "1",
-    "DO_NOT_TRACK": "1",
+    "DO_NOT_TRACK": "1",  # huggingface_hub telemetry
     "PYTHONUNBUFFERED": "1",
     "PYTHONDONTWRITEBYTECODE": "1",
 }
