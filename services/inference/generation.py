@@ -28,12 +28,13 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+from lodestar.chat_json import tool_schema
 from lodestar.errors import ContextLengthExceededError, InvalidArgumentError
 from lodestar.logging import get_logger
 from lodestar.v1 import common_pb2, inference_pb2
 from services.inference.assistant import AssistantDelta, AssistantParser, ParsedAssistant, _partial_suffix
 from services.inference.engine import Engine, EngineRequest, SamplingOptions
-from services.inference.templates import ChatTemplate, Prompt, tool_schema
+from services.inference.templates import ChatTemplate, Prompt
 from services.inference.tokenizer import IncrementalDecoder
 from services.inference.toolcalls import ToolCallFormat
 

@@ -21,21 +21,15 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
-from google.protobuf import json_format
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from lodestar import chat_json
+from lodestar.chat_json import tool_dict
 from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import common_pb2, inference_pb2
 from services.inference.tokenizer import TextTokenizer
 
 IMAGE_PLACEHOLDER = "[image]"
-_ROLE_NAMES = {
-    common_pb2.ROLE_SYSTEM: "system",
-    common_pb2.ROLE_DEVELOPER: "developer",
-    common_pb2.ROLE_USER: "user",
-    common_pb2.ROLE_ASSISTANT: "assistant",
-    common_pb2.ROLE_TOOL: "tool",
-}
 
 
 @dataclass(frozen=True)
@@ -50,75 +44,10 @@ class Prompt:
     """The prompt ends inside an opened `<think>` block: generation starts with reasoning."""
 
 
-def _text_of(parts: Sequence[common_pb2.ContentPart]) -> str:
-    pieces: list[str] = []
-    for part in parts:
-        kind = part.WhichOneof("part")
-        if kind == "text":
-            pieces.append(part.text.text)
-        elif kind == "image":
-            pieces.append(IMAGE_PLACEHOLDER)
-    return "".join(pieces)
-
-
-def _arguments(text: str) -> Any:
-    try:
-        return json.loads(text) if text else {}
-    except json.JSONDecodeError:
-        return text
-
-
 def message_dict(message: common_pb2.ChatMessage) -> dict[str, Any]:
-    """One canonical message as the dict chat templates expect (OpenAI/transformers shape)."""
-    role = _ROLE_NAMES.get(message.role)
-    if role is None:
-        raise InvalidArgumentError("a message has no role")
-    out: dict[str, Any] = {"role": role, "content": _text_of(message.content)}
-    if message.name:
-        out["name"] = message.name
-    if role == "assistant":
-        reasoning = "".join(part.reasoning.text for part in message.content if part.WhichOneof("part") == "reasoning")
-        if reasoning:
-            out["reasoning_content"] = reasoning
-        if message.tool_calls:
-            out["tool_calls"] = [
-                {
-                    "id": call.id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": _arguments(call.arguments_json)},
-                }
-                for call in message.tool_calls
-            ]
-    if role == "tool":
-        out["content"] = _text_of(message.tool_result.content)
-        out["tool_call_id"] = message.tool_result.tool_call_id
-        if message.tool_result.name:
-            out["name"] = message.tool_result.name
-    return out
-
-
-def tool_schema(tool: common_pb2.ToolDefinition) -> dict[str, Any]:
-    """The JSON schema of a tool's arguments (empty object schema when none was given)."""
-    kind = tool.WhichOneof("parameters")
-    if kind == "parameters_schema":
-        return json_format.MessageToDict(tool.parameters_schema)
-    if kind == "parameters_json":
-        try:
-            schema = json.loads(tool.parameters_json)
-        except json.JSONDecodeError as error:
-            raise InvalidArgumentError(f"tool {tool.name!r} has parameters that are not JSON") from error
-        if not isinstance(schema, dict):
-            raise InvalidArgumentError(f"tool {tool.name!r} parameters must be a JSON object")
-        return schema
-    return {"type": "object", "properties": {}}
-
-
-def tool_dict(tool: common_pb2.ToolDefinition) -> dict[str, Any]:
-    function: dict[str, Any] = {"name": tool.name}
-    if tool.description:
-        function["description"] = tool.description
-    function["parameters"] = tool_schema(tool)
-    return {"type": "function", "function": function}
+    """One canonical message as the dict chat templates expect (transformers' shape: tool-call arguments
+    decoded from JSON, an image as a placeholder text)."""
+    return chat_json.message_dict(message, parse_arguments=True, image_placeholder=IMAGE_PLACEHOLDER)
 
 
 def _environment() -> ImmutableSandboxedEnvironment:

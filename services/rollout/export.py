@@ -21,25 +21,15 @@ one record; a session with sub-agents or a compaction gives one per branch. A re
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from google.protobuf import json_format
-
+from lodestar.chat_json import message_dict, tool_dict
 from lodestar.errors import NotFoundError
 from lodestar.v1 import common_pb2, rollout_pb2
 from services.rollout.model import SessionStatus
 from services.rollout.store import Store
-
-_ROLES = {
-    common_pb2.ROLE_SYSTEM: "system",
-    common_pb2.ROLE_DEVELOPER: "developer",
-    common_pb2.ROLE_USER: "user",
-    common_pb2.ROLE_ASSISTANT: "assistant",
-    common_pb2.ROLE_TOOL: "tool",
-}
 
 
 @dataclass(frozen=True)
@@ -50,51 +40,6 @@ class ExportStats:
     """Sessions whose reward is at least the threshold."""
     records: int
     """Chain ends written (at least one per accepted session that made a call)."""
-
-
-def _text(parts: Sequence[common_pb2.ContentPart]) -> str:
-    return "".join(p.text.text if p.WhichOneof("part") == "text" else "" for p in parts)
-
-
-def _reasoning(parts: Sequence[common_pb2.ContentPart]) -> str:
-    return "".join(p.reasoning.text for p in parts if p.WhichOneof("part") == "reasoning")
-
-
-def message_json(message: common_pb2.ChatMessage) -> dict[str, Any]:
-    """One canonical message as an OpenAI Chat message (tool-call arguments stay the model's JSON text)."""
-    role = _ROLES.get(message.role, "user")
-    out: dict[str, Any] = {"role": role, "content": _text(message.content)}
-    if message.name:
-        out["name"] = message.name
-    if role == "assistant":
-        reasoning = _reasoning(message.content)
-        if reasoning:
-            out["reasoning_content"] = reasoning
-        if message.tool_calls:
-            out["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
-                for c in message.tool_calls
-            ]
-    if role == "tool":
-        out["content"] = _text(message.tool_result.content)
-        out["tool_call_id"] = message.tool_result.tool_call_id
-        if message.tool_result.name:
-            out["name"] = message.tool_result.name
-    return out
-
-
-def tool_json(tool: common_pb2.ToolDefinition) -> dict[str, Any]:
-    """A tool definition in OpenAI's function form."""
-    kind = tool.WhichOneof("parameters")
-    schema: Any = {"type": "object", "properties": {}}
-    if kind == "parameters_schema":
-        schema = json_format.MessageToDict(tool.parameters_schema)
-    elif kind == "parameters_json":
-        try:
-            schema = json.loads(tool.parameters_json)
-        except json.JSONDecodeError:
-            schema = tool.parameters_json
-    return {"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": schema}}
 
 
 def chain_ends(calls: Sequence[common_pb2.CallRecord]) -> list[common_pb2.CallRecord]:
@@ -134,8 +79,8 @@ def session_records(result: rollout_pb2.SessionResult, *, run_id: str, task_id: 
             "call_sequence": end.sequence,
             "reward": result.reward,
             "policy_version": max(chain_versions),
-            "messages": [message_json(m) for m in end.messages] + [message_json(end.completion)],
-            "tools": [tool_json(t) for t in end.tools],
+            "messages": [message_dict(m) for m in end.messages] + [message_dict(end.completion)],
+            "tools": [tool_dict(t) for t in end.tools],
             "token_ids": [*end.prompt_token_ids, *end.completion_token_ids],
             "loss_mask": loss_mask(end, by_sequence),
         }
