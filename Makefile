@@ -92,11 +92,10 @@ typecheck: venv
 	$(VENV)/bin/mypy
 
 pytest: venv
-	$(VENV)/bin/pytest -q -ra -m "not training_e2e and not docker"
+	$(VENV)/bin/pytest -q -ra -m "not docker"
 
-## test-training: the whole-training e2e runs (the quickstart must learn; a 2-step run per harness family).
-## Not in `make test` yet: the quickstart's reward does not rise reliably (issue 9) and the five harness
-## runs take longer than CI's budget for them.
+## test-training: only the whole-training e2e runs (marker training_e2e: a 2-step run per harness family and
+## on swe-mini; also part of `make test`). The quickstart's learning test is `tests/e2e/test_quickstart.py`.
 test-training: setup harnesses
 	$(VENV)/bin/pytest -q -ra -m training_e2e
 
@@ -119,7 +118,7 @@ session-image: docker-deps
 ## test-docker: the `docker` runtime tests (marker docker: a container per session, isolation, limits, cleanup,
 ## SIGKILL of a node) on a real Docker daemon. Not in `make test`: with the image build they take ~5 min
 ## here (`make test` runs the runtime's unit tests without Docker).
-test-docker: setup docker-deps session-image
+test-docker: setup harnesses docker-deps session-image
 	$(VENV)/bin/pytest -q -ra -m docker
 
 ## compose-test: the compose smoke test of the images (deploy/compose.yaml): scripts/compose-smoke.sh.

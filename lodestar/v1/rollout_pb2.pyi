@@ -312,7 +312,9 @@ class HarnessSpec(_message.Message):
     ENV_FIELD_NUMBER: _builtins.int
     COMMAND_FIELD_NUMBER: _builtins.int
     kind: _builtins.str
-    """"claude_code", "codex", "qwen_code", "pi", "gemini_cli" or "command"."""
+    """"claude_code", "codex", "qwen_code", "pi" (or "pi:<api>"), "gemini_cli", "opencode", "mini_swe_agent",
+    "openhands" or "command".
+    """
     model: _builtins.str
     """Model name the harness is told to use (the served model answers whatever it is)."""
     @_builtins.property
