@@ -7,7 +7,8 @@ view on a terminal, one plain line per step otherwise) until the trainer has don
 or `timeout_s` passed; Ctrl-C / SIGTERM stops early. Then it makes sure the last step is checkpointed,
 cancels what is left of the run, stops what it started, plots the rewards and prints the summary: run
 directory (`<run_dir>/<run id>`), final checkpoint, metrics files, reward plot and reward rise.
-Exit code 0 when every step was done.
+Exit code 0 when every step was done, or when the run's groups ran out first (every task sampled, every
+group read: after a reward saturates most groups have no signal); the summary says which.
 """
 
 from __future__ import annotations
@@ -94,15 +95,31 @@ async def _finish(stub: trainer_pb2_grpc.TrainerServiceAsyncStub, progress: trai
     return reply.checkpoint_path or status.last_checkpoint_path
 
 
-def _rewards(run_dir: Path) -> tuple[list[float], list[float]]:
-    rewards, merges = [], []
+def _rewards(run_dir: Path) -> tuple[list[float], list[float], int]:
+    """Reward mean and merge ratio of every step, and the groups trained on."""
+    rewards, merges, groups = [], [], 0
     path = run_dir / "metrics.jsonl"
     if path.exists():
         for line in path.read_text().splitlines():
             record = json.loads(line)
             rewards.append(float(record.get("reward_mean", 0.0)))
             merges.append(float(record.get("merge_ratio", 0.0)))
-    return rewards, merges
+            groups += int(record.get("groups", 0))
+    return rewards, merges, groups
+
+
+def _ran_out(progress: train_view.Progress, steps_done: int, groups_trained: int) -> str:
+    """Why the trainer stopped before its steps on its own, when the reason is that the run's groups ran
+    out (every task sampled, every group read); else ""."""
+    run = progress.run
+    if progress.trainer.state != trainer_pb2.TRAINER_STATE_STOPPED or run.state != rollout_pb2.RUN_STATE_COMPLETED:
+        return ""
+    unused = max(run.groups_delivered - groups_trained, 0)
+    return (
+        f"the run's {len(run.spec.tasks)} tasks are used up after step {steps_done}: of its "
+        f"{run.groups_delivered} delivered groups {groups_trained} were trained on, {unused} had no reward "
+        f"signal (every sample scored alike: solved, or too hard) and {run.groups_dropped} were dropped as stale"
+    )
 
 
 async def _train(config: TrainConfig, console: Console) -> int:
@@ -144,26 +161,39 @@ async def _train(config: TrainConfig, console: Console) -> int:
             except grpc.aio.AioRpcError as failure:  # the trainer died: report what it had written
                 error = error or f"trainer unreachable at the end: {failure.details()}"
                 checkpoint = progress.trainer.last_checkpoint_path
+        with contextlib.suppress(grpc.aio.AioRpcError, UnavailableError, DeadlineExceededError):
+            request = rollout_pb2.GetRunRequest(run_id=run_id)
+            progress.run = (await _call(stack.rollout, lambda s: s.GetRun(request, timeout=10.0))).run
         cancel = rollout_pb2.CancelRunRequest(run_id=run_id)
         await _call(stack.rollout, lambda s: s.CancelRun(cancel, timeout=30.0))
     finally:
         with console.status("stopping the trainer" + ("" if stack.cluster is None else " and the stack")):
             await train_stack.close(trainer_cluster, stack.cluster)
-    return _report(config, console, progress, checkpoint, error, time.monotonic() - started)
+    interrupted = stop.is_set()
+    return _report(config, console, progress, checkpoint, error, time.monotonic() - started, interrupted)
 
 
 def _report(
-    config: TrainConfig, console: Console, progress: train_view.Progress, checkpoint: str, error: str, seconds: float
+    config: TrainConfig,
+    console: Console,
+    progress: train_view.Progress,
+    checkpoint: str,
+    error: str,
+    seconds: float,
+    interrupted: bool,
 ) -> int:
+    """Print the summary; 0 when every step was done, or when the run's groups ran out first."""
     from services.trainer.plot import plot_run  # matplotlib: only at the end
 
-    rewards, merges = _rewards(config.run_dir)
+    rewards, merges, groups = _rewards(config.run_dir)
     plots = plot_run(config.run_dir) if rewards else []
     metrics = [p for p in (config.run_dir / "metrics.jsonl", config.run_dir / "tensorboard") if p.exists()]
     done = len(rewards) >= config.steps and not error
+    ran_out = "" if done or error or interrupted else _ran_out(progress, len(rewards), groups)
+    state = "done" if done else "run used up" if ran_out else "failed" if error else "stopped early"
     outcome = train_view.Outcome(
         run_id=progress.run_id,
-        state="done" if done else ("failed" if error else "stopped early"),
+        state=state,
         steps=len(rewards),
         run_dir=config.run_dir,
         checkpoint=checkpoint,
@@ -173,9 +203,10 @@ def _report(
         merge_ratio=sum(merges) / len(merges) if merges else 0.0,
         seconds=seconds,
         error=error,
+        note=ran_out,
     )
     console.print(train_view.summary(outcome), highlight=False)
-    return 0 if done else 1
+    return 0 if done or ran_out else 1
 
 
 def _handle(args: argparse.Namespace) -> int:

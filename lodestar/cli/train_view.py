@@ -110,6 +110,8 @@ class Outcome:
     merge_ratio: float
     seconds: float
     error: str = ""
+    note: str = ""
+    """Why the training ended before its steps without an error (the run's groups ran out)."""
 
 
 def summary(outcome: Outcome) -> Table:
@@ -128,6 +130,8 @@ def summary(outcome: Outcome) -> Table:
         ("metrics", ", ".join(str(p) for p in outcome.metrics) or "-"),
         ("reward plot", str(outcome.plots[0]) if outcome.plots else "-"),
     ]
+    if outcome.note:
+        rows.append(("ended", outcome.note))
     if outcome.error:
         rows.append(("error", outcome.error))
     for row in rows:

@@ -1,6 +1,6 @@
 """The quickstart trains: `lodestar train` on examples/quickstart (its own etcd, inference with the tiny model,
 rollout, a gateway node running the quickstart agent, the trainer), with the quickstart's seed and settings
-and fewer steps, as a subprocess. Asserts the reward rises by at least 0.3 (last 5 steps - first 5), every
+and its 20 steps, as a subprocess. Asserts the reward rises by at least 0.3 (last 5 steps - first 5), every
 step pushed a new policy version that calls captured afterwards report, the trainer trained on merged
 sequences (merge ratio > 1), and the final checkpoint resumes (step, version, groups read, weights)."""
 
@@ -27,7 +27,11 @@ from services.trainer.wiring import create_trainer
 pytestmark = [pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart" / "quickstart.toml"
-STEPS = 12
+STEPS = 20
+"""As shipped. The take-off (0.1-0.25 -> 0.95) came at step 6, 7, 8 and 12 in four runs: 12 steps are too few.
+Once the reward saturates at 1.0 most groups have no signal, and the run's 240 tasks can be used up before step
+20: `lodestar train` then ends with "run used up" and says why (exit 0); at least 10 steps must be done."""
+MIN_STEPS = 10
 TIMEOUT_S = 1500
 
 
@@ -83,23 +87,28 @@ def test_the_quickstart_learns(tmp_path: Path) -> None:
     (run_dir,) = (tmp_path / "runs").iterdir()
     run_id = run_dir.name
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = len(records)
+    assert MIN_STEPS <= steps <= STEPS, done.stdout[-3000:]
+    if steps < STEPS:
+        assert "lodestar train: run used up" in done.stdout, done.stdout[-3000:]
+        assert " ended " in done.stdout, done.stdout[-3000:]  # the summary row saying why
 
-    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
     rewards = [r["reward_mean"] for r in records]
     assert reward_rise(rewards) >= 0.3, rewards
     # Every step pushed a new version, and calls captured after it report it.
-    assert [r["policy_version"] for r in records] == list(range(1, STEPS + 1))
+    assert [r["policy_version"] for r in records] == list(range(1, steps + 1))
     versions = _call_versions(tmp_path / "stack" / "rollout.sqlite", run_id)
-    assert set(range(STEPS)) <= versions, sorted(versions)
+    assert set(range(steps)) <= versions, sorted(versions)
     # Prefix merging: each session's two calls became one sequence.
     assert all(r["merge_ratio"] > 1.0 for r in records), [r["merge_ratio"] for r in records]
     assert (run_dir / "reward.png").stat().st_size > 0
 
-    checkpoint = run_dir / "checkpoints" / f"step-{STEPS:06d}"
+    checkpoint = run_dir / "checkpoints" / f"step-{steps:06d}"
     settings = TrainerSettings(run=run_id, resume=checkpoint, run_dir=tmp_path / "resumed", inference="")
     trainer = create_trainer(settings, connect=False)
-    assert (trainer.state.step, trainer.state.policy_version) == (STEPS, STEPS)
-    assert trainer.state.groups_read >= STEPS * tomllib.loads(config.read_text())["trainer"]["groups_per_step"]
+    assert (trainer.state.step, trainer.state.policy_version) == (steps, steps)
+    assert trainer.state.groups_read >= steps * tomllib.loads(config.read_text())["trainer"]["groups_per_step"]
     saved = load_file(str(checkpoint / "model.safetensors"))
     for name, parameter in trainer.model.state_dict().items():
         if name in saved:

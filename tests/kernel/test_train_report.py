@@ -1,0 +1,72 @@
+"""`lodestar train`'s ending: every step done, the run's groups used up first (a normal end that says why),
+interrupted, or failed — and its exit code."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from lodestar.cli import train_view
+from lodestar.cli.train import _report
+from lodestar.cli.train_config import TrainConfig
+from lodestar.v1 import rollout_pb2, trainer_pb2
+
+STEPS = 20
+
+
+def _ended(tmp_path: Path, steps_done: int, *, run_state: int, error: str = "", interrupted: bool = False):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with (run_dir / "metrics.jsonl").open("w") as out:
+        for step in range(1, steps_done + 1):
+            record = {
+                "step": step,
+                "policy_version": step,
+                "time": 1e9 + step,
+                "reward_mean": 0.1 * step,
+                "merge_ratio": 1.5,
+                "groups": 4,
+            }
+            out.write(json.dumps(record) + "\n")
+    config = TrainConfig(config_path=tmp_path / "t.toml", spec=tmp_path / "run.yaml", steps=STEPS, run_dir=run_dir)
+    progress = train_view.Progress(run_id="run-1", steps=STEPS)
+    progress.trainer.state = trainer_pb2.TRAINER_STATE_STOPPED
+    progress.run.state = run_state  # type: ignore[assignment]
+    progress.run.groups_delivered = 4 * steps_done + 30
+    progress.run.spec.tasks.add(task_id="t")
+    console = Console(file=io.StringIO(), width=200)
+    code = _report(config, console, progress, "ckpt", error, 1.0, interrupted)
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    return code, text
+
+
+def test_every_step_done_is_success(tmp_path: Path) -> None:
+    code, text = _ended(tmp_path, STEPS, run_state=rollout_pb2.RUN_STATE_RUNNING)
+    assert code == 0
+    assert "lodestar train: done" in text
+
+
+def test_a_run_whose_groups_ran_out_ends_normally_and_says_why(tmp_path: Path) -> None:
+    code, text = _ended(tmp_path, 13, run_state=rollout_pb2.RUN_STATE_COMPLETED)
+    assert code == 0
+    assert "lodestar train: run used up" in text
+    assert "after step 13" in text
+    assert "82 delivered groups 52 were trained on, 30 had no reward signal" in text
+
+
+@pytest.mark.parametrize(
+    ("run_state", "error", "interrupted", "title"),
+    [
+        (rollout_pb2.RUN_STATE_RUNNING, "", False, "stopped early"),  # the run still had groups: not used up
+        (rollout_pb2.RUN_STATE_COMPLETED, "", True, "stopped early"),  # Ctrl-C
+        (rollout_pb2.RUN_STATE_COMPLETED, "trainer unreachable", False, "failed"),
+    ],
+)
+def test_other_early_ends_fail(tmp_path: Path, run_state: int, error: str, interrupted: bool, title: str) -> None:
+    code, text = _ended(tmp_path, 13, run_state=run_state, error=error, interrupted=interrupted)
+    assert code == 1
+    assert f"lodestar train: {title}" in text
