@@ -76,6 +76,11 @@ class EngineRequest:
     final_only: bool = False
     """The caller reads nothing before the end: the engine may deliver the whole completion as one step
     (vLLM: `RequestOutputKind.FINAL_ONLY`, no per-step output to the server's event loop)."""
+    hold_s: float = 0.0
+    """Streaming pace: after the first step, an engine with `EngineInfo.paces_steps` delivers a step only
+    once this long has passed since the step it delivered before (merging what was sampled meanwhile), or
+    when the request finishes; the first and the finishing step go out at once. 0: every step at once.
+    Engines without `paces_steps` ignore it (the caller paces)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,8 @@ class EngineInfo:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     """Ids that end a turn (e.g. <|im_end|> and <|endoftext|>)."""
+    paces_steps: bool = False
+    """The engine honours `EngineRequest.hold_s` itself (cheaper than a consumer woken on every step)."""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,16 @@ token must be looked at: with stop sequences every engine step is decoded and se
 stops right after the sequence appears. A caller that asked for the final event only (no stream, no stop
 sequences) asks the engine for its last step only (`EngineRequest.final_only`) and decodes once.
 `flush_s = 0` sends one delta per engine step (the per-token path the coalescing tests compare against).
+
+What a streamed token costs is mostly per gRPC message (~50 us of server CPU and as much in the client,
+whatever the message carries), so two more things keep messages and wake-ups few:
+- a message budget (`messages_per_s`, the `stream_messages_per_s` setting): a stream starting while n-1
+  others run flushes every max(flush_s, n / messages_per_s) seconds, so all streams together send about
+  that many deltas per second however many there are;
+- an engine that can pace a stream itself (`EngineInfo.paces_steps`: vLLM) gets the interval as
+  `EngineRequest.hold_s` and delivers a step only when it is due (first and finishing steps at once), so
+  this loop runs once per delta instead of once per engine step; each step it gets is sent. Not with stop
+  sequences: their steps are searched one by one here, as above.
 """
 
 from __future__ import annotations
@@ -105,12 +115,23 @@ class Generation:
         *,
         max_new_tokens: int,
         flush_s: float = 0.02,
+        messages_per_s: float = 0.0,
     ) -> None:
         self._engine = engine
         self._template = template
         self._fmt = fmt
         self._cap = max_new_tokens
         self._flush_s = flush_s
+        self._messages_per_s = messages_per_s
+        self._streams = 0
+        """Streaming calls running now (they share the message budget)."""
+
+    def stream_interval(self) -> float:
+        """The flush interval of a stream starting now: `flush_s`, longer when the running streams would
+        together send more than `messages_per_s` deltas per second at it (0 stays 0: one delta per step)."""
+        if self._flush_s <= 0 or self._messages_per_s <= 0:
+            return self._flush_s
+        return max(self._flush_s, (self._streams + 1) / self._messages_per_s)
 
     def _prompt(
         self,
@@ -138,13 +159,19 @@ class Generation:
             raise ContextLengthExceededError(len(prompt.ids), context)
         options = sampling_options(request.sampling, self._cap, context - len(prompt.ids))
         stops = _Stops(tuple(stop for stop in request.sampling.stop if stop))
+        stream = request.stream
+        flush_s = self.stream_interval() if stream else 0.0
+        # The engine paces the steps itself when it can (the consumer is not woken for a step it would not
+        # send); not with stop sequences, where every step is searched so that generation stops right away.
+        paced = info.paces_steps and flush_s > 0 and not stops.stops
         engine_request = EngineRequest(  # engine ids stay unique even when a client reuses its request_id
             f"{request_id}#{uuid.uuid4().hex[:8]}",
             prompt.ids,
             options,
             messages=tuple(request.messages),
             tools=tuple(request.tools),
-            final_only=not request.stream and not stops.stops,
+            final_only=not stream and not stops.stops,
+            hold_s=flush_s if paced else 0.0,
         )
         schemas = {tool.name: tool_schema(tool) for tool in request.tools}
         parser = AssistantParser(
@@ -154,12 +181,12 @@ class Generation:
             parse_tool_calls=request.tool_choice.mode != common_pb2.TOOL_CHOICE_MODE_NONE,
         )
         out = _Output(IncrementalDecoder(self._template.tokenizer), parser, stops)
-        stream, flush_s = request.stream, self._flush_s
         version: int | None = None
         engine_finish: str | None = None
         first_token_s: float | None = None
         last_sent = -math.inf
         steps = self._engine.generate(engine_request)
+        self._streams += int(stream)
         try:
             async for step in steps:
                 now = time.perf_counter()
@@ -170,7 +197,7 @@ class Generation:
                 engine_finish = step.finish_reason
                 stopped = bool(stops.stops) and out.check_stops(final=engine_finish is not None)
                 done = stopped or engine_finish is not None
-                if stream and (done or now - last_sent >= flush_s):
+                if stream and (done or paced or now - last_sent >= flush_s):
                     yield out.delta(done)
                     last_sent = now
                 if stopped:
@@ -184,6 +211,7 @@ class Generation:
             )
             raise
         finally:
+            self._streams -= int(stream)
             if isinstance(steps, AsyncGenerator):  # the engine frees the request's slot on close
                 await steps.aclose()
         out.decode(final=True)

@@ -42,6 +42,7 @@ class InferenceService:
             self.tool_format,
             max_new_tokens=settings.max_new_tokens,
             flush_s=settings.stream_flush_ms / 1e3,
+            messages_per_s=settings.stream_messages_per_s,
         )
         self._update_lock = asyncio.Lock()
         self._published_at = timestamp_pb2.Timestamp()

@@ -32,17 +32,24 @@ BIG_FLUSH_S = 3600.0
 
 
 class ReplayEngine:
-    """Replays `ids` in steps of the given sizes, pausing `pause_s` before every step after the first."""
+    """Replays `ids` in steps of the given sizes, pausing `pause_s` before every step after the first.
 
-    def __init__(self, ids: Sequence[int], sizes: Sequence[int], eos: int, *, pause_s: float = 0.0) -> None:
-        self.ids, self.sizes, self.eos, self.pause_s = list(ids), list(sizes), eos, pause_s
+    `paces=True`: the engine claims `paces_steps` (it replays its steps as they are: the steps stand for
+    what a pacing engine delivers), so `Generation` must send each step as a delta without pacing again."""
+
+    def __init__(
+        self, ids: Sequence[int], sizes: Sequence[int], eos: int, *, pause_s: float = 0.0, paces: bool = False
+    ) -> None:
+        self.ids, self.sizes, self.eos, self.pause_s, self.paces = list(ids), list(sizes), eos, pause_s, paces
         self.closed = 0
         self.step_times: list[float] = []
+        self.requests: list[EngineRequest] = []
 
     def info(self) -> EngineInfo:
-        return EngineInfo(backend="replay", context_length=65536, vocab_size=4096, eos_token_ids=(self.eos,))
+        return EngineInfo("replay", 65536, 4096, (self.eos,), paces_steps=self.paces)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineStep]:
+        self.requests.append(request)
         position = 0
         try:
             for number, size in enumerate(self.sizes):
@@ -159,6 +166,12 @@ def test_coalescing_never_changes_what_the_client_assembles(
             coalesced, _ = await run(generation(ReplayEngine(ids, sizes, eos), chat_template, flush_s), request)
             assert assemble(coalesced) == expected
             assert len(coalesced.deltas) <= (len(sizes) if flush_s == 0.0 else 2)
+        # An engine that paces its own steps: every step it delivers goes out as one delta, same result.
+        paced_engine = ReplayEngine(ids, grouped, eos, paces=True)
+        paced, _ = await run(generation(paced_engine, chat_template, BIG_FLUSH_S), request)
+        assert assemble(paced) == expected
+        assert len(paced.deltas) == len(grouped)
+        assert paced_engine.requests[0].hold_s == BIG_FLUSH_S
         final_only, _ = await run(
             generation(ReplayEngine(ids, grouped, eos), chat_template, 0.0), generate_request(stream=False)
         )
@@ -190,6 +203,40 @@ def test_stop_sequences_cut_the_same_with_coalescing(
         assert results[0] == results[1]
 
     asyncio.run(main())
+
+
+async def test_stop_sequences_are_searched_on_every_step_even_with_a_pacing_engine(
+    chat_template: ChatTemplate, tiny_tokenizer: TextTokenizer
+) -> None:
+    ids = tiny_tokenizer.encode("alpha beta STOP gamma delta")
+    engine = ReplayEngine(ids, [1] * len(ids), -1, paces=True)
+    out, _ = await run(generation(engine, chat_template, BIG_FLUSH_S), generate_request(["STOP"]))
+    assert engine.requests[0].hold_s == 0.0  # no pacing in the engine: it would sample past the stop
+    assert out.final.finish_reason == common_pb2.FINISH_REASON_STOP_SEQUENCE
+    assert len(out.deltas) == 2  # Generation paces instead: the first step, then the stop
+    assert "".join(d.text for d in out.deltas) == "alpha beta"
+
+
+async def test_streams_share_a_message_budget(chat_template: ChatTemplate, tiny_tokenizer: TextTokenizer) -> None:
+    """With a budget of 50 deltas/s a lone stream sends every 20 ms (not every 1 ms, its flush interval), a
+    stream started beside it every 40 ms; the first and the last delta still go out at once."""
+    ids = tiny_tokenizer.encode(" ".join(f"w{i}" for i in range(40)))
+    engine = ReplayEngine(ids, [1] * len(ids), -1, pause_s=0.004)
+    fmt = format_for("auto", chat_template.tokenizer.chat_template)
+    gen = Generation(engine, chat_template, fmt, max_new_tokens=4096, flush_s=0.001, messages_per_s=50.0)
+    assert gen.stream_interval() == 0.02
+    alone = asyncio.create_task(run(gen, generate_request()))
+    await asyncio.sleep(0.03)
+    assert gen.stream_interval() == 0.04  # the first stream is still running (40 steps, 4 ms apart)
+    beside, beside_times = await run(gen, generate_request())
+    first, first_times = await alone
+    assert gen._streams == 0
+    for out, times, interval in ((first, first_times, 0.02), (beside, beside_times, 0.04)):
+        assert [t for d in out.deltas for t in d.token_ids] == ids
+        gaps = [b - a for a, b in itertools.pairwise(times[:-2])]  # between deltas, the finishing one aside
+        assert gaps
+        assert min(gaps) >= 0.9 * interval
+    assert len(beside.deltas) < len(first.deltas)
 
 
 async def test_first_and_last_deltas_are_not_held_back(

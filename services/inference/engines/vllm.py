@@ -7,7 +7,10 @@ sampled id comes back with its fp32 logprob under the processed distribution
 (`logprobs_mode="processed_logprobs"`: temperature, top-k, top-p applied, then log-softmax), streamed as
 DELTA outputs (FINAL_ONLY for `EngineRequest.final_only`; vLLM merges the outputs waiting for a consumer
 that fell behind, so a step carries every id since the previous one; flat logprob lists, no object per
-token). Closing the generator aborts the vLLM request and frees its KV blocks. Greedy requests (temperature
+token). A streaming request with `hold_s` is paced here (`EngineInfo.paces_steps`): after the first step,
+ids wait in this generator until `hold_s` has passed since the last delivery or the request finishes, so
+the consumer is woken once per delta, not once per engine step. Closing the generator aborts the vLLM
+request and frees its KV blocks. Greedy requests (temperature
 0) drop top-k/top-p, which cannot change an argmax: their logprob is the log-softmax of the raw logits
 whatever else shares the batch (vLLM filters a greedy row only inside a mixed batch).
 
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -124,6 +128,7 @@ class VllmEngine:
             context_length=context,
             vocab_size=int(config["vocab_size"]),
             eos_token_ids=TextTokenizer.load(self._model_dir).eos_token_ids,
+            paces_steps=True,
         )
         args = AsyncEngineArgs(**engine_args(self._settings, self._model_dir, context))
         self._llm = AsyncLLM.from_engine_args(args)
@@ -195,6 +200,10 @@ class VllmEngine:
                 self._submitted.notify_all()
         self._running.add(rid)
         finished = False
+        hold, delivered = request.hold_s, -math.inf
+        want_logprobs = request.return_logprobs
+        ids: list[int] = []
+        logprobs: list[float] = []
         try:
             while not finished:
                 try:
@@ -206,17 +215,28 @@ class VllmEngine:
                     continue
                 finished = out.finished
                 completion = out.outputs[0]
-                ids = tuple(completion.token_ids)  # every id of the step (merged when this loop fell behind)
-                logprobs: tuple[float, ...] = ()
-                if request.return_logprobs and ids:
-                    logprobs = _sampled_logprobs(ids, completion.logprobs)
+                new = completion.token_ids  # every id of the step (merged when this loop fell behind)
+                if not isinstance(new, list):
+                    new = list(new)
+                if new:
+                    ids += new
+                    if want_logprobs:
+                        logprobs += _sampled_logprobs(new, completion.logprobs)
                 reason: EngineFinishReason | None = None
                 if finished:
                     reason = _FINISH.get(str(completion.finish_reason))
                     if reason is None:  # aborted under us: only close() does that
                         raise UnavailableError("the vllm engine stopped this request (shutting down)")
-                if ids or reason is not None:
-                    yield EngineStep(token_ids=ids, logprobs=logprobs, policy_version=version, finish_reason=reason)
+                elif not ids:
+                    continue
+                elif hold:  # pace the stream here: no wake-up of the consumer for a step it would not send
+                    now = time.perf_counter()
+                    if now - delivered < hold:
+                        continue
+                    delivered = now
+                yield EngineStep(token_ids=tuple(ids), logprobs=tuple(logprobs), policy_version=version,
+                                 finish_reason=reason)  # fmt: skip
+                ids, logprobs = [], []
         finally:
             self._running.discard(rid)
             if not finished and self._llm is not None and not self._closed:
@@ -356,12 +376,12 @@ class VllmEngine:
                 file.unlink(missing_ok=True)
 
 
-def _sampled_logprobs(ids: tuple[int, ...], entries: Any) -> tuple[float, ...]:
+def _sampled_logprobs(ids: list[int], entries: Any) -> list[float]:
     """Each sampled id's logprob: vLLM's flat list as it is (one entry per position), else one lookup each."""
     flat = getattr(entries, "logprobs", None)
-    if isinstance(flat, list) and len(flat) == len(ids) and entries.token_ids == list(ids):
-        return tuple(flat)
-    return tuple([entry[token].logprob for token, entry in zip(ids, entries or [], strict=True)])
+    if isinstance(flat, list) and len(flat) == len(ids) and entries.token_ids == ids:
+        return flat
+    return [entry[token].logprob for token, entry in zip(ids, entries or [], strict=True)]
 
 
 def engine_args(settings: InferenceSettings, model_dir: Path, context: int) -> dict[str, Any]:
