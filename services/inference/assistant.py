@@ -49,10 +49,17 @@ class AssistantDelta:
 
 
 def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `marker`."""
-    for size in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-size:]):
-            return size
+    """Length of the longest suffix of `text` that is a proper prefix of `marker`.
+
+    Only suffixes that start with the marker's first character can be one: usually none is in the window
+    of the last len(marker) - 1 characters, and one `find` settles it (this runs on every streamed delta)."""
+    if not marker:
+        return 0
+    index = text.find(marker[0], max(0, len(text) - len(marker) + 1))
+    while index >= 0:
+        if marker.startswith(text[index:]):
+            return len(text) - index
+        index = text.find(marker[0], index + 1)
     return 0
 
 

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lodestar.v1 import common_pb2, inference_pb2
+from services.inference.assistant import _partial_suffix
 from services.inference.engine import EngineInfo, EngineRequest, EngineStep, SamplingOptions
 from services.inference.engines.transformers import TransformersEngine
 from services.inference.generation import Generation
@@ -290,3 +291,11 @@ async def test_real_engine_first_delta_is_one_token_and_cancel_frees_the_slot(
         assert rest[-1].finish_reason == "length"
     finally:
         await engine.close()
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text("<ab/é", max_size=14), marker=st.text("<ab/é", min_size=1, max_size=7))
+def test_partial_suffix_is_the_longest_suffix_that_starts_the_marker(text: str, marker: str) -> None:
+    longest = max((size for size in range(1, min(len(marker) - 1, len(text)) + 1) if marker.startswith(text[-size:])),
+                  default=0)  # fmt: skip
+    assert _partial_suffix(text, marker) == longest
