@@ -145,13 +145,15 @@ class NodeStack:
             for service in [*stack.nodes, rollout, second, inference]:
                 service.stop()
 
+    # Leases: leader TTL 4 s, node lease 5 s. With 2 s / 3 s, etcd keepalives missed on a machine at load 15-20
+    # made leadership flap and nodes lose sessions ("ownership key deleted") in otherwise healthy runs.
     @staticmethod
     def _rollout(cli: list[str], root: Path, etcd: str, prefix: str, name: str) -> Service:
         port = free_port()
         return Service(
             name,
             [*cli, "rollout", "serve", "--port", str(port), "--etcd", etcd, "--etcd-prefix", prefix,
-             "--store", str(root / "rollout.sqlite"), "--leader-ttl-s", "2", "--log-json"],
+             "--store", str(root / "rollout.sqlite"), "--leader-ttl-s", "4", "--log-json"],
             port, root / f"{name}.log",
         )  # fmt: skip
 
@@ -176,7 +178,7 @@ class NodeStack:
     def _node(self, index: int) -> Service:
         port = free_port()
         settings = {
-            "slots": "2", "ready-buffer": "1", "poll-interval-s": "0.2", "etcd-lease-ttl-s": "3",
+            "slots": "2", "ready-buffer": "1", "poll-interval-s": "0.2", "etcd-lease-ttl-s": "5",
             **self.node_settings,
         }  # fmt: skip
         argv = [

