@@ -27,14 +27,12 @@ from typing import Any
 import pytest
 
 from lodestar.v1 import common_pb2
-from services.gateway.node.harnesses import GatewayEndpoint, HarnessResult, Launcher, RunDirs, make_harness
+from services.gateway.node.harnesses import Launcher, make_harness
 from services.gateway.node.harnesses.mini_swe_agent import SUBMIT_MARKER
+from tests.gateway.harness_runs import assert_captured, describe, run_harness, text_of
 from tests.gateway.stack import GatewayStack, assert_chain_extends
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
-
-MODEL = "lodestar-tiny"
-RUN_TIMEOUT_S = 240.0
 
 
 def _mini_finish(answer: str) -> dict[str, Any]:
@@ -99,53 +97,22 @@ def _require_installed(case: Case) -> None:
         pytest.skip(f"{harness.binary} is not installed ({NOT_INSTALLED[case.harness]})")
 
 
-async def _run(
-    case: Case, stack: GatewayStack, launcher: Launcher, tmp_path: Path, prompt: str
-) -> tuple[HarnessResult, RunDirs, str]:
-    session = stack.open_session(harness=case.harness)
-    dirs = RunDirs.under(tmp_path / "run")
-    endpoint = GatewayEndpoint(stack.http_base_url, session.key, MODEL)
-    invocation = make_harness(case.harness).prepare(dirs, endpoint, prompt)
-    result = await launcher.run(invocation, stack.http_base_url, timeout_s=RUN_TIMEOUT_S)
-    return result, dirs, session.session_id
-
-
-def _describe(result: HarnessResult, calls: list[common_pb2.CallRecord]) -> str:
-    return (
-        f"rc={result.returncode} timed_out={result.timed_out} isolated={result.isolated} "
-        f"calls={len(calls)}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-5000:]}"
-    )
-
-
-def _assert_captured(call: common_pb2.CallRecord, case: Case) -> None:
-    assert call.dialect == common_pb2.DIALECT_OPENAI_CHAT
-    assert len(call.prompt_token_ids) > 0
-    assert len(call.completion_token_ids) > 0
-    assert len(call.completion_logprobs) == len(call.completion_token_ids)
-    assert call.original_request_json
-    assert case.shell_tool in {tool.name for tool in call.tools}, "the harness no longer offers its shell tool"
-
-
-def _text(message: common_pb2.ChatMessage) -> str:
-    return "".join(part.text.text for part in message.content if part.HasField("text"))
-
-
 @pytest.mark.parametrize("case", PARAMS)
 async def test_text_run(case: Case, gateway_stack: GatewayStack, launcher: Launcher, tmp_path: Path) -> None:
     _require_installed(case)
     answer = f"Lodestar answer {secrets.token_hex(4)}."
     gateway_stack.set_script({"replies": [case.text_answer(answer)]})
 
-    result, _, session_id = await _run(case, gateway_stack, launcher, tmp_path, "Say hello.")
+    result, _, session_id = await run_harness(case.harness, gateway_stack, launcher, tmp_path, "Say hello.")
     calls = gateway_stack.calls(session_id)
 
-    assert result.ok, _describe(result, calls)
-    assert answer in result.stdout, _describe(result, calls)
-    assert len(calls) == 1, _describe(result, calls)
+    assert result.ok, describe(result, calls)
+    assert answer in result.stdout, describe(result, calls)
+    assert len(calls) == 1, describe(result, calls)
     (call,) = calls
-    _assert_captured(call, case)
+    assert_captured(call, dialect=common_pb2.DIALECT_OPENAI_CHAT, shell_tool=case.shell_tool)
     assert call.finish_reason == case.text_finish_reason
-    assert answer in _text(call.completion)
+    assert answer in text_of(call.completion)
     assert call.continued_from_sequence == -1
     assert gateway_stack.get_session(session_id).session.call_count == 1
 
@@ -159,24 +126,24 @@ async def test_shell_tool_run(case: Case, gateway_stack: GatewayStack, launcher:
     tool_call = {"name": case.shell_tool, "arguments": case.shell_arguments(command)}
     gateway_stack.set_script({"replies": [{"tool_calls": [tool_call]}, case.finish(final)]})
 
-    result, dirs, session_id = await _run(
-        case, gateway_stack, launcher, tmp_path, "Create proof.txt with the shell tool, then say what you did."
+    result, dirs, session_id = await run_harness(
+        case.harness, gateway_stack, launcher, tmp_path, "Create proof.txt with the shell tool, then say what you did."
     )
     calls = gateway_stack.calls(session_id)
 
-    assert result.ok, _describe(result, calls)
+    assert result.ok, describe(result, calls)
     proof_file = dirs.workdir / "proof.txt"
-    assert proof_file.is_file(), _describe(result, calls)
+    assert proof_file.is_file(), describe(result, calls)
     assert proof_file.read_text().strip() == proof
-    assert final in result.stdout, _describe(result, calls)
-    assert len(calls) == 2, _describe(result, calls)
+    assert final in result.stdout, describe(result, calls)
+    assert len(calls) == 2, describe(result, calls)
     first, second = calls
     for call in calls:
-        _assert_captured(call, case)
+        assert_captured(call, dialect=common_pb2.DIALECT_OPENAI_CHAT, shell_tool=case.shell_tool)
     assert [tc.name for tc in first.completion.tool_calls] == [case.shell_tool]
     tool_results = [m for m in second.messages if m.role == common_pb2.ROLE_TOOL]
     assert len(tool_results) == 1, "the second call must carry the shell tool's result"
-    assert proof not in _text(tool_results[0])  # `echo ... > file` prints nothing; the file holds it
+    assert proof not in text_of(tool_results[0])  # `echo ... > file` prints nothing; the file holds it
     assert_chain_extends(calls)
     assert second.usage.continued_prompt_tokens >= len(first.prompt_token_ids) + len(first.completion_token_ids)
 
@@ -192,15 +159,15 @@ async def test_mini_swe_agent_answers_a_reply_without_tool_call_with_a_format_er
         {"select": "sequence", "replies": [{"text": "Just text."}, case.finish("Now with the tool.")]}
     )
 
-    result, dirs, session_id = await _run(case, gateway_stack, launcher, tmp_path, "Say hello.")
+    result, dirs, session_id = await run_harness(case.harness, gateway_stack, launcher, tmp_path, "Say hello.")
     calls = gateway_stack.calls(session_id)
 
-    assert result.ok, _describe(result, calls)
-    assert len(calls) == 2, _describe(result, calls)
+    assert result.ok, describe(result, calls)
+    assert len(calls) == 2, describe(result, calls)
     first, second = calls
     assert first.finish_reason == common_pb2.FINISH_REASON_STOP
     assert [m.role for m in second.messages] == [m.role for m in first.messages] + [common_pb2.ROLE_USER]
-    assert "No tool calls found" in _text(second.messages[-1])
+    assert "No tool calls found" in text_of(second.messages[-1])
     assert "Just text." not in second.original_request_json  # the unparsable reply is not re-sent
     assert second.chain_start == common_pb2.CHAIN_START_BRANCH
     trajectory = json.loads((dirs.home / "trajectory.json").read_text())
