@@ -2,7 +2,8 @@
 
 `Progress` is one snapshot (trainer GetStatus + rollout GetRun); `render` makes the live view of it,
 `plain_line` one log line per trainer step (readable in CI logs and pipes), `summary` the final table.
-`reward_rise` is the mean reward of the last 5 steps minus that of the first 5.
+`reward_rise` is the mean reward of the last 5 steps minus that of the first 5 (halves of a run shorter than 10
+steps).
 """
 
 from __future__ import annotations
@@ -87,11 +88,18 @@ def plain_line(progress: Progress) -> str:
     )
 
 
+def windows(rewards: list[float]) -> tuple[list[float], list[float]]:
+    """The first and the last WINDOW rewards; fewer than 2 x WINDOW steps are split in halves, so the two never
+    overlap (a run whose tasks were used up after 7 steps compares steps 1-3 with 5-7). One step: itself twice."""
+    size = max(1, min(WINDOW, len(rewards) // 2))
+    return rewards[:size], rewards[-size:]
+
+
 def reward_rise(rewards: list[float]) -> float:
-    """Mean of the last WINDOW rewards minus the mean of the first WINDOW (0 with no rewards)."""
+    """Mean of the last window of rewards minus the mean of the first (`windows`; 0 with no rewards)."""
     if not rewards:
         return 0.0
-    first, last = rewards[:WINDOW], rewards[-WINDOW:]
+    first, last = windows(rewards)
     return sum(last) / len(last) - sum(first) / len(first)
 
 
@@ -122,7 +130,7 @@ def summary(outcome: Outcome) -> Table:
         ("run", outcome.run_id),
         ("steps", str(outcome.steps)),
         ("time", f"{outcome.seconds:.0f} s"),
-        ("reward first 5 -> last 5", _rise_text(outcome.rewards)),
+        (f"reward first {len(windows(outcome.rewards)[0])} -> last", _rise_text(outcome.rewards)),
         ("reward rise", f"{reward_rise(outcome.rewards):+.3f}"),
         ("merge ratio (mean)", f"{outcome.merge_ratio:.2f}"),
         ("run directory", str(outcome.run_dir)),
@@ -142,5 +150,5 @@ def summary(outcome: Outcome) -> Table:
 def _rise_text(rewards: list[float]) -> str:
     if not rewards:
         return "-"
-    first, last = rewards[:WINDOW], rewards[-WINDOW:]
+    first, last = windows(rewards)
     return f"{sum(first) / len(first):.3f} -> {sum(last) / len(last):.3f}"

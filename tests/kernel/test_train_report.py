@@ -13,6 +13,7 @@ from rich.console import Console
 from lodestar.cli import train_view
 from lodestar.cli.train import _report
 from lodestar.cli.train_config import TrainConfig
+from lodestar.cli.train_view import reward_rise
 from lodestar.v1 import rollout_pb2, trainer_pb2
 
 STEPS = 20
@@ -70,3 +71,12 @@ def test_other_early_ends_fail(tmp_path: Path, run_state: int, error: str, inter
     code, text = _ended(tmp_path, 13, run_state=run_state, error=error, interrupted=interrupted)
     assert code == 1
     assert f"lodestar train: {title}" in text
+
+
+def test_the_reward_rise_compares_windows_that_never_overlap() -> None:
+    assert reward_rise([0.1] * 5 + [0.9] * 5 + [0.5] * 2) == pytest.approx((0.9 * 3 + 0.5 * 2) / 5 - 0.1)
+    # used up after 7 steps (take-off at step 4): steps 1-3 against 5-7, not 1-5 against 3-7
+    rewards = [0.147, 0.104, 0.159, 0.469, 0.386, 0.986, 0.986]
+    assert reward_rise(rewards) == pytest.approx((0.386 + 0.986 + 0.986) / 3 - (0.147 + 0.104 + 0.159) / 3)
+    assert reward_rise([0.2]) == 0.0
+    assert reward_rise([]) == 0.0
