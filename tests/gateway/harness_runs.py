@@ -45,3 +45,28 @@ def assert_captured(call: common_pb2.CallRecord, *, dialect: int, shell_tool: st
 
 def text_of(message: common_pb2.ChatMessage) -> str:
     return "".join(part.text.text for part in message.content if part.HasField("text"))
+
+
+def assert_shell_tool_run(
+    result: HarnessResult,
+    dirs: RunDirs,
+    calls: list[common_pb2.CallRecord],
+    *,
+    proof: str,
+    final: str,
+    dialect: int,
+    shell_tool: str,
+) -> tuple[common_pb2.CallRecord, common_pb2.CallRecord]:
+    """The harness ran its shell tool, which wrote `proof` into the workspace's proof.txt, then answered
+    `final`: two calls captured, the first asking for the shell tool. Returns (first, second)."""
+    assert result.ok, describe(result, calls)
+    proof_file = dirs.workdir / "proof.txt"
+    assert proof_file.is_file(), describe(result, calls)
+    assert proof_file.read_text().strip() == proof
+    assert final in result.stdout, describe(result, calls)
+    assert len(calls) == 2, describe(result, calls)
+    first, second = calls
+    for call in calls:
+        assert_captured(call, dialect=dialect, shell_tool=shell_tool)
+    assert [tc.name for tc in first.completion.tool_calls] == [shell_tool]
+    return first, second

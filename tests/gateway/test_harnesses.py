@@ -27,7 +27,7 @@ import pytest
 
 from lodestar.v1 import common_pb2
 from services.gateway.node.harnesses import Launcher, make_harness
-from tests.gateway.harness_runs import assert_captured, describe, run_harness, text_of
+from tests.gateway.harness_runs import assert_captured, assert_shell_tool_run, describe, run_harness, text_of
 from tests.gateway.stack import GatewayStack, assert_chain_extends
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
@@ -121,17 +121,10 @@ async def test_shell_tool_run(case: Case, gateway_stack: GatewayStack, launcher:
     )
     calls = gateway_stack.calls(session_id)
 
-    assert result.ok, describe(result, calls)
-    proof_file = dirs.workdir / "proof.txt"
-    assert proof_file.is_file(), describe(result, calls)
-    assert proof_file.read_text().strip() == proof
-    assert final in result.stdout, describe(result, calls)
-    assert len(calls) == 2, describe(result, calls)
-    first, second = calls
-    for call in calls:
-        assert_captured(call, dialect=case.dialect, shell_tool=case.shell_tool)
+    first, second = assert_shell_tool_run(
+        result, dirs, calls, proof=proof, final=final, dialect=case.dialect, shell_tool=case.shell_tool
+    )
     assert first.finish_reason == common_pb2.FINISH_REASON_TOOL_CALLS
-    assert [tc.name for tc in first.completion.tool_calls] == [case.shell_tool]
     assert second.finish_reason == common_pb2.FINISH_REASON_STOP
     assert text_of(second.completion) == final
     tool_results = [m for m in second.messages if m.role == common_pb2.ROLE_TOOL]

@@ -29,7 +29,7 @@ import pytest
 from lodestar.v1 import common_pb2
 from services.gateway.node.harnesses import Launcher, make_harness
 from services.gateway.node.harnesses.mini_swe_agent import SUBMIT_MARKER
-from tests.gateway.harness_runs import assert_captured, describe, run_harness, text_of
+from tests.gateway.harness_runs import assert_captured, assert_shell_tool_run, describe, run_harness, text_of
 from tests.gateway.stack import GatewayStack, assert_chain_extends
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
@@ -131,16 +131,15 @@ async def test_shell_tool_run(case: Case, gateway_stack: GatewayStack, launcher:
     )
     calls = gateway_stack.calls(session_id)
 
-    assert result.ok, describe(result, calls)
-    proof_file = dirs.workdir / "proof.txt"
-    assert proof_file.is_file(), describe(result, calls)
-    assert proof_file.read_text().strip() == proof
-    assert final in result.stdout, describe(result, calls)
-    assert len(calls) == 2, describe(result, calls)
-    first, second = calls
-    for call in calls:
-        assert_captured(call, dialect=common_pb2.DIALECT_OPENAI_CHAT, shell_tool=case.shell_tool)
-    assert [tc.name for tc in first.completion.tool_calls] == [case.shell_tool]
+    first, second = assert_shell_tool_run(
+        result,
+        dirs,
+        calls,
+        proof=proof,
+        final=final,
+        dialect=common_pb2.DIALECT_OPENAI_CHAT,
+        shell_tool=case.shell_tool,
+    )
     tool_results = [m for m in second.messages if m.role == common_pb2.ROLE_TOOL]
     assert len(tool_results) == 1, "the second call must carry the shell tool's result"
     assert proof not in text_of(tool_results[0])  # `echo ... > file` prints nothing; the file holds it
