@@ -47,6 +47,13 @@ def torch_threads() -> int:
     return max(1, cores // 2)
 
 
+def child_env(name: str) -> dict[str, str]:
+    """The environment of a process started here (`name`: its service, or "etcd"): this one's, unbuffered,
+    plus the torch thread split for a torch service (module docstring) unless the environment sets it."""
+    threads = {"OMP_NUM_THREADS": str(torch_threads())} if name in TORCH_SERVICES else {}
+    return {**threads, **os.environ, "PYTHONUNBUFFERED": "1"}
+
+
 def free_port() -> int:
     """A TCP port that is free on 127.0.0.1 right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -141,7 +148,7 @@ class LocalCluster:
             "--initial-cluster",
             f"lodestar-up=http://127.0.0.1:{peer}",
         ]
-        self._etcd = await self._spawn(argv, self.etcd_log)
+        self._etcd = await self._spawn(argv, self.etcd_log, child_env("etcd"))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._etcd.returncode is not None:
@@ -182,13 +189,9 @@ class LocalCluster:
             str(spec.port),
             "--log-json",
         ]
-        env = {"OMP_NUM_THREADS": str(torch_threads())} if spec.name in TORCH_SERVICES else {}
-        self._processes[spec.name] = await self._spawn([*argv, *spec.args], self.log_path(spec), env)
+        self._processes[spec.name] = await self._spawn([*argv, *spec.args], self.log_path(spec), child_env(spec.name))
 
-    async def _spawn(
-        self, argv: list[str], log_path: Path, extra_env: dict[str, str] | None = None
-    ) -> asyncio.subprocess.Process:
-        env = {**(extra_env or {}), **os.environ, "PYTHONUNBUFFERED": "1"}  # the caller's environment wins
+    async def _spawn(self, argv: list[str], log_path: Path, env: dict[str, str]) -> asyncio.subprocess.Process:
         with log_path.open("ab") as log:
             # A new session: the terminal's Ctrl-C reaches only `up`, which stops children in order.
             return await asyncio.create_subprocess_exec(

@@ -27,12 +27,37 @@ import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from lodestar.local import TORCH_SERVICES, free_port, torch_threads
+from lodestar.local import child_env, free_port
 from lodestar.v1 import gateway_pb2, gateway_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 from services.inference.tiny_model import TinyModelSpec, build
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT = ["{python}", "{repo}/examples/agent/agent.py", "{prompt}"]
+CHECK_OUT_TXT = (
+    'expected=$(python3 -c \'import json, os; print(json.loads(os.environ["LODESTAR_TASK_METADATA"])["expected"])\'); '
+    'test "$(cat out.txt)" = "$expected"'
+)
+"""A command verifier: reward 1 when the workspace's out.txt holds the task's metadata `expected`."""
+
+
+def out_txt_spec(kind: str, expected: list[str], group_size: int) -> dict[str, Any]:
+    """A run spec (JSON mapping) in which harness `kind` writes out.txt with its shell tool: one task per entry of
+    `expected`, scored by CHECK_OUT_TXT."""
+    tasks = [
+        {"taskId": f"{kind}-{i}", "prompt": "Write hi into out.txt with the shell tool.", "metadata": {"expected": e}}
+        for i, e in enumerate(expected)
+    ]
+    return {
+        "name": kind,
+        "tasks": tasks,
+        "groupSize": group_size,
+        "harness": {"kind": kind, "model": "lodestar-tiny"},
+        "verifier": {"kind": "command", "config": {"command": CHECK_OUT_TXT, "timeout_s": 30}},
+        "earlyStopFraction": 1.0,
+        "maxAttempts": 2,
+        "sessionTimeout": "300s",
+        "agentTimeout": "240s",
+    }
 
 
 @dataclass
@@ -49,8 +74,7 @@ class Service:
 
     def start(self) -> None:
         with self.log.open("ab") as log:
-            threads = {"OMP_NUM_THREADS": str(torch_threads())} if self.name in TORCH_SERVICES else {}
-            env = {**threads, **os.environ, "PYTHONUNBUFFERED": "1"}  # as lodestar.local starts them
+            env = child_env(self.name)  # as lodestar.local starts them
             self.process = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
 
     def wait_serving(self, timeout: float = 60.0) -> None:

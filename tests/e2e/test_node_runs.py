@@ -24,7 +24,7 @@ import pytest
 from lodestar.v1 import rollout_pb2
 from services.gateway.node.harnesses import make_harness
 from tests.conftest import EtcdServer, _healthy
-from tests.e2e.node_stack import AGENT, NodeStack
+from tests.e2e.node_stack import AGENT, NodeStack, out_txt_spec
 
 pytestmark = pytest.mark.slow
 HANG_AGENT = ["{python}", "{repo}/tests/gateway/node/hang_agent.py", "{prompt}"]
@@ -44,10 +44,6 @@ HARNESS_SCRIPT = {
         {"text": "done"},
     ]
 }
-CHECK = (
-    'expected=$(python3 -c \'import json, os; print(json.loads(os.environ["LODESTAR_TASK_METADATA"])["expected"])\'); '
-    'test "$(cat out.txt)" = "$expected"'
-)
 SLOW_SCRIPT = {
     "replies": [
         {"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 2; echo hi > out.txt"}}]},
@@ -139,21 +135,7 @@ def test_real_harness_run_three_tasks_by_four(stack: NodeStack, kind: str, binar
     if not make_harness(binary).is_installed():
         pytest.fail(f"{make_harness(binary).binary} is not installed: run `make harnesses`", pytrace=False)
     stack.set_script(HARNESS_SCRIPT)
-    tasks = [
-        {"taskId": f"{kind}-{i}", "prompt": "Write hi into out.txt with the shell tool.", "metadata": {"expected": e}}
-        for i, e in enumerate(["hi", "hi", "bye"])
-    ]
-    spec = {
-        "name": kind,
-        "tasks": tasks,
-        "groupSize": 4,
-        "harness": {"kind": kind, "model": "lodestar-tiny"},
-        "verifier": {"kind": "command", "config": {"command": CHECK, "timeout_s": 30}},
-        "earlyStopFraction": 1.0,
-        "maxAttempts": 2,
-        "sessionTimeout": "300s",
-        "agentTimeout": "240s",
-    }
+    spec = out_txt_spec(kind, ["hi", "hi", "bye"], group_size=4)
     run_id = stack.create_run(spec, name=f"{kind}.yaml")
 
     run = stack.wait_run(run_id, timeout=300)

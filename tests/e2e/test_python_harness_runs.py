@@ -17,13 +17,9 @@ from lodestar.v1 import rollout_pb2
 from services.gateway.node.harnesses import make_harness
 from services.gateway.node.harnesses.mini_swe_agent import SUBMIT_MARKER
 from tests.conftest import EtcdServer
-from tests.e2e.node_stack import NodeStack
+from tests.e2e.node_stack import NodeStack, out_txt_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
-CHECK = (
-    'expected=$(python3 -c \'import json, os; print(json.loads(os.environ["LODESTAR_TASK_METADATA"])["expected"])\'); '
-    'test "$(cat out.txt)" = "$expected"'
-)
 WRITE = "echo hi > out.txt"
 SCRIPTS: dict[str, dict[str, Any]] = {
     "mini_swe_agent": {
@@ -61,21 +57,7 @@ def test_python_harness_run_two_tasks_by_two(stack: NodeStack, kind: str) -> Non
         pytest.skip(f"{harness.binary} is not installed (run `{target}`)")
     stack.set_script(SCRIPTS[kind])
     shell_tool = SCRIPTS[kind]["replies"][0]["tool_calls"][0]["name"]
-    tasks = [
-        {"taskId": f"{kind}-{i}", "prompt": "Write hi into out.txt with the shell tool.", "metadata": {"expected": e}}
-        for i, e in enumerate(["hi", "bye"])
-    ]
-    spec = {
-        "name": kind,
-        "tasks": tasks,
-        "groupSize": 2,
-        "harness": {"kind": kind, "model": "lodestar-tiny"},
-        "verifier": {"kind": "command", "config": {"command": CHECK, "timeout_s": 30}},
-        "earlyStopFraction": 1.0,
-        "maxAttempts": 2,
-        "sessionTimeout": "300s",
-        "agentTimeout": "240s",
-    }
+    spec = out_txt_spec(kind, ["hi", "bye"], group_size=2)
     run_id = stack.create_run(spec, name=f"{kind}.yaml")
 
     run = stack.wait_run(run_id, timeout=300)
