@@ -14,8 +14,9 @@ import pytest
 
 from lodestar.v1 import common_pb2
 from services.gateway.node.harnesses import GatewayEndpoint, Launcher, RunDirs, make_harness
+from tests.gateway.harness_runs import MODEL, RUN_TIMEOUT_S, describe
 from tests.gateway.stack import GatewayStack
-from tests.gateway.test_harnesses import CASES, MODEL, RUN_TIMEOUT_S, Case, _describe, _require_installed
+from tests.gateway.test_harnesses import CASES, Case, _require_installed
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
@@ -65,13 +66,13 @@ async def test_overflow_mid_run(case: Case, gateway_stack: GatewayStack, launche
     assert gateway_stack.node is not None
     failed, message = gateway_stack.node.proxy.unanswered.get(session.session_id, (0, ""))
     # It stopped by itself, soon, saying why in its own words; no crash, no endless retries.
-    assert not result.timed_out, _describe(result, calls)
-    assert result.returncode == 1, _describe(result, calls)
-    assert STOPPED_WITH[case.harness] in result.stdout + result.stderr, _describe(result, calls)
-    assert "panic" not in result.stderr.lower(), _describe(result, calls)
-    assert 1 <= failed <= 3, _describe(result, calls)
+    assert not result.timed_out, describe(result, calls)
+    assert result.returncode == 1, describe(result, calls)
+    assert STOPPED_WITH[case.harness] in result.stdout + result.stderr, describe(result, calls)
+    assert "panic" not in result.stderr.lower(), describe(result, calls)
+    assert 1 <= failed <= 3, describe(result, calls)
     assert f"context length is {limit} tokens" in message
-    assert len(calls) == 1, _describe(result, calls)
+    assert len(calls) == 1, describe(result, calls)
 
 
 @pytest.mark.parametrize("case", [p for p in PARAMS if p.values[0].harness == "codex"])  # type: ignore[union-attr]
@@ -96,8 +97,8 @@ async def test_codex_compaction_is_recorded_as_branches(
     result = await launcher.run(invocation, gateway_stack.http_base_url, timeout_s=RUN_TIMEOUT_S)
     calls = gateway_stack.calls(session.session_id)
     starts = [common_pb2.ChainStart.Name(call.chain_start).removeprefix("CHAIN_START_") for call in calls]
-    assert result.ok, _describe(result, calls)
-    assert "Summary: counted." in result.stdout, _describe(result, calls)
+    assert result.ok, describe(result, calls)
+    assert "Summary: counted." in result.stdout, describe(result, calls)
     assert len(calls[0].prompt_token_ids) < COMPACT_LIMIT, starts
     # Codex compacts as soon as the tool's output would take it past the limit, before the next model call.
     assert len(calls) == 3, starts
