@@ -72,7 +72,12 @@ def _stable(text: str, markers: tuple[str, ...], final: bool) -> str:
 
 
 class AssistantParser:
-    """Incremental parser of one generation (see the module docstring)."""
+    """Incremental parser of one generation (see the module docstring).
+
+    The text only grows between updates, so what is settled stays parsed: the reasoning block once it
+    closed, and the answer up to the end of the last complete tool-call block (its text pieces and its
+    calls). An update scans only what came after that, so a long generation with many calls costs a
+    constant amount per update besides copying strings, not a re-parse of every block so far."""
 
     def __init__(
         self,
@@ -85,14 +90,28 @@ class AssistantParser:
         self._fmt = fmt
         self._parse_tool_calls = parse_tool_calls
         self._schemas = schemas
-        self._starts_in_reasoning = starts_in_reasoning
         self._sent_reasoning = 0
         self._sent_text = 0
         self._sent_calls = 0
         self.result = ParsedAssistant()
+        self._body_at: int | None = 0 if starts_in_reasoning else None
+        """Where the reasoning block's body starts; None until it is known whether there is one."""
+        self._answer_at: int | None = None
+        """Where the answer part starts (after the reasoning block, if any), once that is settled."""
+        self._reasoning = ""
+        self._scanned = 0
+        """The answer is settled up to here: the text before it is in `_settled`, its calls in `_calls`."""
+        self._settled = ""
+        self._calls: list[ParsedToolCall] = []
+        self._failed = False
+        """A complete block did not parse (its text is in `_settled`)."""
+        self._search_from = 0
+        """Where the search for the closing tag of the block still open at `_scanned` (or of the reasoning
+        block) resumes: a tag can only end in text that came after the previous search."""
 
     def update(self, text: str, *, final: bool = False) -> AssistantDelta:
-        """Parse the completion text so far; return the newly certain parts."""
+        """Parse the completion text so far (the previous text plus what came since); return the newly
+        certain parts."""
         parsed = self._parse(text, final)
         delta = AssistantDelta(
             reasoning=parsed.reasoning[self._sent_reasoning :],
@@ -105,52 +124,62 @@ class AssistantParser:
         self.result = parsed
         return delta
 
-    def _split_reasoning(self, text: str, final: bool) -> tuple[str, str | None]:
-        """(reasoning, rest); rest is None while the reasoning block is still open."""
-        if self._starts_in_reasoning:
-            body = text
-        else:
+    def _split_reasoning(self, text: str, final: bool) -> tuple[str, int | None]:
+        """(reasoning, where the answer starts); None while the reasoning block is still open."""
+        if self._answer_at is not None:
+            return self._reasoning, self._answer_at
+        if self._body_at is None:
             stripped = text.lstrip()
             if not stripped.startswith(THINK_OPEN):
                 if not final and THINK_OPEN.startswith(stripped):
                     return "", None  # too early to tell whether a reasoning block starts
-                return "", text
-            body = stripped[len(THINK_OPEN) :]
-        end = body.find(THINK_CLOSE)
+                self._answer_at = 0
+                return "", 0
+            self._body_at = len(text) - len(stripped) + len(THINK_OPEN)
+        end = text.find(THINK_CLOSE, max(self._body_at, self._search_from))
         if end < 0:
-            return _stable(body.lstrip(), (THINK_CLOSE,), final), (None if not final else "")
-        return body[:end].strip(), body[end + len(THINK_CLOSE) :]
+            self._search_from = len(text) - len(THINK_CLOSE) + 1
+            reasoning = _stable(text[self._body_at :].lstrip(), (THINK_CLOSE,), final)
+            return reasoning, (len(text) if final else None)
+        self._reasoning = text[self._body_at : end].strip()
+        self._answer_at = self._scanned = end + len(THINK_CLOSE)
+        self._search_from = 0
+        return self._reasoning, self._answer_at
 
     def _parse(self, text: str, final: bool) -> ParsedAssistant:
-        reasoning, rest = self._split_reasoning(text, final)
+        reasoning, answer_at = self._split_reasoning(text, final)
         parsed = ParsedAssistant(reasoning=reasoning)
-        if rest is None:
+        if answer_at is None:
             return parsed
+        self._scanned = max(self._scanned, answer_at)
         if not self._parse_tool_calls:  # tool_choice "none": markup is plain text, never a call
-            parsed.text = _stable(rest.lstrip(), (), final)
+            parsed.text = _stable(text[answer_at:].lstrip(), (), final)
             return parsed
-        pieces: list[str] = []
-        position = 0
-        while True:
-            start = rest.find(OPEN_TAG, position)
-            if start < 0:
-                pieces.append(rest[position:])
-                break
-            pieces.append(rest[position:start])
-            end = rest.find(CLOSE_TAG, start)
+        tail, open_block = self._scan_blocks(text, final)
+        joined = (self._settled + tail).lstrip()
+        parsed.text = joined.rstrip() if open_block else _stable(joined, (OPEN_TAG,), final)
+        parsed.tool_calls = list(self._calls)
+        parsed.parse_error = self._failed or (final and open_block)
+        return parsed
+
+    def _scan_blocks(self, text: str, final: bool) -> tuple[str, bool]:
+        """Settle every tool-call block that completed since the last update; return the unsettled text
+        after the last one and whether a block is still open there (at the end: kept as text)."""
+        while (start := text.find(OPEN_TAG, self._scanned)) >= 0:
+            self._settled += text[self._scanned : start]  # text before a block never changes
+            self._scanned = start
+            end = text.find(CLOSE_TAG, max(start, self._search_from))
             if end < 0:
                 if final:  # an unterminated block: the model stopped mid-call
-                    pieces.append(rest[start:])
-                    parsed.parse_error = True
-                break
+                    return text[start:], True
+                self._search_from = len(text) - len(CLOSE_TAG) + 1
+                return "", True
             block_end = end + len(CLOSE_TAG)
             try:
-                parsed.tool_calls.append(self._fmt.parse(rest[start + len(OPEN_TAG) : end], self._schemas))
+                self._calls.append(self._fmt.parse(text[start + len(OPEN_TAG) : end], self._schemas))
             except ToolCallParseError:
-                pieces.append(rest[start:block_end])
-                parsed.parse_error = True
-            position = block_end
-        open_block = not final and rest.find(OPEN_TAG, position) >= 0
-        joined = "".join(pieces).lstrip()
-        parsed.text = joined.rstrip() if open_block else _stable(joined, (OPEN_TAG,), final)
-        return parsed
+                self._settled += text[start:block_end]
+                self._failed = True
+            self._scanned = block_end
+            self._search_from = 0
+        return text[self._scanned :], False

@@ -182,3 +182,52 @@ def test_tool_choice_none_keeps_markup_as_text() -> None:
     assert parser.result.text.startswith("Let me look.\n<tool_call>")
     assert not parser.result.tool_calls
     assert not parser.result.parse_error
+
+
+FRAGMENTS = [
+    "<think>",
+    "</think>",
+    "  ",
+    "\n\n",
+    "Let me look. ",
+    "<tool_call>",
+    "</tool_call>",
+    '\n{"name": "Edit", "arguments": {"path": "a.py", "line": 3, "code": "x = 1"}}\n',
+    '{"name": "Bash", "arguments": {"command": ',
+    "<tool_",
+    "</thi",
+    "done.",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from(FRAGMENTS), max_size=14),
+    st.lists(st.integers(min_value=0, max_value=400), max_size=12),
+    st.booleans(),
+    st.booleans(),
+)
+def test_an_incremental_parse_equals_the_parse_of_the_whole_text(
+    fragments: list[str], cuts: list[int], starts_in_reasoning: bool, parse_tool_calls: bool
+) -> None:
+    """Whatever the text and however it arrives, the streamed deltas add up to the final message, and the
+    final message is what one parse of the whole text gives (the settled state carried between updates
+    changes nothing)."""
+    text = "".join(fragments)
+    streamed = AssistantParser(
+        HermesFormat(), SCHEMAS, starts_in_reasoning=starts_in_reasoning, parse_tool_calls=parse_tool_calls
+    )
+    reasoning, answer, calls = "", "", []
+    for cut in [*sorted({min(cut, len(text)) for cut in cuts}), len(text)]:
+        delta = streamed.update(text[:cut], final=False)
+        reasoning, answer, calls = reasoning + delta.reasoning, answer + delta.text, calls + delta.tool_calls
+    delta = streamed.update(text, final=True)
+    reasoning, answer, calls = reasoning + delta.reasoning, answer + delta.text, calls + delta.tool_calls
+    whole = AssistantParser(
+        HermesFormat(), SCHEMAS, starts_in_reasoning=starts_in_reasoning, parse_tool_calls=parse_tool_calls
+    )
+    whole.update(text, final=True)
+    assert streamed.result == whole.result
+    assert (reasoning, answer) == (whole.result.reasoning, whole.result.text)
+    assert [index for index, _ in calls] == list(range(len(whole.result.tool_calls)))
+    assert [call for _, call in calls] == whole.result.tool_calls
