@@ -23,7 +23,7 @@ whatever the message carries), so two more things keep messages and wake-ups few
 - a message budget (`messages_per_s`, the `stream_messages_per_s` setting): a stream starting while n-1
   others run flushes every max(flush_s, n / messages_per_s) seconds, so all streams together send about
   that many deltas per second however many there are;
-- an engine that can pace a stream itself (`EngineInfo.paces_steps`: vLLM) gets the interval as
+- an engine that can pace a stream itself (`EngineInfo.paces_steps`: vLLM, transformers) gets the interval as
   `EngineRequest.hold_s` and delivers a step only when it is due (first and finishing steps at once), so
   this loop runs once per delta instead of once per engine step; each step it gets is sent. Not with stop
   sequences: their steps are searched one by one here, as above.

@@ -293,6 +293,36 @@ async def test_real_engine_first_delta_is_one_token_and_cancel_frees_the_slot(
         await engine.close()
 
 
+async def test_the_transformers_engine_paces_a_stream_without_changing_it(tiny_model_dir: Path) -> None:
+    """With `hold_s` the engine delivers the first id at once, then what it sampled per interval, the
+    finishing step at once; the ids and logprobs are those of the same seeded request unpaced."""
+    engine = TransformersEngine(tiny_model_dir, device="cpu", dtype="float32", max_batch_size=4)
+    await engine.start()
+    try:
+        assert engine.info().paces_steps
+        options = SamplingOptions(max_tokens=40, seed=11)
+
+        async def steps(hold_s: float) -> list[EngineStep]:
+            return [step async for step in engine.generate(EngineRequest(f"paced-{hold_s}", (5, 6, 7), options,
+                                                                           hold_s=hold_s))]  # fmt: skip
+
+        # One after the other: alone in the batch, each request's logits are computed the same way.
+        unpaced, held, paced = [await steps(hold_s) for hold_s in (0.0, BIG_FLUSH_S, 0.002)]
+        ids = [token for step in unpaced for token in step.token_ids]
+        logprobs = [value for step in unpaced for value in step.logprobs]
+        assert len(unpaced) == len(ids) == 40  # one step per id
+        for got in (held, paced):
+            assert [token for step in got for token in step.token_ids] == ids
+            assert [value for step in got for value in step.logprobs] == logprobs
+            assert len(got[0].token_ids) == 1
+            assert got[-1].finish_reason == "length"
+            assert all(step.finish_reason is None for step in got[:-1])
+        assert len(held) == 2  # the first id, then the rest with the finish
+        assert 2 <= len(paced) <= len(ids)
+    finally:
+        await engine.close()
+
+
 @settings(max_examples=300, deadline=None)
 @given(text=st.text("<ab/é", max_size=14), marker=st.text("<ab/é", min_size=1, max_size=7))
 def test_partial_suffix_is_the_longest_suffix_that_starts_the_marker(text: str, marker: str) -> None:

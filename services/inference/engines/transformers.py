@@ -5,6 +5,10 @@ requests up to `max_batch_size` (prefilled one by one with `logits_to_keep=1`, t
 left-padded batch KV cache), and decodes one token for every running sequence in one forward pass per
 policy version. Forward passes run in a worker thread so the event loop keeps serving RPCs.
 
+Streams are paced here (`EngineInfo.paces_steps`): a request with `hold_s` gets its first and its finishing
+step at once and otherwise at most one step per `hold_s`, the ids sampled meanwhile held in the sequence,
+so its consumer is woken once per delta, not once per token.
+
 Weight updates load into a copy of the current model and publish it as a new version group: requests
 already running keep decoding on the weights they started with (their group), new requests join the
 new group, and an old group is freed when its last sequence ends. The cost is a second copy of the
@@ -15,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import math
 import os
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +64,21 @@ class _Sequence:
     produced: int = 0
     cancelled: bool = False
     done: bool = False
+    held_ids: list[int] = field(default_factory=list)
+    """Ids sampled since the last delivered step (pacing: `request.hold_s`), with their logprobs."""
+    held_logprobs: list[float] = field(default_factory=list)
+    delivered_at: float = -math.inf
+
+    def deliver(self, token: int, logprob: tuple[float, ...], version: int, finish: EngineFinishReason | None) -> None:
+        """Hand one sampled id to the consumer: at once, or held until `hold_s` has passed since the last
+        delivery (the first and the finishing step are never held)."""
+        self.held_ids.append(token)
+        self.held_logprobs += logprob
+        now = time.perf_counter()
+        if finish is None and now - self.delivered_at < self.request.hold_s:
+            return
+        self.queue.put_nowait(EngineStep(tuple(self.held_ids), tuple(self.held_logprobs), version, finish))
+        self.held_ids, self.held_logprobs, self.delivered_at = [], [], now
 
 
 @dataclass(eq=False)
@@ -95,6 +116,7 @@ class TransformersEngine:
             context_length=int(getattr(config, "max_position_embeddings", 0) or 0) or 4096,
             vocab_size=int(config.vocab_size),
             eos_token_ids=eos,
+            paces_steps=True,
         )
         self._expected = {
             name: TensorMeta(name, tuple(tensor.shape), _SAFETENSORS_DTYPES.get(tensor.dtype, str(tensor.dtype)))
@@ -277,7 +299,7 @@ class TransformersEngine:
             finish = "length"
         sequence.done = finish is not None
         logprob = (float(logprobs[token]),) if sequence.request.return_logprobs else ()
-        sequence.queue.put_nowait(EngineStep((token,), logprob, group.version, finish))
+        sequence.deliver(token, logprob, group.version, finish)
 
 
 def _merge_waiting(
