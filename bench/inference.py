@@ -12,7 +12,8 @@ For each backend (transformers in .venv; vllm when .venv-vllm exists) on the off
   interleaved, the ratio to raw per cell (`bench/raw_vllm.py`). `--compare-raw` runs only this part;
   `--baseline-repo DIR` also serves lodestar from another checkout (e.g. a worktree of the commit before
   a change: before/after in one interleaved run), `--flush-ms 5 20` serves one variant per
-  `--stream-flush-ms` value.
+  `--stream-flush-ms` value and `--variant 'LABEL=FLAGS'` one with any server flags; `--scale K` makes
+  every phase K times longer (less noise); the table gives each ratio's per-repeat range.
 
 Every figure is the median of `--repeats` runs. `--write-docs` replaces this script's own sections of
 docs/benchmarks.md (headings `SECTION` and `RAW_SECTION`) with the tables, or appends them; the raw-vLLM
@@ -158,7 +159,7 @@ def measure_backend(backend: str, model_dir: Path, repeats: int) -> dict[str, fl
 
 
 def measure_raw(
-    model_dir: Path, repeats: int, variants: dict[str, tuple[Path, list[str]]]
+    model_dir: Path, repeats: int, variants: dict[str, tuple[Path, list[str]]], scale: int = 1
 ) -> dict[str, dict[str, float]]:
     """lodestar (one vllm server per variant: label -> (checkout, extra server flags)) against raw vLLM."""
     from bench.raw_vllm import compare
@@ -170,7 +171,7 @@ def measure_raw(
             extra = ["--max-new-tokens", "4096", "--kv-cache-bytes", str(KV_CACHE_BYTES), *flags]
             server = servers.enter_context(serve_inference("vllm", model_dir, Path(logs), *extra, repo=repo))
             addresses[label] = (server.address, server.process.pid)
-        return asyncio.run(compare(addresses, model_dir, repeats, KV_CACHE_BYTES))
+        return asyncio.run(compare(addresses, model_dir, repeats, KV_CACHE_BYTES, scale))
 
 
 def table(results: dict[str, dict[str, float]]) -> str:
@@ -202,7 +203,7 @@ def write_docs(text: str, repeats: int) -> None:
     replace_section(SECTION, section)
 
 
-def write_raw_docs(text: str, repeats: int, load: tuple[float, float]) -> None:
+def write_raw_docs(text: str, repeats: int, load: tuple[float, float], scale: int) -> None:
     """The new table on top of the raw-vLLM section; earlier tables stay below it (the history)."""
     from bench.docs_section import BENCHMARKS_MD, replace_section
     from bench.raw_vllm import NEW_TOKENS as RAW_TOKENS
@@ -220,9 +221,11 @@ def write_raw_docs(text: str, repeats: int, load: tuple[float, float]) -> None:
         f"{RAW_SECTION}\n\nThe same workload on raw vLLM (`AsyncLLM` in process, lodestar's engine arguments and "
         f"sampling parameters) and through `lodestar inference serve --backend vllm` over gRPC (client in the "
         f"benchmark process): a ~33-token prompt, {RAW_TOKENS} sampled tokens, seeded, logprobs on; C closed-loop "
-        f"workers x {ROUNDS} requests each; raw and lodestar phases back to back in alternating order, medians of "
-        f"{repeats} repeats, ratio = median of the per-repeat lodestar/raw ratios. Newest first.\n\n"
-        f"### {when} (load average {load[0]:.1f} before, {load[1]:.1f} after)\n\n{text}\n\n{history}"
+        f"workers x {ROUNDS} requests each (times the run's scale); raw and lodestar phases back to back in "
+        f"alternating order, medians of the repeats, ratio = median of the per-repeat lodestar/raw ratios (in "
+        f"brackets: the lowest and highest of them, where recorded). Newest first.\n\n"
+        f"### {when} (load average {load[0]:.1f} before, {load[1]:.1f} after; {repeats} repeats, scale {scale})"
+        f"\n\n{text}\n\n{history}"
     )
     replace_section(RAW_SECTION, section.rstrip() + "\n")
 
@@ -238,6 +241,14 @@ def main() -> None:
     parser.add_argument("--compare-raw", action="store_true", help="only lodestar vs raw vLLM (vllm backend)")
     parser.add_argument("--baseline-repo", type=Path, default=None, help="also serve lodestar from this checkout")
     parser.add_argument("--flush-ms", type=float, nargs="*", default=[], help="variants with these stream_flush_ms")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL=FLAGS",
+        help="also serve this checkout with these server flags, e.g. 'budget 500=--stream-messages-per-s 500'",
+    )
+    parser.add_argument("--scale", type=int, default=1, help="requests per worker x this (longer phases)")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
     if args.engine_only:
@@ -254,6 +265,9 @@ def main() -> None:
     for flush in args.flush_ms or [None]:
         label = _commit(REPO) + ("" if flush is None else f", flush {flush:g} ms")
         variants[label] = (REPO, [] if flush is None else ["--stream-flush-ms", str(flush)])
+    for spec in args.variant:
+        label, _, flags = spec.partition("=")
+        variants[f"{_commit(REPO)}, {label}"] = (REPO, flags.split())
     load_before = os.getloadavg()[0]
     results: dict[str, dict[str, float]] = {}
     raw_cells: dict[str, dict[str, float]] = {}
@@ -271,7 +285,7 @@ def main() -> None:
             else:
                 print(backend, json.dumps(results[backend]), file=sys.stderr)
         if (args.compare_raw or "vllm" in backends) and PYTHONS["vllm"].exists():
-            raw_cells = measure_raw(model_dir, args.repeats, variants)
+            raw_cells = measure_raw(model_dir, args.repeats, variants, args.scale)
     load = (load_before, os.getloadavg()[0])
     if results:
         text = table(results)
@@ -284,7 +298,7 @@ def main() -> None:
         text = raw_table(raw_cells, list(variants))
         print(f"load average {load[0]:.1f} before, {load[1]:.1f} after\n{text}")
         if args.write_docs:
-            write_raw_docs(text, args.repeats, load)
+            write_raw_docs(text, args.repeats, load, args.scale)
 
 
 def _commit(repo: Path) -> str:

@@ -8,8 +8,8 @@ same messages. It runs in a worker subprocess under .venv-vllm that takes one ph
 
 lodestar is a real `lodestar inference serve --backend vllm` subprocess driven over gRPC from this
 process (the client shares the machine's cores, as the gateway does). Each phase runs C closed-loop
-workers, each issuing `ROUNDS[C]` requests of `NEW_TOKENS` sampled tokens back to back; tok/s counts the
-sampled tokens. Per repeat and cell the raw and lodestar phases run back to back, in alternating order;
+workers, each issuing `ROUNDS[C]` (times `scale`) requests of `NEW_TOKENS` sampled tokens back to back;
+tok/s counts the sampled tokens. Per repeat and cell the raw and lodestar phases run back to back, in alternating order;
 the ratio is the median over repeats of lodestar / raw of the same repeat (load drifts cancel). Several
 lodestar servers ("variants": another commit's checkout, other flush settings) can run in the same
 interleaving, so a before/after comparison comes from one run.
@@ -45,7 +45,7 @@ async def _raw_phase(llm: Any, info: Any, phase: dict[str, Any]) -> dict[str, fl
     from vllm.inputs import tokens_input
 
     from services.inference.engine import EngineRequest, SamplingOptions
-    from services.inference.engines.vllm import VllmEngine
+    from services.inference.engines.vllm import VllmEngine, _sampled_logprobs
 
     prompts: list[list[int]] = phase["prompts"]
     stream: bool = phase["stream"]
@@ -63,11 +63,9 @@ async def _raw_phase(llm: Any, info: Any, phase: dict[str, Any]) -> dict[str, fl
             if not ids:
                 first_tokens.append(time.perf_counter() - started)
             completion = out.outputs[0]
-            ids += completion.token_ids
-            logprobs += [
-                entry[token].logprob
-                for token, entry in zip(completion.token_ids, completion.logprobs or [], strict=True)
-            ]
+            new = list(completion.token_ids)
+            ids += new
+            logprobs += _sampled_logprobs(new, completion.logprobs)  # the flat lists, as lodestar reads them
         return len(ids)
 
     async def worker(index: int) -> int:
@@ -199,13 +197,14 @@ def _user(text: str) -> Any:
 
 
 async def compare(
-    variants: dict[str, tuple[str, int]], model_dir: Path, repeats: int, kv_cache_bytes: int
+    variants: dict[str, tuple[str, int]], model_dir: Path, repeats: int, kv_cache_bytes: int, scale: int = 1
 ) -> dict[str, dict[str, float]]:
     """Medians per cell "c{C}-{stream|final}": raw tok/s and TTFT, and per lodestar variant (label -> server
     address and pid) its tok/s, ratio to raw and TTFT; for every side the front-end CPU per token (raw: the
     AsyncLLM process; lodestar: the server process plus the gRPC client; vLLM's engine-core and worker
-    processes, the same work on both sides, are not counted). Per repeat and cell all phases run back to
-    back, the order rotating between repeats."""
+    processes, the same work on both sides, are not counted), and the lowest and highest per-repeat ratio.
+    Per repeat and cell all phases run back to back, the order rotating between repeats; `scale` multiplies
+    the requests per worker (longer phases, less noise)."""
     import grpc.aio
 
     from lodestar.v1 import inference_pb2_grpc
@@ -227,7 +226,7 @@ async def compare(
         sides = ["raw", *stubs]
         for repeat in range(repeats):
             for number, (c, stream) in enumerate((c, s) for c in CONCURRENCY for s in (True, False)):
-                phase = {"c": c, "rounds": ROUNDS[c], "stream": stream, "repeat": repeat, "prompts": prompts}
+                phase = {"c": c, "rounds": ROUNDS[c] * scale, "stream": stream, "repeat": repeat, "prompts": prompts}
                 shift = (repeat + number) % len(sides)
                 got = {}
                 for side in sides[shift:] + sides[:shift]:
@@ -246,13 +245,19 @@ async def compare(
         await raw.close()
         for channel in channels.values():
             await channel.close()
-    return {name: {key: statistics.median(values) for key, values in cell.items()} for name, cell in cells.items()}
+    medians = {name: {key: statistics.median(values) for key, values in cell.items()} for name, cell in cells.items()}
+    for name, cell in cells.items():
+        for side in stubs:
+            medians[name][f"{side} ratio min"] = min(cell[f"{side} ratio"])
+            medians[name][f"{side} ratio max"] = max(cell[f"{side} ratio"])
+    return medians
 
 
 def table(cells: dict[str, dict[str, float]], variants: list[str]) -> str:
     lines = [
-        "| C | lodestar | raw AsyncLLM tok/s, streaming | lodestar Generate, streaming | ratio "
-        "| raw tok/s, non-streaming | lodestar, non-streaming | ratio | TTFT raw / lodestar (streaming) "
+        "| C | lodestar | raw AsyncLLM tok/s, streaming | lodestar Generate, streaming | ratio (per-repeat range) "
+        "| raw tok/s, non-streaming | lodestar, non-streaming | ratio (per-repeat range) "
+        "| TTFT raw / lodestar (streaming) "
         "| front-end CPU us/token raw / lodestar, streaming | non-streaming |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -260,11 +265,17 @@ def table(cells: dict[str, dict[str, float]], variants: list[str]) -> str:
         s, f = cells[f"c{c}-stream"], cells[f"c{c}-final"]
         for v in variants:
             lines.append(
-                f"| {c} | {v} | {s['raw']:,.0f} | {s[v]:,.0f} | {s[v + ' ratio']:.2f}x | {f['raw']:,.0f} "
-                f"| {f[v]:,.0f} | {f[v + ' ratio']:.2f}x | {s['raw ttft_ms']:.1f} / {s[v + ' ttft_ms']:.1f} ms "
+                f"| {c} | {v} | {s['raw']:,.0f} | {s[v]:,.0f} | {_ratio(s, v)} | {f['raw']:,.0f} "
+                f"| {f[v]:,.0f} | {_ratio(f, v)} | {s['raw ttft_ms']:.1f} / {s[v + ' ttft_ms']:.1f} ms "
                 f"| {s['raw cpu_us']:.0f} / {s[v + ' cpu_us']:.0f} | {f['raw cpu_us']:.0f} / {f[v + ' cpu_us']:.0f} |"
             )
     return "\n".join(lines)
+
+
+def _ratio(cell: dict[str, float], variant: str) -> str:
+    low, high = cell.get(f"{variant} ratio min"), cell.get(f"{variant} ratio max")
+    spread = f" ({low:.2f}-{high:.2f})" if low is not None and high is not None else ""
+    return f"{cell[variant + ' ratio']:.2f}x{spread}"
 
 
 if __name__ == "__main__":
