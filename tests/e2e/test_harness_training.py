@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import sqlite3
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -36,6 +33,7 @@ from lodestar.v1 import inference_pb2, inference_pb2_grpc, rollout_pb2
 from services.gateway.node.harnesses import make_harness
 from services.inference.tiny_model import TinyModelSpec, build
 from tests.e2e.node_stack import Service
+from tests.e2e.train_cli import run_train
 
 pytestmark = [pytest.mark.slow, pytest.mark.harness, pytest.mark.training_e2e]
 HARNESSES = [
@@ -179,29 +177,6 @@ builder = "tree"
     return config
 
 
-def _train(config: Path, cwd: Path) -> tuple[int, str]:
-    """Run `lodestar train CONFIG`; at the timeout (or an interrupt) SIGTERM it: it stops the trainer it started."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "lodestar.cli.main", "train", str(config)], stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, cwd=cwd, env={**os.environ, "COLUMNS": "200"},
-    )  # fmt: skip
-    timed_out, output = False, ""
-    try:
-        output, _ = process.communicate(timeout=TRAIN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-    if timed_out:
-        pytest.fail(f"lodestar train still running after {TRAIN_TIMEOUT_S} s", pytrace=False)
-    return process.returncode, output
-
-
 @pytest.mark.timeout(TRAIN_TIMEOUT_S + 90)
 @pytest.mark.parametrize(("kind", "binary"), HARNESSES)
 def test_two_training_steps_through_the_real_harness(stack: TrainingStack, tmp_path: Path, kind: str, binary: str):
@@ -212,7 +187,7 @@ def test_two_training_steps_through_the_real_harness(stack: TrainingStack, tmp_p
     stack.fresh_inference()
     config = _config(stack, kind, tmp_path)
 
-    returncode, output = _train(config, tmp_path)
+    returncode, output = run_train(config, tmp_path, TRAIN_TIMEOUT_S)
 
     assert returncode == 0, f"{output}\n{stack.logs()}"
     [run_dir] = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import sqlite3
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -23,6 +20,7 @@ from lodestar.cli.train_view import reward_rise
 from lodestar.v1 import rollout_pb2
 from services.trainer.settings import TrainerSettings
 from services.trainer.wiring import create_trainer
+from tests.e2e.train_cli import run_train
 
 pytestmark = [pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -59,40 +57,21 @@ def _call_versions(store: Path, run_id: str) -> set[int]:
     return found
 
 
-def _train(config: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """`lodestar train CONFIG`; on the timeout SIGTERM it (it stops the stack it started) before failing."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "lodestar.cli.main", "train", str(config)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=cwd,
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.send_signal(signal.SIGTERM)
-        stdout, stderr = process.communicate(timeout=120)
-        pytest.fail(f"lodestar train did not finish within {TIMEOUT_S} s:\n{stdout[-4000:]}")
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
-
-
 @pytest.mark.timeout(TIMEOUT_S + 180)
 def test_the_quickstart_learns(tmp_path: Path) -> None:
     config = _config(tmp_path)
-    done = _train(config, tmp_path)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-6000:]
-    assert "reward rise" in done.stdout, done.stdout[-3000:]
-    assert "reward.png" in done.stdout, done.stdout[-3000:]
+    returncode, output = run_train(config, tmp_path, TIMEOUT_S)
+    assert returncode == 0, output[-6000:]
+    assert "reward rise" in output, output[-3000:]
+    assert "reward.png" in output, output[-3000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
     run_id = run_dir.name
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = len(records)
-    assert MIN_STEPS <= steps <= STEPS, done.stdout[-3000:]
+    assert MIN_STEPS <= steps <= STEPS, output[-3000:]
     if steps < STEPS:
-        assert "lodestar train: run used up" in done.stdout, done.stdout[-3000:]
-        assert " ended " in done.stdout, done.stdout[-3000:]  # the summary row saying why
+        assert "lodestar train: run used up" in output, output[-3000:]
+        assert " ended " in output, output[-3000:]  # the summary row saying why
 
     assert [r["step"] for r in records] == list(range(1, steps + 1))
     rewards = [r["reward_mean"] for r in records]

@@ -11,10 +11,6 @@ steps, weights pushed back to inference — not about learning (the scripted mod
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +21,7 @@ import yaml
 from lodestar.v1 import rollout_pb2
 from tests.e2e.node_stack import AGENT, REPO, NodeStack
 from tests.e2e.test_swe_runs import FIX_SLUGIFY
+from tests.e2e.train_cli import run_train
 
 pytestmark = [pytest.mark.slow, pytest.mark.training_e2e]
 SWE_MINI = REPO / "examples" / "swe-mini"
@@ -82,18 +79,9 @@ builder = "prefix_merging"
 @pytest.mark.timeout(TRAIN_TIMEOUT_S + 120)
 def test_lodestar_train_two_steps_on_swe_rewards(stack: NodeStack, tmp_path: Path):
     config = _config(stack, tmp_path)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "lodestar.cli.main", "train", str(config)], stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env={**os.environ, "COLUMNS": "200"},
-    )  # fmt: skip
-    try:
-        output, _ = process.communicate(timeout=TRAIN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=60)
-        pytest.fail(f"lodestar train still running after {TRAIN_TIMEOUT_S} s:\n{output[-3000:]}", pytrace=False)
+    returncode, output = run_train(config, tmp_path, TRAIN_TIMEOUT_S)
 
-    assert process.returncode == 0, output[-4000:]
+    assert returncode == 0, output[-4000:]
     [run_dir] = [path for path in (tmp_path / "runs").iterdir() if path.is_dir()]
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [step["step"] for step in steps] == [1, 2], output[-3000:]
