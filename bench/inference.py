@@ -159,7 +159,11 @@ def measure_backend(backend: str, model_dir: Path, repeats: int) -> dict[str, fl
 
 
 def measure_raw(
-    model_dir: Path, repeats: int, variants: dict[str, tuple[Path, list[str]]], scale: int = 1
+    model_dir: Path,
+    repeats: int,
+    variants: dict[str, tuple[Path, list[str]]],
+    scale: int = 1,
+    concurrency: tuple[int, ...] | None = None,
 ) -> dict[str, dict[str, float]]:
     """lodestar (one vllm server per variant: label -> (checkout, extra server flags)) against raw vLLM."""
     from bench.raw_vllm import compare
@@ -171,7 +175,8 @@ def measure_raw(
             extra = ["--max-new-tokens", "4096", "--kv-cache-bytes", str(KV_CACHE_BYTES), *flags]
             server = servers.enter_context(serve_inference("vllm", model_dir, Path(logs), *extra, repo=repo))
             addresses[label] = (server.address, server.process.pid)
-        return asyncio.run(compare(addresses, model_dir, repeats, KV_CACHE_BYTES, scale))
+        cells = {"concurrency": concurrency} if concurrency else {}
+        return asyncio.run(compare(addresses, model_dir, repeats, KV_CACHE_BYTES, scale, **cells))
 
 
 def table(results: dict[str, dict[str, float]]) -> str:
@@ -249,6 +254,7 @@ def main() -> None:
         help="also serve this checkout with these server flags, e.g. 'budget 500=--stream-messages-per-s 500'",
     )
     parser.add_argument("--scale", type=int, default=1, help="requests per worker x this (longer phases)")
+    parser.add_argument("--concurrency", type=int, nargs="*", default=None, help="raw-vLLM cells (default 1 16 64)")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
     if args.engine_only:
@@ -285,7 +291,8 @@ def main() -> None:
             else:
                 print(backend, json.dumps(results[backend]), file=sys.stderr)
         if (args.compare_raw or "vllm" in backends) and PYTHONS["vllm"].exists():
-            raw_cells = measure_raw(model_dir, args.repeats, variants, args.scale)
+            concurrency = tuple(args.concurrency) if args.concurrency else None
+            raw_cells = measure_raw(model_dir, args.repeats, variants, args.scale, concurrency)
     load = (load_before, os.getloadavg()[0])
     if results:
         text = table(results)

@@ -197,7 +197,12 @@ def _user(text: str) -> Any:
 
 
 async def compare(
-    variants: dict[str, tuple[str, int]], model_dir: Path, repeats: int, kv_cache_bytes: int, scale: int = 1
+    variants: dict[str, tuple[str, int]],
+    model_dir: Path,
+    repeats: int,
+    kv_cache_bytes: int,
+    scale: int = 1,
+    concurrency: tuple[int, ...] = CONCURRENCY,
 ) -> dict[str, dict[str, float]]:
     """Medians per cell "c{C}-{stream|final}": raw tok/s and TTFT, and per lodestar variant (label -> server
     address and pid) its tok/s, ratio to raw and TTFT; for every side the front-end CPU per token (raw: the
@@ -225,7 +230,7 @@ async def compare(
             await _lodestar_phase(stub, warm)
         sides = ["raw", *stubs]
         for repeat in range(repeats):
-            for number, (c, stream) in enumerate((c, s) for c in CONCURRENCY for s in (True, False)):
+            for number, (c, stream) in enumerate((c, s) for c in concurrency for s in (True, False)):
                 phase = {"c": c, "rounds": ROUNDS[c] * scale, "stream": stream, "repeat": repeat, "prompts": prompts}
                 shift = (repeat + number) % len(sides)
                 got = {}
@@ -261,7 +266,7 @@ def table(cells: dict[str, dict[str, float]], variants: list[str]) -> str:
         "| front-end CPU us/token raw / lodestar, streaming | non-streaming |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for c in CONCURRENCY:
+    for c in sorted({int(name[1:].split("-")[0]) for name in cells}):
         s, f = cells[f"c{c}-stream"], cells[f"c{c}-final"]
         for v in variants:
             lines.append(

@@ -26,11 +26,12 @@ class InferenceSettings(ServiceSettings):
     """Streaming Generate: after the first delta (sent at once), a stream sends at most one delta per this
     many milliseconds, carrying every token sampled since its previous delta; 0 = one delta per engine step.
     20 ms (50 updates/s) cost 20-45% less front-end CPU per token than 5 ms (docs/benchmarks.md)."""
-    stream_messages_per_s: float = 1000.0
+    stream_messages_per_s: float = 500.0
     """All streaming Generate calls together send about this many deltas per second at most: with n streams
     running, a new stream's interval is n / this many seconds when that is longer than stream_flush_ms
-    (64 streams: 64 ms). A gRPC message costs ~50 us of server CPU and as much in the client whatever it
-    carries, on the cores the engine needs; 0 = no budget (stream_flush_ms only)."""
+    (16 streams: 32 ms, 64 streams: 128 ms). A gRPC message costs ~50 us of server CPU and as much in the
+    client whatever it carries, on the cores the engine needs; 500 instead of 1000 cut the front-end CPU per
+    streamed token by ~25% at 16 and 64 streams (docs/benchmarks.md); 0 = no budget (stream_flush_ms only)."""
     max_batch_size: int = 16
     """Transformers backend: most sequences decoded together."""
     device: str = "cpu"
