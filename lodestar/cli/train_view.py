@@ -2,8 +2,8 @@
 
 `Progress` is one snapshot (trainer GetStatus + rollout GetRun); `render` makes the live view of it,
 `plain_line` one log line per trainer step (readable in CI logs and pipes), `summary` the final table.
-`reward_rise` is the mean reward of the last 5 steps minus that of the first 5 (halves of a run shorter than 10
-steps).
+`reward_rise` is the mean reward of the last 5 steps minus that of the first 5 (of a run shorter than 15 steps,
+its first and last third).
 """
 
 from __future__ import annotations
@@ -89,9 +89,11 @@ def plain_line(progress: Progress) -> str:
 
 
 def windows(rewards: list[float]) -> tuple[list[float], list[float]]:
-    """The first and the last WINDOW rewards; fewer than 2 x WINDOW steps are split in halves, so the two never
-    overlap (a run whose tasks were used up after 7 steps compares steps 1-3 with 5-7). One step: itself twice."""
-    size = max(1, min(WINDOW, len(rewards) // 2))
+    """The first and the last WINDOW rewards; a run shorter than 3 x WINDOW steps compares its first and last
+    third, so the start and the end are measured apart from the learning between them (a run whose tasks were
+    used up right after a take-off at step 8 of 9 compares steps 1-3 with 7-9, where halves would blur the end
+    into 5-9). One step: itself twice."""
+    size = max(1, min(WINDOW, len(rewards) // 3))
     return rewards[:size], rewards[-size:]
 
 

@@ -1,8 +1,9 @@
 """The quickstart trains: `lodestar train` on examples/quickstart (its own etcd, inference with the tiny model,
 rollout, a gateway node running the quickstart agent, the trainer), with the quickstart's seed and settings
-and its 30 steps, as a subprocess. Asserts the reward rises by at least 0.3 (last 5 steps - first 5), every
-step pushed a new policy version that calls captured afterwards report, the trainer trained on merged
-sequences (merge ratio > 1), and the final checkpoint resumes (step, version, groups read, weights)."""
+and its 30 steps, as a subprocess. Asserts the reward rises by at least 0.3 (last 5 steps - first 5; the last
+third - the first of a run cut short), every step pushed a new policy version that calls captured afterwards
+report, the trainer trained on merged sequences (merge ratio > 1), and the final checkpoint resumes (step,
+version, groups read, weights)."""
 
 from __future__ import annotations
 

@@ -74,9 +74,15 @@ def test_other_early_ends_fail(tmp_path: Path, run_state: int, error: str, inter
 
 
 def test_the_reward_rise_compares_windows_that_never_overlap() -> None:
-    assert reward_rise([0.1] * 5 + [0.9] * 5 + [0.5] * 2) == pytest.approx((0.9 * 3 + 0.5 * 2) / 5 - 0.1)
-    # used up after 7 steps (take-off at step 4): steps 1-3 against 5-7, not 1-5 against 3-7
+    steps = [0.1] * 5 + [0.5] * 5 + [0.9] * 5
+    assert reward_rise(steps) == pytest.approx(0.9 - 0.1)  # 15 steps: the last 5 against the first 5
+    assert reward_rise([0.1] * 5 + [0.9] * 5 + [0.5] * 2) == pytest.approx((0.9 * 2 + 0.5 * 2) / 4 - 0.1)  # thirds
+    # used up right after a take-off at step 8 of 9 (a quickstart run): steps 1-3 against 7-9
+    rewards = [0.167, 0.147, 0.163, 0.125, 0.118, 0.049, 0.213, 0.462, 0.986]
+    assert reward_rise(rewards) == pytest.approx((0.213 + 0.462 + 0.986) / 3 - (0.167 + 0.147 + 0.163) / 3)
+    # used up after 7 steps (take-off at step 4): steps 1-2 against 6-7
     rewards = [0.147, 0.104, 0.159, 0.469, 0.386, 0.986, 0.986]
-    assert reward_rise(rewards) == pytest.approx((0.386 + 0.986 + 0.986) / 3 - (0.147 + 0.104 + 0.159) / 3)
+    assert reward_rise(rewards) == pytest.approx(0.986 - (0.147 + 0.104) / 2)
+    assert reward_rise([0.3, 0.7]) == pytest.approx(0.4)
     assert reward_rise([0.2]) == 0.0
     assert reward_rise([]) == 0.0
