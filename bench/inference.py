@@ -13,7 +13,10 @@ For each backend (transformers in .venv; vllm when .venv-vllm exists) on the off
   `--baseline-repo DIR` also serves lodestar from another checkout (e.g. a worktree of the commit before
   a change: before/after in one interleaved run), `--flush-ms 5 20` serves one variant per
   `--stream-flush-ms` value and `--variant 'LABEL=FLAGS'` one with any server flags; `--scale K` makes
-  every phase K times longer (less noise); the table gives each ratio's per-repeat range.
+  every phase K times longer (less noise); the table gives each ratio's per-repeat range. Each lodestar
+  server is driven two ways: a `Generate` call per generation (what any gRPC client does) and the
+  gateway's own client, generations as tags of one `GenerateMany` stream (`--no-many`: the first only, for
+  a checkout that predates GenerateMany).
 
 Every figure is the median of `--repeats` runs. `--write-docs` replaces this script's own sections of
 docs/benchmarks.md (headings `SECTION` and `RAW_SECTION`) with the tables, or appends them; the raw-vLLM
@@ -164,8 +167,10 @@ def measure_raw(
     variants: dict[str, tuple[Path, list[str]]],
     scale: int = 1,
     concurrency: tuple[int, ...] | None = None,
+    many: bool = True,
 ) -> dict[str, dict[str, float]]:
-    """lodestar (one vllm server per variant: label -> (checkout, extra server flags)) against raw vLLM."""
+    """lodestar (one vllm server per variant: label -> (checkout, extra server flags)) against raw vLLM,
+    driven with a Generate call per generation and (`many`) over GenerateMany streams."""
     from bench.raw_vllm import compare
     from tests.inference.conftest import serve_inference
 
@@ -176,7 +181,7 @@ def measure_raw(
             server = servers.enter_context(serve_inference("vllm", model_dir, Path(logs), *extra, repo=repo))
             addresses[label] = (server.address, server.process.pid)
         cells = {"concurrency": concurrency} if concurrency else {}
-        return asyncio.run(compare(addresses, model_dir, repeats, KV_CACHE_BYTES, scale, **cells))
+        return asyncio.run(compare(addresses, model_dir, repeats, KV_CACHE_BYTES, scale, many=many, **cells))
 
 
 def table(results: dict[str, dict[str, float]]) -> str:
@@ -255,6 +260,9 @@ def main() -> None:
     )
     parser.add_argument("--scale", type=int, default=1, help="requests per worker x this (longer phases)")
     parser.add_argument("--concurrency", type=int, nargs="*", default=None, help="raw-vLLM cells (default 1 16 64)")
+    parser.add_argument(
+        "--no-many", action="store_true", help="drive lodestar with Generate calls only (servers without GenerateMany)"
+    )
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
     if args.engine_only:
@@ -292,7 +300,7 @@ def main() -> None:
                 print(backend, json.dumps(results[backend]), file=sys.stderr)
         if (args.compare_raw or "vllm" in backends) and PYTHONS["vllm"].exists():
             concurrency = tuple(args.concurrency) if args.concurrency else None
-            raw_cells = measure_raw(model_dir, args.repeats, variants, args.scale, concurrency)
+            raw_cells = measure_raw(model_dir, args.repeats, variants, args.scale, concurrency, not args.no_many)
     load = (load_before, os.getloadavg()[0])
     if results:
         text = table(results)
@@ -300,9 +308,10 @@ def main() -> None:
         if args.write_docs:
             write_docs(text, args.repeats)
     if raw_cells:
+        from bench.raw_vllm import sides as raw_sides
         from bench.raw_vllm import table as raw_table
 
-        text = raw_table(raw_cells, list(variants))
+        text = raw_table(raw_cells, raw_sides(raw_cells))
         print(f"load average {load[0]:.1f} before, {load[1]:.1f} after\n{text}")
         if args.write_docs:
             write_raw_docs(text, args.repeats, load, args.scale)

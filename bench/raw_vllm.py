@@ -154,7 +154,22 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _lodestar_phase(stub: Any, phase: dict[str, Any], pid: int | None = None) -> dict[str, float]:
+def generate_calls(stub: Any) -> Any:
+    """One `Generate` call per generation (what a gRPC client of any language does)."""
+    return lambda request: stub.Generate(request, timeout=600)
+
+
+def generate_many(stub: Any) -> Any:
+    """Generations as tags of one `GenerateMany` stream, through the gateway's own client."""
+    from services.gateway.inference_client import GenerateStreams
+
+    streams = GenerateStreams(stub)
+    return lambda request: streams.generate(request, 600.0)
+
+
+async def _lodestar_phase(generate: Any, phase: dict[str, Any], pid: int | None = None) -> dict[str, float]:
+    """One phase through `generate` (request -> async iterator of responses: `generate_calls(stub)` or
+    `generate_many(stub)`); `pid`: the server, whose CPU counts with this process's."""
     from lodestar.v1 import common_pb2, inference_pb2
 
     first_tokens: list[float] = []
@@ -168,7 +183,7 @@ async def _lodestar_phase(stub: Any, phase: dict[str, Any], pid: int | None = No
         )
         started = time.perf_counter()
         tokens = 0
-        async for response in stub.Generate(request, timeout=600):
+        async for response in generate(request):
             if response.WhichOneof("event") == "delta":
                 if not tokens:
                     first_tokens.append(time.perf_counter() - started)
@@ -203,11 +218,14 @@ async def compare(
     kv_cache_bytes: int,
     scale: int = 1,
     concurrency: tuple[int, ...] = CONCURRENCY,
+    many: bool = True,
 ) -> dict[str, dict[str, float]]:
     """Medians per cell "c{C}-{stream|final}": raw tok/s and TTFT, and per lodestar variant (label -> server
-    address and pid) its tok/s, ratio to raw and TTFT; for every side the front-end CPU per token (raw: the
-    AsyncLLM process; lodestar: the server process plus the gRPC client; vLLM's engine-core and worker
-    processes, the same work on both sides, are not counted), and the lowest and highest per-repeat ratio.
+    address and pid) and client ("LABEL, Generate": a call per generation; "LABEL, GenerateMany": the
+    gateway's multiplexed stream, when `many`) its tok/s, ratio to raw and TTFT; for every side the
+    front-end CPU per token (raw: the AsyncLLM process; lodestar: the server process plus the gRPC client;
+    vLLM's engine-core and worker processes, the same work on both sides, are not counted), and the lowest
+    and highest per-repeat ratio.
     Per repeat and cell all phases run back to back, the order rotating between repeats; `scale` multiplies
     the requests per worker (longer phases, less noise)."""
     import grpc.aio
@@ -222,13 +240,18 @@ async def compare(
     channels = {label: grpc.aio.insecure_channel(address) for label, (address, _) in variants.items()}
     pids = {label: pid for label, (_, pid) in variants.items()}
     stubs = {label: inference_pb2_grpc.InferenceServiceStub(channel) for label, channel in channels.items()}
+    clients: dict[str, tuple[Any, int]] = {}  # side -> (generate, server pid)
+    for label, stub in stubs.items():
+        clients[f"{label}, Generate"] = (generate_calls(stub), pids[label])
+        if many:
+            clients[f"{label}, GenerateMany"] = (generate_many(stub), pids[label])
     cells: dict[str, dict[str, list[float]]] = {}
     try:
         warm = {"c": 16, "rounds": 1, "stream": True, "repeat": 99, "prompts": prompts}
         await raw.phase(warm)
-        for stub in stubs.values():
-            await _lodestar_phase(stub, warm)
-        sides = ["raw", *stubs]
+        for generate, _ in clients.values():
+            await _lodestar_phase(generate, warm)
+        sides = ["raw", *clients]
         for repeat in range(repeats):
             for number, (c, stream) in enumerate((c, s) for c in concurrency for s in (True, False)):
                 phase = {"c": c, "rounds": ROUNDS[c] * scale, "stream": stream, "repeat": repeat, "prompts": prompts}
@@ -236,7 +259,9 @@ async def compare(
                 got = {}
                 for side in sides[shift:] + sides[:shift]:
                     got[side] = await (
-                        raw.phase(phase) if side == "raw" else _lodestar_phase(stubs[side], phase, pids[side])
+                        raw.phase(phase)
+                        if side == "raw"
+                        else _lodestar_phase(*clients[side][:1], phase, clients[side][1])
                     )
                 rates = {side: got[side]["tokens"] / got[side]["seconds"] for side in got}
                 cell = cells.setdefault(f"c{c}-{'stream' if stream else 'final'}", {})
@@ -252,15 +277,21 @@ async def compare(
             await channel.close()
     medians = {name: {key: statistics.median(values) for key, values in cell.items()} for name, cell in cells.items()}
     for name, cell in cells.items():
-        for side in stubs:
+        for side in clients:
             medians[name][f"{side} ratio min"] = min(cell[f"{side} ratio"])
             medians[name][f"{side} ratio max"] = max(cell[f"{side} ratio"])
     return medians
 
 
+def sides(cells: dict[str, dict[str, float]]) -> list[str]:
+    """The lodestar sides of `compare`'s cells ("LABEL, Generate", "LABEL, GenerateMany"), in run order."""
+    first = next(iter(cells.values()))
+    return [key for key in first if key != "raw" and key.endswith(("Generate", "GenerateMany"))]
+
+
 def table(cells: dict[str, dict[str, float]], variants: list[str]) -> str:
     lines = [
-        "| C | lodestar | raw AsyncLLM tok/s, streaming | lodestar Generate, streaming | ratio (per-repeat range) "
+        "| C | lodestar | raw AsyncLLM tok/s, streaming | lodestar, streaming | ratio (per-repeat range) "
         "| raw tok/s, non-streaming | lodestar, non-streaming | ratio (per-repeat range) "
         "| TTFT raw / lodestar (streaming) "
         "| front-end CPU us/token raw / lodestar, streaming | non-streaming |",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import grpc
@@ -67,18 +67,27 @@ def status_for(error: errors.LodestarError) -> grpc.StatusCode:
 def error_from_rpc(error: grpc.aio.AioRpcError) -> errors.LodestarError:
     """The domain error for a failed call (INTERNAL/UNKNOWN and unmapped codes: InternalError, not retried);
     a context overflow comes back as ContextLengthExceededError with its numbers."""
-    if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
-        metadata = {key: value for key, value in error.trailing_metadata() or ()}
-        if metadata.get(ERROR_REASON_KEY) == _CONTEXT_REASON:
-            with contextlib.suppress(KeyError, TypeError, ValueError):
-                return errors.ContextLengthExceededError(
-                    int(metadata["lodestar-prompt-tokens"]), int(metadata["lodestar-context-length"])
-                )
-    klass = ERROR_BY_STATUS.get(error.code(), errors.InternalError)
-    return klass(error.details() or error.code().name)
+    metadata = {key: value for key, value in error.trailing_metadata() or ()}
+    return error_from_status(error.code(), error.details(), metadata)
 
 
-def _trailing_metadata(error: errors.LodestarError) -> tuple[tuple[str, str], ...]:
+def error_from_status(code: grpc.StatusCode, details: str | None, metadata: Mapping[str, Any]) -> errors.LodestarError:
+    """The domain error for a status code, its details and its trailing metadata (see `error_from_rpc`)."""
+    if code == grpc.StatusCode.INVALID_ARGUMENT and metadata.get(ERROR_REASON_KEY) == _CONTEXT_REASON:
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            return errors.ContextLengthExceededError(
+                int(metadata["lodestar-prompt-tokens"]), int(metadata["lodestar-context-length"])
+            )
+    klass = ERROR_BY_STATUS.get(code, errors.InternalError)
+    return klass(details or code.name)
+
+
+STATUS_BY_NUMBER: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
+"""google.rpc.Code numbers (as carried in a message, e.g. `GenerateError.code`) to status codes."""
+
+
+def trailing_metadata(error: errors.LodestarError) -> tuple[tuple[str, str], ...]:
+    """What a failed call carries besides its code and message (the numbers of a context overflow)."""
     if isinstance(error, errors.ContextLengthExceededError):
         return (
             (ERROR_REASON_KEY, _CONTEXT_REASON),
@@ -185,7 +194,7 @@ class RpcInterceptor(grpc.aio.ServerInterceptor):
         if isinstance(error, errors.LodestarError):
             code = status_for(error)
             self._log.info("rpc", method=method, code=code.name, duration_ms=duration_ms, error=error.message)
-            await context.abort(code, error.message, trailing_metadata=_trailing_metadata(error))
+            await context.abort(code, error.message, trailing_metadata=trailing_metadata(error))
         if isinstance(error, Exception) and not isinstance(error, grpc.aio.AbortError):
             self._log.error("rpc", method=method, code="INTERNAL", duration_ms=duration_ms, exc_info=error)
             await context.abort(grpc.StatusCode.INTERNAL, "internal error (see server log)")

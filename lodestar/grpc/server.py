@@ -84,6 +84,7 @@ class GrpcServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self._services: list[str] = []
         self._stopped = asyncio.Event()
+        self._on_drain: list[Callable[[], None]] = []
         self._log = structlog.get_logger(component=name)
         self.port = 0
 
@@ -91,6 +92,11 @@ class GrpcServer:
         """Register a servicer (`add_XServicer_to_server`, the servicer, its full proto name)."""
         register(servicer, self._server)
         self._services.append(full_name)
+
+    def on_drain(self, callback: Callable[[], None]) -> None:
+        """Call `callback` when the drain begins (e.g. a long-lived stream stops taking new work and ends
+        once its work in flight is done, instead of being cancelled at the end of the grace period)."""
+        self._on_drain.append(callback)
 
     @property
     def services(self) -> list[str]:
@@ -136,6 +142,8 @@ class GrpcServer:
             return
         self._stopped.set()
         await self._health.enter_graceful_shutdown()
+        for callback in self._on_drain:
+            callback()
         drain = self._drain_seconds if grace is None else grace
         self._log.info("grpc server draining", grace_seconds=drain)
         await self._server.stop(drain)

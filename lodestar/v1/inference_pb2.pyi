@@ -286,6 +286,150 @@ class GenerateResponse(_message.Message):
 Global___GenerateResponse: _TypeAlias = GenerateResponse  # noqa: Y015
 
 @_typing.final
+class GenerateManyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TAG_FIELD_NUMBER: _builtins.int
+    GENERATE_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    tag: _builtins.int
+    """Caller-chosen id of the generation, unique among the stream's open tags."""
+    cancel: _builtins.bool
+    """Stop the generation `tag` (a no-op when it has already ended)."""
+    timeout_s: _builtins.float
+    """With `generate`: seconds the generation may take (its deadline); 0 means no deadline beyond the
+    stream's own. Expiry ends the tag with DEADLINE_EXCEEDED.
+    """
+    @_builtins.property
+    def generate(self) -> Global___GenerateRequest:
+        """Start a generation (as `Generate(request)`)."""
+
+    def __init__(
+        self,
+        *,
+        tag: _builtins.int = ...,
+        generate: Global___GenerateRequest | None = ...,
+        cancel: _builtins.bool = ...,
+        timeout_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cancel", b"cancel", "generate", b"generate"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cancel", b"cancel", "generate", b"generate", "tag", b"tag", "timeout_s", b"timeout_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_action: _TypeAlias = _typing.Literal["generate", "cancel"]  # noqa: Y015
+    _WhichOneofArgType_action: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_action) -> _WhichOneofReturnType_action | None: ...
+
+Global___GenerateManyRequest: _TypeAlias = GenerateManyRequest  # noqa: Y015
+
+@_typing.final
+class GenerateError(_message.Message):
+    """Why a tagged generation failed: what Generate would have ended its call with."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class DetailsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    DETAILS_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """The gRPC status code (google.rpc.Code numbering: 3 INVALID_ARGUMENT, 14 UNAVAILABLE, ...)."""
+    message: _builtins.str
+    @_builtins.property
+    def details(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """What Generate sends as trailing metadata (e.g. `lodestar-error-reason: context_length_exceeded`
+        with the prompt's and the context's token counts).
+        """
+
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+        details: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "details", b"details", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GenerateError: _TypeAlias = GenerateError  # noqa: Y015
+
+@_typing.final
+class TaggedGenerateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TAG_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    tag: _builtins.int
+    @_builtins.property
+    def response(self) -> Global___GenerateResponse: ...
+    @_builtins.property
+    def error(self) -> Global___GenerateError:
+        """The generation failed; nothing more comes for this tag."""
+
+    def __init__(
+        self,
+        *,
+        tag: _builtins.int = ...,
+        response: Global___GenerateResponse | None = ...,
+        error: Global___GenerateError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "response", b"response", "result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "response", b"response", "result", b"result", "tag", b"tag"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["response", "error"]  # noqa: Y015
+    _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
+
+Global___TaggedGenerateResponse: _TypeAlias = TaggedGenerateResponse  # noqa: Y015
+
+@_typing.final
+class GenerateManyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def responses(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaggedGenerateResponse]:
+        """In order per tag; the tags of one message are interleaved as they became ready."""
+
+    def __init__(
+        self,
+        *,
+        responses: _abc.Iterable[Global___TaggedGenerateResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["responses", b"responses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GenerateManyResponse: _TypeAlias = GenerateManyResponse  # noqa: Y015
+
+@_typing.final
 class CountTokensRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -42,6 +42,11 @@ class InferenceServiceStub:
                 request_serializer=lodestar_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=lodestar_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateMany = channel.stream_stream(
+                '/lodestar.v1.InferenceService/GenerateMany',
+                request_serializer=lodestar_dot_v1_dot_inference__pb2.GenerateManyRequest.SerializeToString,
+                response_deserializer=lodestar_dot_v1_dot_inference__pb2.GenerateManyResponse.FromString,
+                _registered_method=True)
         self.CountTokens = channel.unary_unary(
                 '/lodestar.v1.InferenceService/CountTokens',
                 request_serializer=lodestar_dot_v1_dot_inference__pb2.CountTokensRequest.SerializeToString,
@@ -70,6 +75,19 @@ class InferenceServiceServicer:
         `final` event. Cancelling the call stops generation and frees its slot.
         Errors: INVALID_ARGUMENT for a prompt over the context length (the message names both numbers),
         malformed messages or sampling parameters; UNAVAILABLE while the engine is starting.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateMany(self, request_iterator, context):
+        """Many Generate calls over one stream, for a caller that runs many at once (the gateway). Each
+        `generate` carries a caller-chosen tag; the server answers with batches: one message holds the
+        responses of every tag that were ready when the stream could take more, so a busy server sends a
+        message per engine step, not one per stream. Per tag the semantics are Generate's: deltas, then
+        exactly one `final`, or one `error` in their place. A `cancel` stops that tag's generation and frees
+        its slot (nothing more is sent for it); closing the stream cancels every open tag. A draining
+        server answers new tags UNAVAILABLE and ends the stream when its open tags are done.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -106,6 +124,11 @@ def add_InferenceServiceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=lodestar_dot_v1_dot_inference__pb2.GenerateRequest.FromString,
                     response_serializer=lodestar_dot_v1_dot_inference__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateMany,
+                    request_deserializer=lodestar_dot_v1_dot_inference__pb2.GenerateManyRequest.FromString,
+                    response_serializer=lodestar_dot_v1_dot_inference__pb2.GenerateManyResponse.SerializeToString,
             ),
             'CountTokens': grpc.unary_unary_rpc_method_handler(
                     servicer.CountTokens,
@@ -153,6 +176,33 @@ class InferenceService:
             '/lodestar.v1.InferenceService/Generate',
             lodestar_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
             lodestar_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/lodestar.v1.InferenceService/GenerateMany',
+            lodestar_dot_v1_dot_inference__pb2.GenerateManyRequest.SerializeToString,
+            lodestar_dot_v1_dot_inference__pb2.GenerateManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

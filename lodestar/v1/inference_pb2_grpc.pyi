@@ -42,6 +42,15 @@ class InferenceServiceStub:
     Errors: INVALID_ARGUMENT for a prompt over the context length (the message names both numbers),
     malformed messages or sampling parameters; UNAVAILABLE while the engine is starting.
     """
+    GenerateMany: _grpc.StreamStreamMultiCallable[_inference_pb2.GenerateManyRequest, _inference_pb2.GenerateManyResponse]
+    """Many Generate calls over one stream, for a caller that runs many at once (the gateway). Each
+    `generate` carries a caller-chosen tag; the server answers with batches: one message holds the
+    responses of every tag that were ready when the stream could take more, so a busy server sends a
+    message per engine step, not one per stream. Per tag the semantics are Generate's: deltas, then
+    exactly one `final`, or one `error` in their place. A `cancel` stops that tag's generation and frees
+    its slot (nothing more is sent for it); closing the stream cancels every open tag. A draining
+    server answers new tags UNAVAILABLE and ends the stream when its open tags are done.
+    """
     CountTokens: _grpc.UnaryUnaryMultiCallable[_inference_pb2.CountTokensRequest, _inference_pb2.CountTokensResponse]
     """Count the prompt tokens of a chat as Generate would render it (serves Anthropic count_tokens)."""
     UpdateWeights: _grpc.StreamUnaryMultiCallable[_inference_pb2.UpdateWeightsRequest, _inference_pb2.UpdateWeightsResponse]
@@ -66,6 +75,15 @@ class InferenceServiceAsyncStub(InferenceServiceStub):
     `final` event. Cancelling the call stops generation and frees its slot.
     Errors: INVALID_ARGUMENT for a prompt over the context length (the message names both numbers),
     malformed messages or sampling parameters; UNAVAILABLE while the engine is starting.
+    """
+    GenerateMany: _aio.StreamStreamMultiCallable[_inference_pb2.GenerateManyRequest, _inference_pb2.GenerateManyResponse]  # type: ignore[assignment]
+    """Many Generate calls over one stream, for a caller that runs many at once (the gateway). Each
+    `generate` carries a caller-chosen tag; the server answers with batches: one message holds the
+    responses of every tag that were ready when the stream could take more, so a busy server sends a
+    message per engine step, not one per stream. Per tag the semantics are Generate's: deltas, then
+    exactly one `final`, or one `error` in their place. A `cancel` stops that tag's generation and frees
+    its slot (nothing more is sent for it); closing the stream cancels every open tag. A draining
+    server answers new tags UNAVAILABLE and ends the stream when its open tags are done.
     """
     CountTokens: _aio.UnaryUnaryMultiCallable[_inference_pb2.CountTokensRequest, _inference_pb2.CountTokensResponse]  # type: ignore[assignment]
     """Count the prompt tokens of a chat as Generate would render it (serves Anthropic count_tokens)."""
@@ -94,6 +112,21 @@ class InferenceServiceServicer(metaclass=_abc_1.ABCMeta):
         `final` event. Cancelling the call stops generation and frees its slot.
         Errors: INVALID_ARGUMENT for a prompt over the context length (the message names both numbers),
         malformed messages or sampling parameters; UNAVAILABLE while the engine is starting.
+        """
+
+    @_abc_1.abstractmethod
+    def GenerateMany(
+        self,
+        request_iterator: _MaybeAsyncIterator[_inference_pb2.GenerateManyRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_inference_pb2.GenerateManyResponse], _abc.AsyncIterator[_inference_pb2.GenerateManyResponse]]:
+        """Many Generate calls over one stream, for a caller that runs many at once (the gateway). Each
+        `generate` carries a caller-chosen tag; the server answers with batches: one message holds the
+        responses of every tag that were ready when the stream could take more, so a busy server sends a
+        message per engine step, not one per stream. Per tag the semantics are Generate's: deltas, then
+        exactly one `final`, or one `error` in their place. A `cancel` stops that tag's generation and frees
+        its slot (nothing more is sent for it); closing the stream cancels every open tag. A draining
+        server answers new tags UNAVAILABLE and ends the stream when its open tags are done.
         """
 
     @_abc_1.abstractmethod

@@ -1,18 +1,25 @@
 """InferenceService gRPC server: a thin servicer over `services.inference.service.InferenceService`.
 
+`GenerateMany` runs many generations over one stream (`services.inference.multiplex`); its tagged errors
+carry the status code and trailing metadata that Generate would have ended the call with.
+
 `serve(settings)` binds the port first (health NOT_SERVING, RPCs answer UNAVAILABLE while the engine
 loads), starts the engine, then reports SERVING; SIGTERM drains in-flight RPCs and closes the engine.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc.aio
 
+from lodestar.errors import InvalidArgumentError
+from lodestar.grpc.errors import status_for, trailing_metadata
 from lodestar.grpc.server import GrpcServer, service_name
 from lodestar.v1 import inference_pb2, inference_pb2_grpc
+from services.inference.multiplex import Multiplexer, Outcome
 from services.inference.service import InferenceService
 from services.inference.settings import InferenceSettings
 
@@ -22,12 +29,36 @@ Context = grpc.aio.ServicerContext[Any, Any]
 class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     def __init__(self, service: InferenceService) -> None:
         self._service = service
+        self._streams: set[Multiplexer] = set()
+        self._draining = False
 
     async def Generate(
         self, request: inference_pb2.GenerateRequest, context: Context
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
         async for response in self._service.generate(request):
             yield response
+
+    async def GenerateMany(
+        self, request_iterator: AsyncIterator[inference_pb2.GenerateManyRequest], context: Context
+    ) -> AsyncIterator[inference_pb2.GenerateManyResponse]:
+        mux = Multiplexer(self._service.generate)
+        if self._draining:
+            mux.drain()
+        self._streams.add(mux)
+        reader = asyncio.create_task(_read_requests(request_iterator, mux))
+        try:
+            async for batch in mux.batches():
+                yield inference_pb2.GenerateManyResponse(responses=[_tagged(tag, outcome) for tag, outcome in batch])
+        finally:
+            self._streams.discard(mux)
+            reader.cancel()
+            await mux.aclose()
+
+    def drain(self) -> None:
+        """The server is draining: GenerateMany streams refuse new tags and end when their open ones are done."""
+        self._draining = True
+        for mux in self._streams:
+            mux.drain()
 
     async def CountTokens(
         self, request: inference_pb2.CountTokensRequest, context: Context
@@ -45,13 +76,39 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         return self._service.model_info()
 
 
+async def _read_requests(requests: AsyncIterator[inference_pb2.GenerateManyRequest], mux: Multiplexer) -> None:
+    """Feed the stream's requests to `mux` until the client half-closes (or the stream breaks)."""
+    try:
+        async for request in requests:
+            action = request.WhichOneof("action")
+            if action == "generate":
+                mux.start(request.tag, request.generate, request.timeout_s)
+            elif action == "cancel":
+                mux.cancel(request.tag)
+            else:
+                mux.reject(request.tag, InvalidArgumentError("a GenerateManyRequest needs `generate` or `cancel`"))
+    finally:
+        mux.end_input()
+
+
+def _tagged(tag: int, outcome: Outcome) -> inference_pb2.TaggedGenerateResponse:
+    if isinstance(outcome, inference_pb2.GenerateResponse):
+        return inference_pb2.TaggedGenerateResponse(tag=tag, response=outcome)
+    error = inference_pb2.GenerateError(
+        code=status_for(outcome).value[0], message=outcome.message, details=dict(trailing_metadata(outcome))
+    )
+    return inference_pb2.TaggedGenerateResponse(tag=tag, error=error)
+
+
 def build_server(settings: InferenceSettings, service: InferenceService) -> GrpcServer:
     server = GrpcServer("inference", host=settings.host, port=settings.port, drain_seconds=settings.drain_seconds)
+    servicer = InferenceServicer(service)
     server.add_service(
         inference_pb2_grpc.add_InferenceServiceServicer_to_server,
-        InferenceServicer(service),
+        servicer,
         service_name(inference_pb2.DESCRIPTOR, "InferenceService"),
     )
+    server.on_drain(servicer.drain)
     return server
 
 
