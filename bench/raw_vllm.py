@@ -82,6 +82,7 @@ async def raw_worker(model_dir: Path, kv_cache_bytes: int) -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    from lodestar.heap import freeze_startup_heap
     from services.inference.engine import EngineInfo
     from services.inference.engines.vllm import engine_args
     from services.inference.settings import InferenceSettings
@@ -92,6 +93,7 @@ async def raw_worker(model_dir: Path, kv_cache_bytes: int) -> None:
     settings = InferenceSettings(backend="vllm", model=model_dir, kv_cache_bytes=kv_cache_bytes)
     llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args(settings, model_dir, context)))
     info = EngineInfo("vllm", context, int(config["vocab_size"]), TextTokenizer.load(model_dir).eos_token_ids)
+    freeze_startup_heap()  # as `vllm serve` does after its startup (and lodestar's server after its own)
     loop = asyncio.get_running_loop()
     print("RESULT ready", flush=True)
     try:

@@ -1,0 +1,20 @@
+"""Keep the garbage collector off a server's startup heap.
+
+A model server holds millions of long-lived objects after startup (modules, the tokenizer, the engine's
+state). Every collection of the oldest generation walks all of them, and serving allocates enough small
+objects (responses, deltas, engine outputs) to trigger one every few seconds: py-spy put 18% of the vLLM
+inference server's event-loop thread in `gc_collect_main` at 64 streams. `freeze_startup_heap()` after
+startup moves what exists then out of the collector's sight (`gc.freeze`), as `vllm serve` does after its
+own startup; objects allocated later are collected as usual.
+"""
+
+from __future__ import annotations
+
+import gc
+
+
+def freeze_startup_heap() -> int:
+    """Collect once, then freeze every surviving object; returns how many were frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
