@@ -232,6 +232,7 @@ async def compare(
     the requests per worker (longer phases, less noise)."""
     import grpc.aio
 
+    from lodestar.heap import freeze_startup_heap
     from lodestar.v1 import inference_pb2_grpc
     from services.inference.templates import ChatTemplate
     from services.inference.tokenizer import TextTokenizer
@@ -253,6 +254,7 @@ async def compare(
         await raw.phase(warm)
         for generate, _ in clients.values():
             await _lodestar_phase(generate, warm)
+        freeze_startup_heap()  # this process is the gRPC client, in the gateway's place: as the gateway does
         sides = ["raw", *clients]
         for repeat in range(repeats):
             for number, (c, stream) in enumerate((c, s) for c in concurrency for s in (True, False)):

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from lodestar.errors import InvalidArgumentError
 from lodestar.grpc.server import GrpcServer, service_name
+from lodestar.heap import freeze_startup_heap
 from lodestar.logging import get_logger
 from lodestar.v1 import gateway_pb2, gateway_pb2_grpc
 from services.gateway.app import GatewayHttp
@@ -194,6 +195,7 @@ def settings_rollout(settings: GatewaySettings) -> str:
 async def serve(settings: GatewaySettings) -> None:
     node = GatewayNode(settings)
     await node.start()
+    _log.info("startup heap frozen", objects=freeze_startup_heap())
     # Our own signal handling (not GrpcServer.wait_for_termination): on SIGTERM the node must leave etcd
     # before draining, or rollout would keep handing it work for the whole drain.
     loop = asyncio.get_running_loop()
