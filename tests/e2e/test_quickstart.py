@@ -3,7 +3,15 @@ rollout, a gateway node running the quickstart agent, the trainer), with the qui
 and its 30 steps, as a subprocess. Asserts the reward rises by at least 0.3 (last 5 steps - first 5; the last
 third - the first of a run cut short), every step pushed a new policy version that calls captured afterwards
 report, the trainer trained on merged sequences (merge ratio > 1), and the final checkpoint resumes (step,
-version, groups read, weights)."""
+version, groups read, weights).
+
+The rise is measured on the policies themselves: the mean reward of the sessions the final policy sampled
+(the last version with at least MIN_SESSIONS of them) minus that of the initial policy's, from the rollout
+store (every counted session, whether or not its group had signal). The trainer's per-step curve (the
+summary's "reward rise") lags the policy by the samples in flight and counts only groups with signal, so a
+policy that saturates in its last step is invisible to it: in one CI run policy v7 already scored 0.96, v8
+and v9 1.0 on 3,376 sessions, while the curve's last third was 0.12, 0.10, 0.96 and its rise +0.28. The
+summary's rise must still be positive."""
 
 from __future__ import annotations
 
@@ -28,11 +36,13 @@ REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart" / "quickstart.toml"
 STEPS = 30
 """As shipped. The take-off (0.1-0.4 -> 0.95) came at step 6, 7, 8, 9, 12 and 15 in six runs. Once the reward
-saturates at 1.0 most groups have no signal, and the run's 240 tasks can be used up before the last step:
+saturates at 1.0 most groups have no signal, and the run's 480 tasks can be used up before the last step:
 `lodestar train` then ends with "run used up" and says why (exit 0; seen after steps 11, 13 and 16). The take-off
 comes first, so at least 6 steps are done."""
 MIN_STEPS = 6
 TIMEOUT_S = 1500
+MIN_SESSIONS = 32
+"""Sessions (four groups) a policy version must have sampled for its mean reward to count."""
 
 
 def _config(tmp_path: Path) -> Path:
@@ -47,6 +57,17 @@ def _config(tmp_path: Path) -> Path:
     config.write_text(text)
     assert tomllib.loads(text)["train"]["steps"] == STEPS
     return config
+
+
+def _reward_by_version(store: Path, run_id: str) -> dict[int, tuple[int, float]]:
+    """Counted sessions sampled by one policy version alone: version -> (sessions, mean reward)."""
+    with sqlite3.connect(store) as db:
+        rows = db.execute(
+            "SELECT min_policy_version, COUNT(*), AVG(reward) FROM sessions WHERE run_id = ? AND counted = 1 "
+            "AND min_policy_version = max_policy_version GROUP BY min_policy_version",
+            (run_id,),
+        ).fetchall()
+    return {version: (count, mean) for version, count, mean in rows}
 
 
 def _call_versions(store: Path, run_id: str) -> set[int]:
@@ -76,7 +97,12 @@ def test_the_quickstart_learns(tmp_path: Path) -> None:
 
     assert [r["step"] for r in records] == list(range(1, steps + 1))
     rewards = [r["reward_mean"] for r in records]
-    assert reward_rise(rewards) >= 0.3, rewards
+    assert reward_rise(rewards) > 0, rewards
+    by_version = _reward_by_version(tmp_path / "stack" / "rollout.sqlite", run_id)
+    final = max(version for version, (count, _) in by_version.items() if count >= MIN_SESSIONS)
+    assert by_version[0][0] >= MIN_SESSIONS, by_version
+    assert final >= steps - 3, (final, by_version)  # one of the run's last policies, not an early one
+    assert by_version[final][1] - by_version[0][1] >= 0.3, (by_version, rewards)
     # Every step pushed a new version, and calls captured after it report it.
     assert [r["policy_version"] for r in records] == list(range(1, steps + 1))
     versions = _call_versions(tmp_path / "stack" / "rollout.sqlite", run_id)

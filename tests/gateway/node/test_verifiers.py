@@ -67,6 +67,12 @@ async def test_command_verifier_rewards(runtime: SessionRuntime, command: str, r
     assert details["reward_from"] == ("stdout" if reward == 0.25 else "exit_code")
 
 
+async def test_command_verifier_gets_an_answer_with_nul_characters_without_them(runtime: SessionRuntime):
+    # A tiny model's output decoded to a NUL in a quickstart run; an environment variable cannot hold one.
+    got, details = await _score(runtime, "command", "do\0ne", command='test "$LODESTAR_FINAL_ANSWER" = done')
+    assert got == 1.0, details
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
     [

@@ -2,7 +2,8 @@
 
 Config: {"command": "...", "timeout_s": N (default 300)}. It runs as `bash -c COMMAND` with the session's
 fixed paths (same HOME/TMPDIR/workspace as the harness), a clean environment plus LODESTAR_TASK_ID,
-LODESTAR_FINAL_ANSWER (the final answer, at most 64 KB), LODESTAR_TIMED_OUT ("1" when the agent was cut
+LODESTAR_FINAL_ANSWER (the final answer, at most 64 KB, without NUL characters: an environment variable cannot
+hold one, and a model's output can), LODESTAR_TIMED_OUT ("1" when the agent was cut
 at its timeout) and LODESTAR_TASK_METADATA (JSON). Reward: 1.0 for exit 0, else 0.0, unless the last
 non-empty stdout line is a JSON object {"reward": x} (then x). A timeout, death by a signal or exit
 126/127 (the command could not run) is a VerifierError (infrastructure), not 0.
@@ -39,7 +40,7 @@ class CommandVerifier:
     async def score(self, given: VerifierInput) -> Verdict:
         env = {
             "LODESTAR_TASK_ID": given.task.task_id,
-            "LODESTAR_FINAL_ANSWER": given.final_answer[:MAX_ANSWER_ENV],
+            "LODESTAR_FINAL_ANSWER": given.final_answer[:MAX_ANSWER_ENV].replace("\0", ""),
             "LODESTAR_TIMED_OUT": "1" if given.timed_out else "0",
             "LODESTAR_TASK_METADATA": json.dumps(task_metadata(given.task)),
         }
