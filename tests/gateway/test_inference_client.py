@@ -7,6 +7,7 @@ The real servers are in tests/inference/test_generate_many.py and every gateway 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -103,7 +104,9 @@ async def internal(requests: Any, context: Any) -> AsyncIterator[inference_pb2.G
         )
 
 
-async def serve(servicer: inference_pb2_grpc.InferenceServiceServicer) -> GrpcServer:
+@contextlib.asynccontextmanager
+async def client_of(servicer: inference_pb2_grpc.InferenceServiceServicer) -> AsyncIterator[GrpcInference]:
+    """The gateway's client connected to `servicer` served by a real gRPC server."""
     server = GrpcServer("stand-in", port=0, drain_seconds=0.5)
     server.add_service(
         inference_pb2_grpc.add_InferenceServiceServicer_to_server,
@@ -111,7 +114,12 @@ async def serve(servicer: inference_pb2_grpc.InferenceServiceServicer) -> GrpcSe
         service_name(inference_pb2.DESCRIPTOR, "InferenceService"),
     )
     await server.start()
-    return server
+    client = GrpcInference(f"127.0.0.1:{server.port}", timeout_s=10)
+    try:
+        yield client
+    finally:
+        await client.close()
+        await server.stop(0)
 
 
 async def run(client: GrpcInference) -> list[inference_pb2.GenerateResponse]:
@@ -120,37 +128,25 @@ async def run(client: GrpcInference) -> list[inference_pb2.GenerateResponse]:
 
 async def test_generations_share_one_stream() -> None:
     servicer = StandIn([answers])
-    server = await serve(servicer)
-    client = GrpcInference(f"127.0.0.1:{server.port}", timeout_s=10)
-    try:
+    async with client_of(servicer) as client:
         results = await asyncio.gather(*(run(client) for _ in range(5)))
         assert all(len(r) == 2 and r[-1].HasField("final") for r in results)
         assert sorted(r[0].delta.token_ids[0] for r in results) == [1, 2, 3, 4, 5]  # each got its own tag's
         assert servicer.opened == 1
         assert servicer.generate_calls == 0
-    finally:
-        await client.close()
-        await server.stop(0)
 
 
 async def test_unavailable_before_any_response_is_retried_then_reported() -> None:
     servicer = StandIn([unavailable_tags])
-    server = await serve(servicer)
-    client = GrpcInference(f"127.0.0.1:{server.port}", timeout_s=10)
-    try:
+    async with client_of(servicer) as client:
         with pytest.raises(UnavailableError):
             await run(client)
         assert len(servicer.received) == 5  # 5 attempts, as the channel's retry policy for plain calls
-    finally:
-        await client.close()
-        await server.stop(0)
 
 
 async def test_a_broken_stream_fails_its_open_generations_and_the_next_one_reopens() -> None:
     servicer = StandIn([breaks_after_a_delta, answers])
-    server = await serve(servicer)
-    client = GrpcInference(f"127.0.0.1:{server.port}", timeout_s=10)
-    try:
+    async with client_of(servicer) as client:
         seen: list[inference_pb2.GenerateResponse] = []
 
         async def consume() -> None:
@@ -162,16 +158,11 @@ async def test_a_broken_stream_fails_its_open_generations_and_the_next_one_reope
         assert len(seen) == 1  # a delta had arrived: not retried (the harness saw part of the turn)
         assert len(await run(client)) == 2  # a new stream
         assert servicer.opened == 2
-    finally:
-        await client.close()
-        await server.stop(0)
 
 
 async def test_a_consumer_that_leaves_cancels_its_tag() -> None:
     servicer = StandIn([silent])
-    server = await serve(servicer)
-    client = GrpcInference(f"127.0.0.1:{server.port}", timeout_s=10)
-    try:
+    async with client_of(servicer) as client:
         stream = client.generate(REQUEST)
         await anext(stream)
         await stream.aclose()  # the harness went away
@@ -181,21 +172,13 @@ async def test_a_consumer_that_leaves_cancels_its_tag() -> None:
             await asyncio.sleep(0.02)
         actions = [(r.tag, r.WhichOneof("action")) for r in servicer.received]
         assert actions == [(1, "generate"), (1, "cancel")]
-    finally:
-        await client.close()
-        await server.stop(0)
 
 
 async def test_internal_errors_stay_generic() -> None:
-    server = await serve(StandIn([internal]))
-    client = GrpcInference(f"127.0.0.1:{server.port}", timeout_s=10)
-    try:
+    async with client_of(StandIn([internal])) as client:
         with pytest.raises(InternalError) as caught:
             await run(client)
         assert "/srv" not in caught.value.message
-    finally:
-        await client.close()
-        await server.stop(0)
 
 
 class OldServer(StandIn):
@@ -210,15 +193,10 @@ class OldServer(StandIn):
 
 async def test_a_server_without_generate_many_gets_generate_calls() -> None:
     servicer = OldServer([answers])
-    server = await serve(servicer)
-    client = GrpcInference(f"127.0.0.1:{server.port}", timeout_s=10)
-    try:
+    async with client_of(servicer) as client:
         assert [r.WhichOneof("event") for r in await run(client)] == ["delta", "final"]
         assert [r.WhichOneof("event") for r in await run(client)] == ["delta", "final"]
         assert servicer.generate_calls == 2
-    finally:
-        await client.close()
-        await server.stop(0)
 
 
 # -- the server half (services.inference.multiplex), with a scripted generate -------------------------
