@@ -10,8 +10,10 @@ Failures become domain errors (`lodestar.grpc.errors.error_from_status`): INVALI
 over the context length) reaches the harness as a 400, UNAVAILABLE as a retryable 503/529, INTERNAL/UNKNOWN
 (a bug) as a 500 that nobody retries. UNAVAILABLE before the first response (a server starting or
 draining, a broken stream) is retried like the channel's retry policy does for plain calls: 5 attempts,
-backoff from 0.1 s doubling. Every generation has a deadline (`timeout_s`). Cancelling the consuming task
-(a client that went away) cancels the generation, which stops it and frees its slot.
+backoff from 0.1 s doubling; so is a generation whose stream ended before it delivered anything, whatever
+the code (that is the transport's failure, not the generation's). Every generation has a deadline
+(`timeout_s`). Cancelling the consuming task (a client that went away) cancels the generation, which stops
+it and frees its slot.
 """
 
 from __future__ import annotations
@@ -137,6 +139,10 @@ class _Stream:
         self._requests: asyncio.Queue[inference_pb2.GenerateManyRequest | None] = asyncio.Queue()
         self.inboxes: dict[int, asyncio.Queue[_Item]] = {}
         self.failure: _Failure | None = None
+        self.delivered = False
+        """Whether a batch arrived: a stream that fails before one never started (its failure is the
+        transport's, not a tag's: an old server's UNIMPLEMENTED can come back as another code when it ends
+        the call while the first request is still being written)."""
         self._call = stub.GenerateMany(self._outgoing())  # no deadline: each tag carries its own
         self._reader = asyncio.create_task(self._read(), name="generate-many-reader")
 
@@ -155,6 +161,7 @@ class _Stream:
         failure = _Failure(grpc.StatusCode.UNAVAILABLE, "the inference stream ended", {})
         try:
             async for batch in self._call:
+                self.delivered = True
                 for response in batch.responses:
                     inbox = self.inboxes.get(response.tag)
                     if inbox is not None:  # else: a tag its consumer has left (cancelled, timed out)
@@ -230,7 +237,8 @@ class GenerateStreams:
                 raise DeadlineExceededError(f"the model did not finish within {timeout_s:g} s")
             if not received and failure.code == grpc.StatusCode.UNIMPLEMENTED:
                 raise NotServedError(failure.details)
-            retry = not received and failure.code == grpc.StatusCode.UNAVAILABLE
+            unstarted = failure is stream.failure and not stream.delivered and failure.code != grpc.StatusCode.OK
+            retry = not received and (failure.code == grpc.StatusCode.UNAVAILABLE or unstarted)
             if retry and backoff is not None and loop.time() + backoff < deadline:
                 await asyncio.sleep(backoff)
                 continue

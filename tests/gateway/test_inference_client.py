@@ -89,6 +89,12 @@ async def breaks_after_a_delta(requests: Any, context: Any) -> AsyncIterator[inf
         await context.abort(grpc.StatusCode.UNAVAILABLE, "connection reset")
 
 
+async def ends_at_once(requests: Any, context: Any) -> AsyncIterator[inference_pb2.GenerateManyResponse]:
+    """Ends the stream before reading anything, with a code that is not UNAVAILABLE."""
+    await context.abort(grpc.StatusCode.INTERNAL, "Received RST_STREAM")
+    yield inference_pb2.GenerateManyResponse()  # pragma: no cover (makes this an async generator)
+
+
 async def silent(requests: Any, context: Any) -> AsyncIterator[inference_pb2.GenerateManyResponse]:
     """Reads requests, answers one delta per generate, never a final (a long generation)."""
     async for request in requests:
@@ -157,6 +163,15 @@ async def test_a_broken_stream_fails_its_open_generations_and_the_next_one_reope
             await consume()
         assert len(seen) == 1  # a delta had arrived: not retried (the harness saw part of the turn)
         assert len(await run(client)) == 2  # a new stream
+        assert servicer.opened == 2
+
+
+async def test_a_stream_that_ends_before_delivering_anything_is_retried_whatever_its_code() -> None:
+    # An old server's UNIMPLEMENTED once came back to the client as another code (a CI run): the stream's
+    # end, not the generation's answer.
+    servicer = StandIn([ends_at_once, answers])
+    async with client_of(servicer) as client:
+        assert [r.WhichOneof("event") for r in await run(client)] == ["delta", "final"]
         assert servicer.opened == 2
 
 
