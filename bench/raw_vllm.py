@@ -262,11 +262,11 @@ async def compare(
                 shift = (repeat + number) % len(sides)
                 got = {}
                 for side in sides[shift:] + sides[:shift]:
-                    got[side] = await (
-                        raw.phase(phase)
-                        if side == "raw"
-                        else _lodestar_phase(*clients[side][:1], phase, clients[side][1])
-                    )
+                    if side == "raw":
+                        got[side] = await raw.phase(phase)
+                    else:
+                        generate, pid = clients[side]
+                        got[side] = await _lodestar_phase(generate, phase, pid)
                 rates = {side: got[side]["tokens"] / got[side]["seconds"] for side in got}
                 cell = cells.setdefault(f"c{c}-{'stream' if stream else 'final'}", {})
                 for side in sides:

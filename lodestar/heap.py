@@ -12,9 +12,15 @@ from __future__ import annotations
 
 import gc
 
+from lodestar.logging import get_logger
+
+_log = get_logger("heap")
+
 
 def freeze_startup_heap() -> int:
-    """Collect once, then freeze every surviving object; returns how many were frozen."""
+    """Collect once, then freeze every surviving object (logged); returns how many were frozen."""
     gc.collect()
     gc.freeze()
-    return gc.get_freeze_count()
+    frozen = gc.get_freeze_count()
+    _log.info("startup heap frozen", objects=frozen)
+    return frozen

@@ -195,7 +195,7 @@ def settings_rollout(settings: GatewaySettings) -> str:
 async def serve(settings: GatewaySettings) -> None:
     node = GatewayNode(settings)
     await node.start()
-    _log.info("startup heap frozen", objects=freeze_startup_heap())
+    freeze_startup_heap()
     # Our own signal handling (not GrpcServer.wait_for_termination): on SIGTERM the node must leave etcd
     # before draining, or rollout would keep handing it work for the whole drain.
     loop = asyncio.get_running_loop()

@@ -19,14 +19,12 @@ from lodestar.errors import InvalidArgumentError
 from lodestar.grpc.errors import status_for, trailing_metadata
 from lodestar.grpc.server import GrpcServer, service_name
 from lodestar.heap import freeze_startup_heap
-from lodestar.logging import get_logger
 from lodestar.v1 import inference_pb2, inference_pb2_grpc
 from services.inference.multiplex import Multiplexer, Outcome
 from services.inference.service import InferenceService
 from services.inference.settings import InferenceSettings
 
 Context = grpc.aio.ServicerContext[Any, Any]
-_log = get_logger("inference")
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
@@ -121,8 +119,7 @@ async def serve(settings: InferenceSettings) -> None:
     await server.start()
     try:
         await service.start()
-        frozen = freeze_startup_heap()
-        _log.info("startup heap frozen", objects=frozen)
+        freeze_startup_heap()
         await server.set_serving(True)
         await server.wait_for_termination()
     finally:
