@@ -115,10 +115,18 @@ def _ran_out(progress: train_view.Progress, steps_done: int, groups_trained: int
     if progress.trainer.state != trainer_pb2.TRAINER_STATE_STOPPED or run.state != rollout_pb2.RUN_STATE_COMPLETED:
         return ""
     unused = max(run.groups_delivered - groups_trained, 0)
+    tail = progress.trainer
+    after = (
+        f"; the {tail.untrained_groups} read after step {steps_done} scored {tail.untrained_reward_mean:.3f} on "
+        "average (the last policies' reward, in no step's metrics)"
+        if tail.untrained_groups
+        else ""
+    )
     return (
         f"the run's {len(run.spec.tasks)} tasks are used up after step {steps_done}: of its "
         f"{run.groups_delivered} delivered groups {groups_trained} were trained on, {unused} had no reward "
         f"signal (every sample scored alike: solved, or too hard) and {run.groups_dropped} were dropped as stale"
+        f"{after}"
     )
 
 

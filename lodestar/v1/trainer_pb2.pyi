@@ -125,6 +125,8 @@ class GetStatusResponse(_message.Message):
     LAST_CHECKPOINT_PATH_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     SKIPPED_STEPS_FIELD_NUMBER: _builtins.int
+    UNTRAINED_GROUPS_FIELD_NUMBER: _builtins.int
+    UNTRAINED_REWARD_MEAN_FIELD_NUMBER: _builtins.int
     state: Global___TrainerState.ValueType
     step: _builtins.int
     policy_version: _builtins.int
@@ -136,6 +138,12 @@ class GetStatusResponse(_message.Message):
     """Why the trainer FAILED, or the last skipped step's reason (empty when none)."""
     skipped_steps: _builtins.int
     """Steps skipped because their input was unusable (each logged with its reason)."""
+    untrained_groups: _builtins.int
+    """Groups read after the last step that no step trained on (the run's groups ran out, or Stop came, while
+    the trainer looked for groups with reward signal), and the mean reward of their scored sessions: what the
+    final policies scored when no step's metrics show it (a saturated policy's groups have no signal).
+    """
+    untrained_reward_mean: _builtins.float
     @_builtins.property
     def last_metrics(self) -> Global___StepMetrics: ...
     def __init__(
@@ -149,10 +157,12 @@ class GetStatusResponse(_message.Message):
         last_checkpoint_path: _builtins.str = ...,
         error: _builtins.str = ...,
         skipped_steps: _builtins.int = ...,
+        untrained_groups: _builtins.int = ...,
+        untrained_reward_mean: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_metrics", b"last_metrics"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "last_checkpoint_path", b"last_checkpoint_path", "last_metrics", b"last_metrics", "policy_version", b"policy_version", "run_id", b"run_id", "skipped_steps", b"skipped_steps", "state", b"state", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "last_checkpoint_path", b"last_checkpoint_path", "last_metrics", b"last_metrics", "policy_version", b"policy_version", "run_id", b"run_id", "skipped_steps", b"skipped_steps", "state", b"state", "step", b"step", "untrained_groups", b"untrained_groups", "untrained_reward_mean", b"untrained_reward_mean"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -23,7 +23,8 @@ Deviations from textbook GRPO (Shao et al. 2024), each on purpose:
 - One optimizer step per batch of groups (no PPO epochs over the same batch), so "old" = the current
   policy before the step needs no second forward: it is the detached logprob of the same pass.
 - Groups whose rewards are all equal are dropped before any compute (no gradient; counted), and the step
-  keeps reading groups until it has `groups_per_step` with signal (dynamic sampling, as in DAPO).
+  keeps reading groups until it has `groups_per_step` with signal (dynamic sampling, as in DAPO); their
+  rewards still count in the step's reward metrics.
 - Clip-higher (asymmetric clip bounds), token-level aggregation by default, KL to the initial model off by
   default (k3 estimator when on): see loss.py.
 - Sessions that failed for infrastructure reasons never reach the loss (groups.py); a scored session
@@ -55,7 +56,7 @@ from services.trainer.distributed import Parallel
 from services.trainer.forward import target_logprobs
 from services.trainer.groups import BadGroupError, GroupSamples, group_samples
 from services.trainer.loss import LossConfig, LossNormalizer, LossOutput, policy_loss
-from services.trainer.metrics import MetricsWriter, StepRecord
+from services.trainer.metrics import MetricsWriter, StepRecord, mean_std
 from services.trainer.pack import pack
 from services.trainer.precision import ComputeCopy
 from services.trainer.publish import PublishResult
@@ -108,6 +109,9 @@ class _Plan:
     read: int = 0
     """Groups consumed from the stream for this plan (trained, dropped or in a skipped step)."""
     no_signal: int = 0
+    no_signal_rewards: list[float] = field(default_factory=list)
+    """The rewards of those groups' scored sessions: they count in the step's reward metrics (what the policy
+    scores), though they are not trained on."""
     error: str = ""
     stop: bool = False
     save: bool = False
@@ -210,6 +214,7 @@ class Trainer:
         self._counters["groups_no_signal"] += plan.no_signal
         values = step_values(
             groups=plan.groups,
+            no_signal_rewards=plan.no_signal_rewards,
             stats=stats,
             micro_batches=len(micro_batches),
             loss=totals,
@@ -238,8 +243,7 @@ class Trainer:
         while len(plan.groups) < self.config.groups_per_step:
             group = next(groups, None) if groups is not None and not self._stop.is_set() else None
             if group is None:
-                if not self._stop.is_set():
-                    _log.info("the run has no more groups", run_id=self.config.run_id)
+                self._untrained(plan)
                 return _Plan(stop=True, save=self._save_on_stop)
             plan.read += 1
             behind = self.state.policy_version - group.min_policy_version
@@ -262,8 +266,18 @@ class Trainer:
                 plan.groups.append(samples)
             else:
                 plan.no_signal += 1
+                plan.no_signal_rewards += samples.rewards
                 _log.info("group without signal dropped", group_id=samples.group_id, rewards=samples.rewards)
         return plan
+
+    def _untrained(self, plan: _Plan) -> None:
+        """The run ended (or Stop came) before `plan` had its groups: publish what the groups it read scored."""
+        rewards = [reward for kept in plan.groups for reward in kept.rewards] + plan.no_signal_rewards
+        reward_mean = mean_std(rewards)[0]
+        if not self._stop.is_set():
+            _log.info("the run has no more groups", run_id=self.config.run_id, untrained_groups=plan.read,
+                      untrained_reward_mean=round(reward_mean, 4))  # fmt: skip
+        self.board.update(untrained_groups=plan.read, untrained_reward_mean=reward_mean)
 
     def _skip(self, plan: _Plan) -> None:
         self._counters["groups_no_signal"] += plan.no_signal

@@ -3,7 +3,10 @@
 Every step's values are a flat name -> float map (the same names in the JSONL, in TensorBoard under
 `train/<name>`, and in TrainerService's StepMetrics.values). The names the loop writes:
 
-- rewards: `reward_mean`, `reward_std`, `pass_rate` (reward >= pass_threshold), `groups`, `samples`;
+- rewards: `reward_mean`, `reward_std`, `pass_rate` (reward >= pass_threshold) over every scored session of
+  the groups the step read (also those without signal, which are not trained on: as GRPO implementations log
+  it, so a policy whose groups saturate shows its reward), `reward_mean_trained` (the trained groups only),
+  `groups`, `samples` (trained);
 - work: `calls`, `call_tokens` (prompt + sampled tokens over all calls: per-request work),
   `tokens_trained` (tokens in the built sequences), `merge_ratio` = call_tokens / tokens_trained,
   `target_tokens` (tokens with loss), `sequences`, `micro_batches`, `merges`, `breaks`;

@@ -41,6 +41,8 @@ def status_response(status: Status) -> trainer_pb2.GetStatusResponse:
         last_checkpoint_path=status.last_checkpoint,
         error=status.error,
         skipped_steps=status.skipped_steps,
+        untrained_groups=status.untrained_groups,
+        untrained_reward_mean=status.untrained_reward_mean,
     )
     if status.last_record is not None:
         response.last_metrics.CopyFrom(step_metrics(status.last_record))

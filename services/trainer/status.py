@@ -34,6 +34,9 @@ class Status:
     error: str = ""
     """Why the trainer FAILED, or the last skipped step's reason."""
     skipped_steps: int = 0
+    untrained_groups: int = 0
+    """Groups read after the last step and not trained on (the run ended or Stop came mid-step)."""
+    untrained_reward_mean: float = 0.0
 
 
 Listener = Callable[[StepRecord], None]

@@ -17,6 +17,7 @@ from services.trainer.metrics import mean_std
 def step_values(
     *,
     groups: Sequence[GroupSamples],
+    no_signal_rewards: Sequence[float] = (),
     stats: BuildStats,
     micro_batches: int,
     loss: LossOutput | None,
@@ -28,12 +29,14 @@ def step_values(
     counters: Mapping[str, float],
     push_bytes: int = 0,
 ) -> dict[str, float]:
-    rewards = [reward for group in groups for reward in group.rewards]
+    trained = [reward for group in groups for reward in group.rewards]
+    rewards = [*trained, *no_signal_rewards]  # every scored session read, as GRPO logs its reward
     reward_mean, reward_std = mean_std(rewards)
     staleness = [float(version_before - group.min_policy_version) for group in groups]
     values: dict[str, float] = {
         "reward_mean": reward_mean,
         "reward_std": reward_std,
+        "reward_mean_trained": mean_std(trained)[0],
         "pass_rate": sum(reward >= pass_threshold for reward in rewards) / len(rewards) if rewards else 0.0,
         "groups": float(len(groups)),
         "samples": float(sum(len(group.samples) for group in groups)),

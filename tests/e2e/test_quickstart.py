@@ -8,10 +8,10 @@ version, groups read, weights).
 The rise is measured on the policies themselves: the mean reward of the sessions the final policy sampled
 (the last version with at least MIN_SESSIONS of them) minus that of the initial policy's, from the rollout
 store (every counted session, whether or not its group had signal). The trainer's per-step curve (the
-summary's "reward rise") lags the policy by the samples in flight and counts only groups with signal, so a
-policy that saturates in its last step is invisible to it: in one CI run policy v7 already scored 0.96, v8
-and v9 1.0 on 3,376 sessions, while the curve's last third was 0.12, 0.10, 0.96 and its rise +0.28. The
-summary's rise must still be positive."""
+summary's "reward rise") lags the policy by the samples in flight, and the groups read after its last step
+are in no step of it, so a policy that saturates in the run's last step is invisible to it: in one CI run
+policy v7 already scored 0.96, v8 and v9 1.0 on 3,376 sessions, while the curve's last third was 0.12, 0.10,
+0.96 and its rise +0.28. The summary's rise must still be positive."""
 
 from __future__ import annotations
 

@@ -19,7 +19,9 @@ from lodestar.v1 import rollout_pb2, trainer_pb2
 STEPS = 20
 
 
-def _ended(tmp_path: Path, steps_done: int, *, run_state: int, error: str = "", interrupted: bool = False):
+def _ended(
+    tmp_path: Path, steps_done: int, *, run_state: int, error: str = "", interrupted: bool = False, untrained: int = 0
+):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     with (run_dir / "metrics.jsonl").open("w") as out:
@@ -36,6 +38,7 @@ def _ended(tmp_path: Path, steps_done: int, *, run_state: int, error: str = "", 
     config = TrainConfig(config_path=tmp_path / "t.toml", spec=tmp_path / "run.yaml", steps=STEPS, run_dir=run_dir)
     progress = train_view.Progress(run_id="run-1", steps=STEPS)
     progress.trainer.state = trainer_pb2.TRAINER_STATE_STOPPED
+    progress.trainer.untrained_groups, progress.trainer.untrained_reward_mean = untrained, 0.96875
     progress.run.state = run_state  # type: ignore[assignment]
     progress.run.groups_delivered = 4 * steps_done + 30
     progress.run.spec.tasks.add(task_id="t")
@@ -57,6 +60,13 @@ def test_a_run_whose_groups_ran_out_ends_normally_and_says_why(tmp_path: Path) -
     assert "lodestar train: run used up" in text
     assert "after step 13" in text
     assert "82 delivered groups 52 were trained on, 30 had no reward signal" in text
+    assert "read after step" not in text  # the trainer read nothing after its last step
+
+
+def test_a_run_used_up_mid_step_says_what_its_untrained_groups_scored(tmp_path: Path) -> None:
+    code, text = _ended(tmp_path, 13, run_state=rollout_pb2.RUN_STATE_COMPLETED, untrained=25)
+    assert code == 0
+    assert "the 25 read after step 13 scored 0.969 on average" in " ".join(text.split()), text
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from services.trainer.loop import Trainer
+from services.trainer.servicer import status_response
 from services.trainer.settings import TrainerSettings
 from services.trainer.status import Phase
 from services.trainer.wiring import create_trainer
@@ -56,8 +57,10 @@ def test_steps_update_weights_and_write_metrics(trainer_model_dir: Path, tmp_pat
                 "reward_std", "pass_rate", "staleness_mean", "time_build", "time_forward_backward",
                 "time_optimizer", "time_push", "grad_norm"):  # fmt: skip
         assert key in second, key
-    assert second["pass_rate"] == 0.25
-    assert abs(second["reward_mean"] - 0.375) < 1e-9
+    # The step's reward metrics count every scored session it read: group 2 (trained) and group 1 (no signal).
+    assert second["pass_rate"] == 0.125
+    assert abs(second["reward_mean"] - 3.5 / 8) < 1e-9
+    assert abs(second["reward_mean_trained"] - 0.375) < 1e-9
     assert second["logprob_diff_max"] >= second["logprob_diff_mean"] > 0
     assert any((tmp_path / "run" / "tensorboard").iterdir())
 
@@ -134,3 +137,17 @@ def test_without_a_trainer_bound_stale_groups_train(trainer_model_dir: Path, tmp
     trainer.run()
 
     assert (trainer.board.snapshot().step, trainer.state.groups_read) == (2, 2)
+
+
+def test_a_run_used_up_mid_step_logs_what_its_untrained_groups_scored(trainer_model_dir: Path, tmp_path: Path) -> None:
+    import structlog
+
+    groups = [make_group(0), make_group(1, rewards=(1.0,) * 4), make_group(2, rewards=(0.5,) * 4)]
+    trainer, _ = trainer_for(trainer_model_dir, tmp_path, groups, steps=3, groups_per_step=1)
+    with structlog.testing.capture_logs() as logs:
+        trainer.run()
+    assert trainer.state.step == 1  # the second step found no group with signal before the run ended
+    (ended,) = [entry for entry in logs if entry["event"] == "the run has no more groups"]
+    assert (ended["untrained_groups"], ended["untrained_reward_mean"]) == (2, 0.75)
+    status = status_response(trainer.board.snapshot())  # GetStatus
+    assert (status.untrained_groups, status.untrained_reward_mean) == (2, 0.75)

@@ -1,0 +1,194 @@
+"""Where the inference front-end's CPU goes, layer by layer, in one process (no gRPC, no second process).
+
+bench/inference.py compares lodestar with raw vLLM end to end, across processes that share this machine's
+2 cores, and its throughput ratios move by +-20% with where the scheduler puts them. This benchmark takes
+the process boundaries away: one process runs lodestar's inference service on the vllm backend and drives
+each layer of it directly with the same workload (bench/raw_vllm.py's prompt, 128 sampled tokens, seeded,
+logprobs on, C closed-loop workers), and counts this process's CPU per sampled token (the front-end:
+AsyncLLM's output handling plus what sits above it; vLLM's engine-core and worker processes, the same work
+for every layer, are not counted). The layers, each including the ones below it:
+
+- `raw AsyncLLM`: the AsyncLLM the service runs, consumed as a user of vLLM would (`AsyncLLM.generate`, a
+  step per iteration: bench/raw_vllm.py's consumer);
+- `VllmEngine`: lodestar's engine wrapper (`Engine.generate`, paced as Generation asks it to be when
+  streaming, FINAL_ONLY when not);
+- `Generation`: a Generate call without its transport (render the chat, decode, parse, the protobuf deltas
+  and final);
+- `Multiplexer`: GenerateMany's server half (tags, batches), still without gRPC.
+
+What the gRPC server and client add on top is bench/inference.py's "CPU" column minus the `Multiplexer` row.
+Phases are interleaved per repeat (the order rotating) and every figure is the median over repeats.
+Usage: `.venv-vllm/bin/python bench/frontend_layers.py [--repeats 6] [--write-docs] 2>LOG` (the service's
+JSON log lines go to stderr, as the server's go to its log file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import itertools
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.raw_vllm import NEW_TOKENS, PROMPT, _raw_phase, _user  # noqa: E402
+
+SECTION = "## Inference front-end CPU by layer, in process (bench/frontend_layers.py)"
+LAYERS = ("raw AsyncLLM", "VllmEngine", "Generation", "Multiplexer")
+CONCURRENCY = (16, 64)
+ROUNDS = 3
+"""Requests per worker and phase."""
+KV_CACHE_BYTES = 512 * 1024**2
+
+
+async def measure(model_dir: Path, repeats: int) -> dict[tuple[int, bool, str], list[float]]:
+    """CPU microseconds per sampled token, per (C, streaming, layer), one value per repeat."""
+    from lodestar.v1 import common_pb2, inference_pb2
+    from services.inference.engine import EngineRequest, SamplingOptions
+    from services.inference.multiplex import Multiplexer
+    from services.inference.service import InferenceService
+    from services.inference.settings import InferenceSettings
+
+    settings = InferenceSettings(backend="vllm", model=model_dir, kv_cache_bytes=KV_CACHE_BYTES, max_new_tokens=4096)
+    service = InferenceService.create(settings)
+    await service.start()
+    engine, generation = service._engine, service._generation  # the layers themselves, driven one by one
+    llm, info = engine._llm, engine.info()
+    prompts = [list(service.template.prompt([_user(PROMPT.format(i))]).ids) for i in range(max(CONCURRENCY))]
+
+    def request(worker: int, seed: int, stream: bool) -> inference_pb2.GenerateRequest:
+        sampling = common_pb2.SamplingParams(seed=seed, max_tokens=NEW_TOKENS)
+        return inference_pb2.GenerateRequest(messages=[_user(PROMPT.format(worker))], stream=stream, sampling=sampling)
+
+    async def closed_loop(c: int, one: Callable[[int, int], Awaitable[int]]) -> int:
+        async def worker(index: int) -> int:
+            return sum([await one(index, 1000 * round_ + index) for round_ in range(ROUNDS)])
+
+        return sum(await asyncio.gather(*(worker(i) for i in range(c))))
+
+    async def run_raw(c: int, stream: bool, repeat: int) -> int:
+        phase = {"c": c, "rounds": ROUNDS, "stream": stream, "repeat": repeat, "prompts": prompts}
+        return int((await _raw_phase(llm, info, phase))["tokens"])
+
+    async def run_engine(c: int, stream: bool, repeat: int) -> int:
+        hold = generation.stream_interval() if stream else 0.0  # as Generation paces a stream starting now
+
+        async def one(worker: int, seed: int) -> int:
+            options = SamplingOptions(max_tokens=NEW_TOKENS, seed=seed)
+            engine_request = EngineRequest(f"e{seed}", tuple(prompts[worker]), options, final_only=not stream,
+                                           hold_s=hold)  # fmt: skip
+            return sum([len(step.token_ids) async for step in engine.generate(engine_request)])
+
+        return await closed_loop(c, one)
+
+    async def run_generation(c: int, stream: bool, repeat: int) -> int:
+        async def one(worker: int, seed: int) -> int:
+            async for response in generation.run(request(worker, seed, stream)):
+                if response.HasField("final"):
+                    return len(response.final.completion_token_ids)
+            raise AssertionError("a generation ended without its final response")
+
+        return await closed_loop(c, one)
+
+    async def run_multiplexer(c: int, stream: bool, repeat: int) -> int:
+        multiplexer = Multiplexer(generation.run)
+        finals: dict[int, asyncio.Future[int]] = {}
+        loop = asyncio.get_running_loop()
+
+        async def one(worker: int, seed: int) -> int:
+            tag = len(finals) + 1
+            finals[tag] = loop.create_future()
+            multiplexer.start(tag, request(worker, seed, stream))
+            return await finals[tag]
+
+        async def read() -> None:
+            async for batch in multiplexer.batches():
+                for tag, outcome in batch:
+                    if isinstance(outcome, Exception):
+                        finals[tag].set_exception(outcome)
+                    elif outcome.HasField("final"):
+                        finals[tag].set_result(len(outcome.final.completion_token_ids))
+
+        reader = asyncio.create_task(read())
+        tokens = await closed_loop(c, one)
+        multiplexer.end_input()
+        await reader
+        return tokens
+
+    runs: dict[str, Callable[[int, bool, int], Awaitable[int]]] = dict(
+        zip(LAYERS, (run_raw, run_engine, run_generation, run_multiplexer), strict=True)
+    )
+    results: dict[tuple[int, bool, str], list[float]] = {}
+    try:
+        for run in runs.values():  # warm every path once
+            await run(16, True, 99)
+        gc.collect()
+        gc.freeze()  # as the server does after its startup (lodestar.heap)
+        for repeat in range(repeats):
+            for number, (c, stream) in enumerate((c, s) for c in CONCURRENCY for s in (True, False)):
+                shift = (repeat + number) % len(LAYERS)
+                for layer in LAYERS[shift:] + LAYERS[:shift]:
+                    cpu = time.process_time()
+                    tokens = await runs[layer](c, stream, repeat)
+                    results.setdefault((c, stream, layer), []).append((time.process_time() - cpu) / tokens * 1e6)
+                print(f"repeat {repeat} c={c} stream={stream} done", flush=True)
+    finally:
+        await service.close()
+    return results
+
+
+def table(results: dict[tuple[int, bool, str], list[float]]) -> str:
+    lines = [
+        "| C | mode | " + " | ".join(f"{layer} us/token" for layer in LAYERS) + " | lodestar's layers above raw |",
+        "|---|---|" + "---|" * len(LAYERS) + "---|",
+    ]
+    for c in CONCURRENCY:
+        for stream in (True, False):
+            medians = [statistics.median(results[(c, stream, layer)]) for layer in LAYERS]
+            cells = [f"{medians[0]:.1f}"] + [f"{m:.1f} ({m - prev:+.1f})" for prev, m in itertools.pairwise(medians)]
+            mode = "streaming" if stream else "non-streaming"
+            lines.append(f"| {c} | {mode} | " + " | ".join(cells) + f" | {medians[-1] - medians[0]:+.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--model", type=Path, default=None, help="model directory (default: build the tiny model)")
+    parser.add_argument("--write-docs", action="store_true")
+    args = parser.parse_args()
+    from lodestar.logging import configure_logging
+
+    configure_logging("info", json=True)  # as the server logs (its log is a file): one JSON line per generation
+    with tempfile.TemporaryDirectory() as scratch:
+        model = args.model
+        if model is None:
+            model = Path(scratch) / "tiny"
+            subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "lodestar.cli.main", "model", "init-tiny",
+                            str(model)], check=True, cwd=REPO)  # fmt: skip
+        results = asyncio.run(measure(model, args.repeats))
+    text = table(results)
+    print(text)
+    if args.write_docs:
+        from bench.docs_section import replace_section
+
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+        header = (
+            f"{SECTION}\n\nCommit {commit.stdout.strip()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+            f"{args.repeats} repeats, {ROUNDS} requests per worker, {NEW_TOKENS} sampled tokens each. Each cell: the "
+            "layer's CPU per sampled token in the front-end process (median over repeats), and in brackets what it "
+            "adds to the layer on its left.\n\n"
+        )
+        replace_section(SECTION, header + text + "\n")
+
+
+if __name__ == "__main__":
+    main()
