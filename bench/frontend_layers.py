@@ -10,7 +10,7 @@ for every layer, are not counted). The layers, each including the ones below it:
 
 - `raw AsyncLLM`: the AsyncLLM the service runs, consumed as a user of vLLM would (`AsyncLLM.generate`, a
   step per iteration: bench/raw_vllm.py's consumer);
-- `VllmEngine`: lodestar's engine wrapper (`Engine.generate`, paced as Generation asks it to be when
+- `VllmEngine`: lodestar's engine wrapper (`Engine.generate`, paced as Generation paces C streams when
   streaming, FINAL_ONLY when not);
 - `Generation`: a Generate call without its transport (render the chat, decode, parse, the protobuf deltas
   and final);
@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import gc
 import itertools
+import os
 import statistics
 import subprocess
 import sys
@@ -38,14 +39,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as the server runs (tests/inference/conftest.py)
 
 from bench.raw_vllm import NEW_TOKENS, PROMPT, _raw_phase, _user  # noqa: E402
 
 SECTION = "## Inference front-end CPU by layer, in process (bench/frontend_layers.py)"
 LAYERS = ("raw AsyncLLM", "VllmEngine", "Generation", "Multiplexer")
 CONCURRENCY = (16, 64)
-ROUNDS = 3
-"""Requests per worker and phase."""
+ROUNDS = {16: 6, 64: 3}
+"""Requests per worker and phase (phases of ~12,000 and ~25,000 sampled tokens)."""
 KV_CACHE_BYTES = 512 * 1024**2
 
 
@@ -70,16 +72,16 @@ async def measure(model_dir: Path, repeats: int) -> dict[tuple[int, bool, str], 
 
     async def closed_loop(c: int, one: Callable[[int, int], Awaitable[int]]) -> int:
         async def worker(index: int) -> int:
-            return sum([await one(index, 1000 * round_ + index) for round_ in range(ROUNDS)])
+            return sum([await one(index, 1000 * round_ + index) for round_ in range(ROUNDS[c])])
 
         return sum(await asyncio.gather(*(worker(i) for i in range(c))))
 
     async def run_raw(c: int, stream: bool, repeat: int) -> int:
-        phase = {"c": c, "rounds": ROUNDS, "stream": stream, "repeat": repeat, "prompts": prompts}
+        phase = {"c": c, "rounds": ROUNDS[c], "stream": stream, "repeat": repeat, "prompts": prompts}
         return int((await _raw_phase(llm, info, phase))["tokens"])
 
     async def run_engine(c: int, stream: bool, repeat: int) -> int:
-        hold = generation.stream_interval() if stream else 0.0  # as Generation paces a stream starting now
+        hold = generation.stream_interval(running=c - 1) if stream else 0.0  # Generation's pace with c streams
 
         async def one(worker: int, seed: int) -> int:
             options = SamplingOptions(max_tokens=NEW_TOKENS, seed=seed)
@@ -183,7 +185,8 @@ def main() -> None:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
         header = (
             f"{SECTION}\n\nCommit {commit.stdout.strip()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-            f"{args.repeats} repeats, {ROUNDS} requests per worker, {NEW_TOKENS} sampled tokens each. Each cell: the "
+            f"{args.repeats} repeats, {ROUNDS[16]} (C=16) and {ROUNDS[64]} (C=64) requests per worker and phase, "
+            f"{NEW_TOKENS} sampled tokens each. Each cell: the "
             "layer's CPU per sampled token in the front-end process (median over repeats), and in brackets what it "
             "adds to the layer on its left.\n\n"
         )

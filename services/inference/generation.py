@@ -130,12 +130,14 @@ class Generation:
         self._streams = 0
         """Streaming calls running now (they share the message budget)."""
 
-    def stream_interval(self) -> float:
-        """The flush interval of a stream starting now: `flush_s`, longer when the running streams would
-        together send more than `messages_per_s` deltas per second at it (0 stays 0: one delta per step)."""
+    def stream_interval(self, running: int | None = None) -> float:
+        """The flush interval of a stream starting while `running` others run (default: the streams running
+        now): `flush_s`, longer when the streams would together send more than `messages_per_s` deltas per
+        second at it (0 stays 0: one delta per step)."""
         if self._flush_s <= 0 or self._messages_per_s <= 0:
             return self._flush_s
-        return max(self._flush_s, (self._streams + 1) / self._messages_per_s)
+        others = self._streams if running is None else running
+        return max(self._flush_s, (others + 1) / self._messages_per_s)
 
     def _prompt(
         self,
