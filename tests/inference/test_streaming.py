@@ -226,6 +226,7 @@ async def test_streams_share_a_message_budget(chat_template: ChatTemplate, tiny_
     fmt = format_for("auto", chat_template.tokenizer.chat_template)
     gen = Generation(engine, chat_template, fmt, max_new_tokens=4096, flush_s=0.001, messages_per_s=50.0)
     assert gen.stream_interval() == 0.02
+    assert gen.stream_interval(running=3) == 0.08  # what a stream starting beside 3 others would get
     alone = asyncio.create_task(run(gen, generate_request()))
     await asyncio.sleep(0.03)
     assert gen.stream_interval() == 0.04  # the first stream is still running (40 steps, 4 ms apart)
