@@ -140,8 +140,9 @@ class GetStatusResponse(_message.Message):
     """Steps skipped because their input was unusable (each logged with its reason)."""
     untrained_groups: _builtins.int
     """Groups read after the last step that no step trained on (the run's groups ran out, or Stop came, while
-    the trainer looked for groups with reward signal), and the mean reward of their scored sessions: what the
-    final policies scored when no step's metrics show it (a saturated policy's groups have no signal).
+    the trainer looked for groups with reward signal), and the mean reward of their scored sessions (stale
+    groups are counted, their rewards are not): what the final policies scored when no step's metrics show it
+    (a saturated policy's groups have no signal).
     """
     untrained_reward_mean: _builtins.float
     @_builtins.property
