@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as the server runs (tests/inference/conftest.py)
 
 from bench.raw_vllm import NEW_TOKENS, PROMPT, _raw_phase, _user  # noqa: E402
+from bench.vllm_venv import ensure_vllm  # noqa: E402
 
 SECTION = "## Inference front-end CPU by layer, in process (bench/frontend_layers.py)"
 LAYERS = ("raw AsyncLLM", "VllmEngine", "Generation", "Multiplexer")
@@ -167,6 +168,8 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: build the tiny model)")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
+    if not ensure_vllm(__file__):
+        return
     from lodestar.logging import configure_logging
 
     configure_logging("info", json=True)  # as the server logs (its log is a file): one JSON line per generation

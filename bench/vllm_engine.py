@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
-import os
 import statistics
 import sys
 import tempfile
@@ -25,6 +23,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.vllm_venv import ensure_vllm  # noqa: E402
 
 MODELS = {
     "tiny": {},
@@ -97,12 +97,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    if importlib.util.find_spec("vllm") is None:  # e.g. `make bench` runs every script with .venv's python
-        vllm_python = REPO / ".venv-vllm" / "bin" / "python"
-        if not vllm_python.exists():
-            print("bench/vllm_engine.py: no .venv-vllm (make vllm-venv); skipped")
-            return
-        os.execv(str(vllm_python), [str(vllm_python), __file__, *sys.argv[1:]])
+    if not ensure_vllm(__file__):
+        return
     from services.inference.tiny_model import TinyModelSpec, build
 
     rows = []
