@@ -319,5 +319,8 @@ def _ratio(cell: dict[str, float], variant: str) -> str:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 3:  # `make bench` runs every script: this one is bench/inference.py's worker
+        print("bench/raw_vllm.py is bench/inference.py's raw-vLLM worker (run `bench/inference.py --compare-raw`)")
+        sys.exit(0)
     sys.path.insert(0, str(REPO))
     asyncio.run(raw_worker(Path(sys.argv[1]), int(sys.argv[2])))
