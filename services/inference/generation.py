@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import secrets
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -154,7 +155,7 @@ class Generation:
 
     async def run(self, request: inference_pb2.GenerateRequest) -> AsyncIterator[inference_pb2.GenerateResponse]:
         started = time.perf_counter()
-        request_id = request.request_id or f"gen-{uuid.uuid4().hex[:16]}"
+        request_id = request.request_id or f"gen-{secrets.token_hex(8)}"  # (a uuid4 costs 4x as much)
         continuation = request.continuation if request.HasField("continuation") else None
         thinking = request.enable_thinking if request.HasField("enable_thinking") else None
         info = self._engine.info()
@@ -173,7 +174,7 @@ class Generation:
         # send); not with stop sequences, where every step is searched so that generation stops right away.
         paced = info.paces_steps and flush_s > 0 and not stops.stops
         engine_request = EngineRequest(  # engine ids stay unique even when a client reuses its request_id
-            f"{request_id}#{uuid.uuid4().hex[:8]}",
+            f"{request_id}#{secrets.token_hex(4)}",
             prompt.ids,
             options,
             messages=tuple(request.messages),

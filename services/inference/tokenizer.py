@@ -181,7 +181,7 @@ class IncrementalDecoder:
     def add(self, ids: Sequence[int]) -> str:
         """Append sampled ids; return the new text (may be empty while a character is incomplete)."""
         self._ids.extend(ids)
-        prefix = self._tokenizer.decode(self._ids[self._prefix_offset : self._read_offset])
+        prefix = self._decode_prefix()
         full = self._tokenizer.decode(self._ids[self._prefix_offset :])
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return ""
@@ -193,9 +193,18 @@ class IncrementalDecoder:
 
     def flush(self) -> str:
         """At the end: whatever is left, replacement characters included."""
+        if self._read_offset == len(self._ids):  # every id is in `text` already
+            return ""
         full = self._tokenizer.decode(self._ids[self._prefix_offset :])
-        prefix = self._tokenizer.decode(self._ids[self._prefix_offset : self._read_offset])
+        prefix = self._decode_prefix()
         new = full[len(prefix) :] if full.startswith(prefix) else ""
         self._read_offset = len(self._ids)
         self.text += new
         return new
+
+    def _decode_prefix(self) -> str:
+        """The context ids' text (none before the first id is read: a whole reply decoded at once costs one
+        decode, not two)."""
+        if self._prefix_offset == self._read_offset:
+            return ""
+        return self._tokenizer.decode(self._ids[self._prefix_offset : self._read_offset])

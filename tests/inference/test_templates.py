@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from pathlib import Path
 
@@ -197,6 +198,28 @@ def test_incremental_decoder_never_splits_characters(tiny_tokenizer: TextTokeniz
     pieces.append(decoder.flush())
     assert "".join(pieces) == text
     assert all("\ufffd" not in piece for piece in pieces)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    text=st.lists(st.sampled_from([*"ab \n{}", "é", "日本", "✓", "—", "<tool_call>"]), max_size=30).map("".join),
+    cuts=st.lists(st.integers(min_value=0, max_value=60), max_size=6),
+    drop=st.integers(min_value=0, max_value=2),
+)
+def test_incremental_decoder_text_equals_one_decode_however_ids_arrive(
+    tiny_tokenizer: TextTokenizer, text: str, cuts: list[int], drop: int
+) -> None:
+    """Ids in any chunks (one chunk: the non-streamed reply), possibly ending inside a character: the text
+    after `flush` is the decode of all ids, and `add` never returns part of a character."""
+    ids = tiny_tokenizer.encode(text)
+    ids = ids[: max(0, len(ids) - drop)]
+    bounds = sorted({min(cut, len(ids)) for cut in cuts} | {0, len(ids)})
+    decoder = IncrementalDecoder(tiny_tokenizer)
+    pieces = [decoder.add(ids[start:end]) for start, end in itertools.pairwise(bounds)]
+    assert all("\ufffd" not in piece for piece in pieces)
+    pieces.append(decoder.flush())
+    assert "".join(pieces) == decoder.text == tiny_tokenizer.decode(ids)
+    assert decoder.flush() == ""  # nothing is left to flush twice
 
 
 _PIECE_TEXT = st.lists(st.sampled_from([*'ab \n{}":é日<|>_', "im_end", "tool"]), max_size=12).map("".join)

@@ -40,6 +40,7 @@ import asyncio
 import json
 import math
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -188,7 +189,7 @@ class VllmEngine:
         if self._closed:
             raise UnavailableError("the vllm engine is closed")
         version = self._version
-        rid = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:8]}"
+        rid = f"{request.request_id or 'req'}-{secrets.token_hex(4)}"
         self._submitting += 1
         try:
             queue = await self._llm.add_request(rid, tokens_input(prompt), params)
