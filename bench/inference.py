@@ -13,10 +13,11 @@ For each backend (transformers in .venv; vllm when .venv-vllm exists) on the off
   `--baseline-repo DIR` also serves lodestar from another checkout (e.g. a worktree of the commit before
   a change: before/after in one interleaved run), `--flush-ms 5 20` serves one variant per
   `--stream-flush-ms` value and `--variant 'LABEL=FLAGS'` one with any server flags; `--scale K` makes
-  every phase K times longer (less noise); the table gives each ratio's per-repeat range. Each lodestar
-  server is driven two ways: a `Generate` call per generation (what any gRPC client does) and the
-  gateway's own client, generations as tags of one `GenerateMany` stream (`--no-many`: the first only, for
-  a checkout that predates GenerateMany).
+  every phase K times longer (less noise); `--spread-lengths` gives requests 64-191 sampled tokens instead
+  of 128 each, on both sides (a round of C requests then ends at different engine steps, not all at one);
+  the table gives each ratio's per-repeat range. Each lodestar server is driven two ways: a `Generate`
+  call per generation (what any gRPC client does) and the gateway's own client, generations as tags of one
+  `GenerateMany` stream (`--no-many`: the first only, for a checkout that predates GenerateMany).
 
 Every figure is the median of `--repeats` runs. `--write-docs` replaces this script's own sections of
 docs/benchmarks.md (headings `SECTION` and `RAW_SECTION`) with the tables, or appends them; the raw-vLLM
@@ -168,6 +169,7 @@ def measure_raw(
     scale: int = 1,
     concurrency: tuple[int, ...] | None = None,
     many: bool = True,
+    spread: bool = False,
 ) -> dict[str, dict[str, float]]:
     """lodestar (one vllm server per variant: label -> (checkout, extra server flags)) against raw vLLM,
     driven with a Generate call per generation and (`many`) over GenerateMany streams."""
@@ -181,7 +183,8 @@ def measure_raw(
             server = servers.enter_context(serve_inference("vllm", model_dir, Path(logs), *extra, repo=repo))
             addresses[label] = (server.address, server.process.pid)
         cells = {"concurrency": concurrency} if concurrency else {}
-        return asyncio.run(compare(addresses, model_dir, repeats, KV_CACHE_BYTES, scale, many=many, **cells))
+        run = compare(addresses, model_dir, repeats, KV_CACHE_BYTES, scale, many=many, spread=spread, **cells)
+        return asyncio.run(run)
 
 
 def table(results: dict[str, dict[str, float]]) -> str:
@@ -213,7 +216,7 @@ def write_docs(text: str, repeats: int) -> None:
     replace_section(SECTION, section)
 
 
-def write_raw_docs(text: str, repeats: int, load: tuple[float, float], scale: int) -> None:
+def write_raw_docs(text: str, repeats: int, load: tuple[float, float], scale: int, spread: bool = False) -> None:
     """The new table on top of the raw-vLLM section; earlier tables stay below it (the history)."""
     from bench.docs_section import BENCHMARKS_MD, replace_section
     from bench.raw_vllm import NEW_TOKENS as RAW_TOKENS
@@ -234,7 +237,8 @@ def write_raw_docs(text: str, repeats: int, load: tuple[float, float], scale: in
         f"workers x {ROUNDS} requests each (times the run's scale); raw and lodestar phases back to back in "
         f"alternating order, medians of the repeats, ratio = median of the per-repeat lodestar/raw ratios (in "
         f"brackets: the lowest and highest of them, where recorded). Newest first.\n\n"
-        f"### {when} (load average {load[0]:.1f} before, {load[1]:.1f} after; {repeats} repeats, scale {scale})"
+        f"### {when} (load average {load[0]:.1f} before, {load[1]:.1f} after; {repeats} repeats, scale {scale}"
+        f"{'; spread lengths: 64-191 sampled tokens per request' if spread else ''})"
         f"\n\n{text}\n\n{history}"
     )
     replace_section(RAW_SECTION, section.rstrip() + "\n")
@@ -262,6 +266,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="*", default=None, help="raw-vLLM cells (default 1 16 64)")
     parser.add_argument(
         "--no-many", action="store_true", help="drive lodestar with Generate calls only (servers without GenerateMany)"
+    )
+    parser.add_argument(
+        "--spread-lengths",
+        action="store_true",
+        help="raw-vLLM cells: requests of 64-191 sampled tokens (mean 127.5) instead of 128 each, on both sides",
     )
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
@@ -300,7 +309,9 @@ def main() -> None:
                 print(backend, json.dumps(results[backend]), file=sys.stderr)
         if (args.compare_raw or "vllm" in backends) and PYTHONS["vllm"].exists():
             concurrency = tuple(args.concurrency) if args.concurrency else None
-            raw_cells = measure_raw(model_dir, args.repeats, variants, args.scale, concurrency, not args.no_many)
+            raw_cells = measure_raw(
+                model_dir, args.repeats, variants, args.scale, concurrency, not args.no_many, args.spread_lengths
+            )
     load = (load_before, os.getloadavg()[0])
     if results:
         text = table(results)
@@ -314,7 +325,7 @@ def main() -> None:
         text = raw_table(raw_cells, raw_sides(raw_cells))
         print(f"load average {load[0]:.1f} before, {load[1]:.1f} after\n{text}")
         if args.write_docs:
-            write_raw_docs(text, args.repeats, load, args.scale)
+            write_raw_docs(text, args.repeats, load, args.scale, args.spread_lengths)
 
 
 def _commit(repo: Path) -> str:

@@ -38,6 +38,12 @@ def _seed(repeat: int, worker: int, round_: int) -> int:
     return 100_000 * repeat + 100 * worker + round_
 
 
+def _max_tokens(phase: dict[str, Any], seed: int) -> int:
+    """`NEW_TOKENS` per request; with `phase["spread"]` 64 to 191 (mean 127.5), the same for raw and lodestar
+    (requests of a round then finish at different engine steps, as a real workload's do)."""
+    return NEW_TOKENS // 2 + seed * 7919 % NEW_TOKENS if phase.get("spread") else NEW_TOKENS
+
+
 # -- the raw side (runs under .venv-vllm: `python bench/raw_vllm.py MODEL_DIR KV_BYTES`) -------------
 
 
@@ -53,7 +59,7 @@ async def _raw_phase(llm: Any, info: Any, phase: dict[str, Any]) -> dict[str, fl
 
     async def one(worker: int, round_: int) -> int:
         seed = _seed(phase["repeat"], worker, round_)
-        options = SamplingOptions(max_tokens=NEW_TOKENS, seed=seed)
+        options = SamplingOptions(max_tokens=_max_tokens(phase, seed), seed=seed)
         request = EngineRequest(f"raw-{seed}", tuple(prompts[worker]), options, final_only=not stream)
         params = VllmEngine.sampling_params(request, info)
         ids: list[int] = []
@@ -181,7 +187,7 @@ async def _lodestar_phase(generate: Any, phase: dict[str, Any], pid: int | None 
         request = inference_pb2.GenerateRequest(
             messages=[_user(PROMPT.format(worker))],
             stream=phase["stream"],
-            sampling=common_pb2.SamplingParams(seed=seed, max_tokens=NEW_TOKENS),
+            sampling=common_pb2.SamplingParams(seed=seed, max_tokens=_max_tokens(phase, seed)),
         )
         started = time.perf_counter()
         tokens = 0
@@ -221,6 +227,7 @@ async def compare(
     scale: int = 1,
     concurrency: tuple[int, ...] = CONCURRENCY,
     many: bool = True,
+    spread: bool = False,
 ) -> dict[str, dict[str, float]]:
     """Medians per cell "c{C}-{stream|final}": raw tok/s and TTFT, and per lodestar variant (label -> server
     address and pid) and client ("LABEL, Generate": a call per generation; "LABEL, GenerateMany": the
@@ -229,7 +236,8 @@ async def compare(
     vLLM's engine-core and worker processes, the same work on both sides, are not counted), and the lowest
     and highest per-repeat ratio.
     Per repeat and cell all phases run back to back, the order rotating between repeats; `scale` multiplies
-    the requests per worker (longer phases, less noise)."""
+    the requests per worker (longer phases, less noise); `spread`: requests of 64 to 191 sampled tokens instead
+    of 128 each (`_max_tokens`)."""
     import grpc.aio
 
     from lodestar.heap import freeze_startup_heap
@@ -258,7 +266,8 @@ async def compare(
         sides = ["raw", *clients]
         for repeat in range(repeats):
             for number, (c, stream) in enumerate((c, s) for c in concurrency for s in (True, False)):
-                phase = {"c": c, "rounds": ROUNDS[c] * scale, "stream": stream, "repeat": repeat, "prompts": prompts}
+                phase = {"c": c, "rounds": ROUNDS[c] * scale, "stream": stream, "repeat": repeat, "prompts": prompts,
+                         "spread": spread}  # fmt: skip
                 shift = (repeat + number) % len(sides)
                 got = {}
                 for side in sides[shift:] + sides[:shift]:
