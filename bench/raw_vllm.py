@@ -90,7 +90,7 @@ async def raw_worker(model_dir: Path, kv_cache_bytes: int) -> None:
 
     from lodestar.heap import freeze_startup_heap
     from services.inference.engine import EngineInfo
-    from services.inference.engines.vllm import engine_args, pin_front_end
+    from services.inference.engines.vllm import engine_args
     from services.inference.settings import InferenceSettings
     from services.inference.tokenizer import TextTokenizer
 
@@ -98,7 +98,6 @@ async def raw_worker(model_dir: Path, kv_cache_bytes: int) -> None:
     context = int(config["max_position_embeddings"])
     settings = InferenceSettings(backend="vllm", model=model_dir, kv_cache_bytes=kv_cache_bytes)
     llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args(settings, model_dir, context)))
-    pin_front_end()  # the same set-up as lodestar's engine: this process and the engine core off the worker's cores
     info = EngineInfo("vllm", context, int(config["vocab_size"]), TextTokenizer.load(model_dir).eos_token_ids)
     freeze_startup_heap()  # as `vllm serve` does after its startup (and lodestar's server after its own)
     loop = asyncio.get_running_loop()

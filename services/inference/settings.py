@@ -39,10 +39,6 @@ class InferenceSettings(ServiceSettings):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     kv_cache_bytes: int = 2 * 1024**3
     """vLLM backend: KV cache size in bytes."""
-    pin_front_end: bool = True
-    """vLLM backend on CPU: once the engine has started, bind this server and vLLM's engine core to the cores
-    vLLM's worker is not bound to, so that they do not take the worker's cores from the forward pass
-    (services/inference/engines/cpu_pinning.py; nothing happens when no core is left over)."""
     tool_call_format: Literal["auto", "hermes", "qwen3_coder"] = "auto"
     """How the model writes tool calls; auto reads it from the chat template (XML `<function=` or hermes)."""
     weights_spool_dir: Path | None = None

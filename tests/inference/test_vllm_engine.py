@@ -16,8 +16,7 @@ transformers teacher-forcing pass with the same weights:
   the ids and logprobs of the same request delivered step by step;
 - cancelling (aclose) frees the request inside vLLM; a bad update is refused and changes nothing; a
   reload that fails half-way is rolled back to the weights served before it;
-- close() with a request running ends it with UNAVAILABLE and removes the /dev/shm spool;
-- once started, this process and vLLM's engine core run only on the cores vLLM's worker is not bound to.
+- close() with a request running ends it with UNAVAILABLE and removes the /dev/shm spool.
 """
 
 from __future__ import annotations
@@ -73,19 +72,6 @@ def _update(path: Path, version: int) -> Any:
     return WeightUpdate(path=path, tensors=tuple(metas), version=version, files=tuple(files))
 
 
-def _affinities() -> dict[str, list[int]]:
-    """The cores each thread of this process, of vLLM's engine core and of its worker may run on (union)."""
-    import os
-
-    from services.inference.engines.cpu_pinning import WORKER_PREFIX, _cpus, _descendants
-
-    tree = _descendants(os.getpid())
-    found = {"machine": set(range(os.cpu_count() or 1)), "front-end": _cpus(os.getpid())}
-    for role, prefix in (("engine core", "VLLM::EngineCor"), ("worker", WORKER_PREFIX)):
-        found[role] = set().union(*(_cpus(pid) for pid, name in tree.items() if name.startswith(prefix)))
-    return {role: sorted(cpus) for role, cpus in found.items()}
-
-
 async def probe(model: Path, work: Path) -> dict[str, Any]:
     from services.inference.engine import EngineRequest, SamplingOptions
     from services.inference.engines.vllm import create_engine
@@ -96,7 +82,6 @@ async def probe(model: Path, work: Path) -> dict[str, Any]:
     started = time.perf_counter()
     await engine.start()
     out["start_seconds"] = time.perf_counter() - started
-    out["affinity"] = _affinities()
     out["before"] = await _collect(engine, "before", 24, **SAMPLED)
     out["greedy"] = await _collect(engine, "greedy", 12, temperature=0.0, top_p=0.5)
     out["long"] = await _collect(engine, "long", 8, LONG_PROMPT, seed=9)
@@ -247,12 +232,6 @@ def test_vllm_engine_inprocess(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr[-4000:]
     assert result_file.exists(), run.stderr[-4000:]
     got = json.loads(result_file.read_text())
-
-    # the front-end and the engine core run on the cores the worker is not bound to (when it leaves any)
-    affinity = {role: set(cpus) for role, cpus in got["affinity"].items()}
-    assert affinity["worker"], got["affinity"]
-    if affinity["worker"] < affinity["machine"]:
-        assert affinity["front-end"] == affinity["engine core"] == affinity["machine"] - affinity["worker"]
 
     temperature, top_p, top_k = SAMPLED["temperature"], SAMPLED["top_p"], SAMPLED["top_k"]
     for phase in ("before", "inflight"):

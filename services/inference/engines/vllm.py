@@ -59,7 +59,6 @@ from services.inference.engine import (
     TensorMeta,
     WeightUpdate,
 )
-from services.inference.engines.cpu_pinning import keep_off_worker_cores
 from services.inference.settings import InferenceSettings
 from services.inference.tokenizer import TextTokenizer
 from services.inference.weights import check_tensors, read_checkpoint_meta, read_safetensors_meta
@@ -134,8 +133,6 @@ class VllmEngine:
         )
         args = AsyncEngineArgs(**engine_args(self._settings, self._model_dir, context))
         self._llm = AsyncLLM.from_engine_args(args)
-        if self._settings.pin_front_end:
-            pin_front_end()
         packed = (await self._llm.collective_rpc("lodestar_packed_modules"))[0]
         self._packed_of = {member: fused for fused, members in packed.items() for member in members}
         log.info(
@@ -386,22 +383,6 @@ def _sampled_logprobs(ids: list[int], entries: Any) -> list[float]:
     if isinstance(flat, list) and len(flat) == len(ids) and entries.token_ids == ids:
         return flat
     return [entry[token].logprob for token, entry in zip(ids, entries or [], strict=True)]
-
-
-def pin_front_end() -> None:
-    """On the CPU build: keep this process and the engine core off the worker's cores (`cpu_pinning`; also
-    what bench/inference.py's raw-vLLM column does, so that both sides run the same set-up)."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return
-    try:
-        pinned = keep_off_worker_cores()
-    except OSError as error:  # best effort: serving unpinned is slower, not wrong
-        log.warning("could not pin the front-end off the worker's cores", error=str(error))
-        return
-    if pinned is not None:
-        log.info("front-end pinned off the worker's cores", cpus=sorted(pinned[0]), worker_cpus=sorted(pinned[1]))
 
 
 def engine_args(settings: InferenceSettings, model_dir: Path, context: int) -> dict[str, Any]:
