@@ -241,7 +241,7 @@ def write_raw_docs(text: str, repeats: int, load: tuple[float, float], scale: in
         f"{'; spread lengths: 64-191 sampled tokens per request' if spread else ''})"
         f"\n\n{text}\n\n{history}"
     )
-    replace_section(RAW_SECTION, section.rstrip() + "\n")
+    replace_section(RAW_SECTION, section.rstrip() + "\n\n")  # a blank line before the next section
 
 
 def main() -> None:
