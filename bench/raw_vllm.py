@@ -266,8 +266,14 @@ async def compare(
         sides = ["raw", *clients]
         for repeat in range(repeats):
             for number, (c, stream) in enumerate((c, s) for c in concurrency for s in (True, False)):
-                phase = {"c": c, "rounds": ROUNDS[c] * scale, "stream": stream, "repeat": repeat, "prompts": prompts,
-                         "spread": spread}  # fmt: skip
+                phase = {
+                    "c": c,
+                    "rounds": ROUNDS[c] * scale,
+                    "stream": stream,
+                    "repeat": repeat,
+                    "prompts": prompts,
+                    "spread": spread,
+                }
                 shift = (repeat + number) % len(sides)
                 got = {}
                 for side in sides[shift:] + sides[:shift]:
