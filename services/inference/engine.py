@@ -33,6 +33,7 @@ Each backend module `services/inference/engines/<backend>.py` exposes
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,9 +79,20 @@ class EngineRequest:
     (vLLM: `RequestOutputKind.FINAL_ONLY`, no per-step output to the server's event loop)."""
     hold_s: float = 0.0
     """Streaming pace: after the first step, an engine with `EngineInfo.paces_steps` delivers a step only
-    once this long has passed since the step it delivered before (merging what was sampled meanwhile), or
-    when the request finishes; the first and the finishing step go out at once. 0: every step at once.
-    Engines without `paces_steps` ignore it (the caller paces)."""
+    from `next_delivery(last delivery, hold_s)` on (merging what was sampled meanwhile), or when the request
+    finishes; the first and the finishing step go out at once. 0: every step at once. Engines without
+    `paces_steps` ignore it (the caller paces)."""
+
+
+def next_delivery(delivered: float, hold_s: float) -> float:
+    """When a stream paced at `hold_s` that delivered a step at `delivered` (`time.perf_counter()`) may deliver
+    the next one: the first multiple of `hold_s` on that clock at least `hold_s / 2` later.
+
+    The gaps are hold_s / 2 to 1.5 hold_s, one delivery per hold_s on average, and every stream paced at the
+    same interval comes due at the same instants: their deltas leave at the same engine step, and
+    GenerateMany sends the deltas of one step as one message, instead of one message for every step at
+    which some stream happened to be due."""
+    return (math.floor(delivered / hold_s + 0.5) + 1) * hold_s
 
 
 @dataclass(frozen=True)

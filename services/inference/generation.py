@@ -21,12 +21,14 @@ sequences) asks the engine for its last step only (`EngineRequest.final_only`) a
 What a streamed token costs is mostly per gRPC message (~50 us of server CPU and as much in the client,
 whatever the message carries), so two more things keep messages and wake-ups few:
 - a message budget (`messages_per_s`, the `stream_messages_per_s` setting): a stream starting while n-1
-  others run flushes every max(flush_s, n / messages_per_s) seconds, so all streams together send about
-  that many deltas per second however many there are;
+  others run flushes every n / messages_per_s seconds rounded up to a whole multiple of flush_s, so all
+  streams together send at most about that many deltas per second however many there are;
 - an engine that can pace a stream itself (`EngineInfo.paces_steps`: vLLM, transformers) gets the interval as
   `EngineRequest.hold_s` and delivers a step only when it is due (first and finishing steps at once), so
-  this loop runs once per delta instead of once per engine step; each step it gets is sent. Not with stop
-  sequences: their steps are searched one by one here, as above.
+  this loop runs once per delta instead of once per engine step; each step it gets is sent. Due instants
+  are multiples of the interval on one clock (`engine.next_delivery`), shared by all paced streams, so the
+  deltas of many streams leave at the same engine step and GenerateMany sends them as one message. Not
+  with stop sequences: their steps are searched one by one here, as above.
 """
 
 from __future__ import annotations
@@ -134,11 +136,12 @@ class Generation:
     def stream_interval(self, running: int | None = None) -> float:
         """The flush interval of a stream starting while `running` others run (default: the streams running
         now): `flush_s`, longer when the streams would together send more than `messages_per_s` deltas per
-        second at it (0 stays 0: one delta per step)."""
+        second at it (0 stays 0: one delta per step). A whole multiple of `flush_s`, so that the due instants
+        of streams at different intervals coincide (`engine.next_delivery`)."""
         if self._flush_s <= 0 or self._messages_per_s <= 0:
             return self._flush_s
         others = self._streams if running is None else running
-        return max(self._flush_s, (others + 1) / self._messages_per_s)
+        return math.ceil(round((others + 1) / self._messages_per_s / self._flush_s, 9)) * self._flush_s
 
     def _prompt(
         self,

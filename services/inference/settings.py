@@ -28,8 +28,9 @@ class InferenceSettings(ServiceSettings):
     20 ms (50 updates/s) cost 20-45% less front-end CPU per token than 5 ms (docs/benchmarks.md)."""
     stream_messages_per_s: float = 500.0
     """All streaming Generate calls together send about this many deltas per second at most: with n streams
-    running, a new stream's interval is n / this many seconds when that is longer than stream_flush_ms
-    (16 streams: 32 ms, 64 streams: 128 ms). A gRPC message costs ~50 us of server CPU and as much in the
+    running, a new stream's interval is n / this many seconds rounded up to a multiple of stream_flush_ms
+    when that is longer than stream_flush_ms (16 streams: 40 ms, 64 streams: 140 ms; paced streams come due
+    at shared instants, so GenerateMany sends their deltas together). A gRPC message costs ~50 us of server CPU and as much in the
     client whatever it carries, on the cores the engine needs; 500 instead of 1000 cut the front-end CPU per
     streamed token by ~25% at 16 and 64 streams (docs/benchmarks.md); 0 = no budget (stream_flush_ms only)."""
     max_batch_size: int = 16

@@ -6,8 +6,9 @@ left-padded batch KV cache), and decodes one token for every running sequence in
 policy version. Forward passes run in a worker thread so the event loop keeps serving RPCs.
 
 Streams are paced here (`EngineInfo.paces_steps`): a request with `hold_s` gets its first and its finishing
-step at once and otherwise at most one step per `hold_s`, the ids sampled meanwhile held in the sequence,
-so its consumer is woken once per delta, not once per token.
+step at once and otherwise a step when one is due (`engine.next_delivery`: about one per `hold_s`, at
+instants shared by the streams of the same pace), the ids sampled meanwhile held in the sequence, so its
+consumer is woken once per delta, not once per token.
 
 Weight updates load into a copy of the current model and publish it as a new version group: requests
 already running keep decoding on the weights they started with (their group), new requests join the
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import math
 import os
 import time
 from collections import deque
@@ -42,6 +42,7 @@ from services.inference.engine import (
     EngineStep,
     TensorMeta,
     WeightUpdate,
+    next_delivery,
 )
 from services.inference.engines.kv_batch import PaddedBatch, new_cache
 from services.inference.sampling import processed_logprobs, sample
@@ -67,18 +68,21 @@ class _Sequence:
     held_ids: list[int] = field(default_factory=list)
     """Ids sampled since the last delivered step (pacing: `request.hold_s`), with their logprobs."""
     held_logprobs: list[float] = field(default_factory=list)
-    delivered_at: float = -math.inf
+    due: float = 0.0
+    """When the next held step may be delivered (0: at once)."""
 
     def deliver(self, token: int, logprob: tuple[float, ...], version: int, finish: EngineFinishReason | None) -> None:
-        """Hand one sampled id to the consumer: at once, or held until `hold_s` has passed since the last
-        delivery (the first and the finishing step are never held)."""
+        """Hand one sampled id to the consumer: at once, or held until the next delivery is due (the first
+        and the finishing step are never held)."""
         self.held_ids.append(token)
         self.held_logprobs += logprob
         now = time.perf_counter()
-        if finish is None and now - self.delivered_at < self.request.hold_s:
+        if finish is None and now < self.due:
             return
         self.queue.put_nowait(EngineStep(tuple(self.held_ids), tuple(self.held_logprobs), version, finish))
-        self.held_ids, self.held_logprobs, self.delivered_at = [], [], now
+        self.held_ids, self.held_logprobs = [], []
+        if self.request.hold_s > 0:
+            self.due = next_delivery(now, self.request.hold_s)
 
 
 @dataclass(eq=False)
