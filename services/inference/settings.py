@@ -30,9 +30,10 @@ class InferenceSettings(ServiceSettings):
     """All streaming Generate calls together send about this many deltas per second at most: with n streams
     running, a new stream's interval is n / this many seconds rounded up to a multiple of stream_flush_ms
     when that is longer than stream_flush_ms (16 streams: 40 ms, 64 streams: 140 ms; paced streams come due
-    at shared instants, so GenerateMany sends their deltas together). A gRPC message costs ~50 us of server CPU and as much in the
-    client whatever it carries, on the cores the engine needs; 500 instead of 1000 cut the front-end CPU per
-    streamed token by ~25% at 16 and 64 streams (docs/benchmarks.md); 0 = no budget (stream_flush_ms only)."""
+    at shared instants, so GenerateMany sends their deltas together). A gRPC message costs ~50 us of server
+    CPU and as much in the client whatever it carries, on the cores the engine needs; 500 instead of 1000 cut
+    the front-end CPU per streamed token by ~25% at 16 and 64 streams (docs/benchmarks.md); 0 = no budget
+    (stream_flush_ms only)."""
     max_batch_size: int = 16
     """Transformers backend: most sequences decoded together."""
     device: str = "cpu"

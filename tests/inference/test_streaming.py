@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,6 @@ from lodestar.v1 import common_pb2, inference_pb2
 from services.inference.assistant import _partial_suffix
 from services.inference.engine import EngineInfo, EngineRequest, EngineStep, SamplingOptions, next_delivery
 from services.inference.engines.transformers import TransformersEngine
-from services.inference.engines.vllm import _StepTap
 from services.inference.generation import Generation
 from services.inference.templates import ChatTemplate
 from services.inference.tokenizer import TextTokenizer
@@ -318,50 +316,6 @@ def test_next_delivery_is_a_shared_instant_about_one_hold_later(delivered: float
     assert abs(due / hold - round(due / hold)) < 1e-6  # a multiple of hold: streams at one pace come due together
     later = next_delivery(other, hold)
     assert later == due or abs(later - due) >= hold * (1 - 1e-6)  # never two due instants closer than hold
-
-
-@dataclass
-class _Output:
-    """What vLLM's output processor puts into a request's collector (a RequestOutput's `finished`)."""
-
-    step: int
-    finished: bool = False
-
-
-async def test_the_vllm_step_tap_wakes_its_consumer_only_when_a_step_is_due() -> None:
-    """`_StepTap` takes over a collector's `put`: the first step wakes the consumer, steps before `due` are
-    kept without waking it, a due step, a finishing step or an error wakes it, and a wake-up hands over
-    every output since the last one, in order and unmerged."""
-    collector = type("Collector", (), {"put": lambda self, output: pytest.fail("vLLM's put was called")})()
-    tap = _StepTap(collector)
-
-    async def woken() -> list[object] | None:
-        """What a consumer waiting now gets once the loop has run what is ready (None: still asleep)."""
-        take = asyncio.ensure_future(tap.take())
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        if take.done():
-            return take.result()
-        take.cancel()
-        return None
-
-    collector.put(_Output(0))  # the first step: due at once
-    assert await woken() == [_Output(0)]
-    tap.due = time.perf_counter() + 3600.0
-    collector.put(_Output(1))
-    collector.put(_Output(2))
-    assert await woken() is None  # held: nothing is due
-    collector.put(_Output(3, finished=True))
-    assert await woken() == [_Output(1), _Output(2), _Output(3, finished=True)]
-    collector.put(_Output(4))
-    assert await woken() is None
-    error = RuntimeError("engine dead")
-    collector.put(error)
-    assert await woken() == [_Output(4), error]
-    tap.due = time.perf_counter() - 1.0  # past: the next step is due
-    collector.put(_Output(5))
-    assert await woken() == [_Output(5)]
-    assert math.isfinite(tap.due)
 
 
 async def test_the_transformers_engine_paces_a_stream_without_changing_it(tiny_model_dir: Path) -> None:

@@ -5,16 +5,15 @@ module that imports vllm. It implements `services.inference.engine.Engine` on to
 prompts go in as ids (no tokenizer in vLLM: templating and stop strings live above the engine), every
 sampled id comes back with its fp32 logprob under the processed distribution
 (`logprobs_mode="processed_logprobs"`: temperature, top-k, top-p applied, then log-softmax), streamed as
-DELTA outputs (FINAL_ONLY for `EngineRequest.final_only`; flat logprob lists, no object per token). The
-request's outputs are taken from vLLM's per-request collector by `_StepTap`, which keeps every step's
-output and wakes this generator only when a step is due, so a yielded step carries every id since the
-previous one. A streaming request with `hold_s` is paced there (`EngineInfo.paces_steps`): after the
-first step, steps are held until the next delivery is due (`engine.next_delivery`: about one per `hold_s`,
-at instants shared by the streams of the same pace) or the request finishes, so neither this generator
-nor its consumer is woken at every engine step, only once per delta. Closing the
-generator aborts the vLLM request and frees its KV blocks. Greedy requests (temperature 0) drop
-top-k/top-p, which cannot change an argmax: their logprob is the log-softmax of the raw logits whatever
-else shares the batch (vLLM filters a greedy row only inside a mixed batch).
+DELTA outputs (FINAL_ONLY for `EngineRequest.final_only`; vLLM merges the outputs waiting for a consumer
+that fell behind, so a step carries every id since the previous one; flat logprob lists, no object per
+token). A streaming request with `hold_s` is paced here (`EngineInfo.paces_steps`): after the first step,
+ids wait in this generator until the next delivery is due (`engine.next_delivery`: about one per `hold_s`,
+at instants shared by the streams of the same pace) or the request finishes, so the consumer is woken once
+per delta, not once per engine step. Closing the generator aborts the vLLM
+request and frees its KV blocks. Greedy requests (temperature
+0) drop top-k/top-p, which cannot change an argmax: their logprob is the log-softmax of the raw logits
+whatever else shares the batch (vLLM filters a greedy row only inside a mixed batch).
 
 Weight updates happen in place, in the engine-core worker, through `vllm_worker.WorkerExtension.lodestar_reload`:
 the engine writes the update (plus the current values of any member of a fused group it only partly
@@ -202,41 +201,41 @@ class VllmEngine:
             async with self._submitted:
                 self._submitted.notify_all()
         self._running.add(rid)
-        tap = _StepTap(queue)
-        finished, finish_reason = False, ""
+        finished = False
+        hold, due = request.hold_s, 0.0  # pacing: steps before `due` are held (the first one is due at once)
         want_logprobs = request.return_logprobs
         ids: list[int] = []
         logprobs: list[float] = []
         try:
             while not finished:
-                for out in await tap.take():
-                    if isinstance(out, EngineDeadError):
-                        finished = True  # nothing left to abort
-                        raise UnavailableError("the vllm engine died; restart the inference server") from out
-                    if isinstance(out, Exception):
-                        raise out
-                    if not isinstance(out, RequestOutput):
-                        continue
-                    completion = out.outputs[0]
-                    new = completion.token_ids
-                    if new:
-                        if not isinstance(new, list):
-                            new = list(new)
-                        ids += new
-                        if want_logprobs:
-                            logprobs += _sampled_logprobs(new, completion.logprobs)
-                    if out.finished:
-                        finished, finish_reason = True, str(completion.finish_reason)
-                        break
+                try:
+                    out = queue.get_nowait() or await queue.get()
+                except EngineDeadError as error:
+                    finished = True  # nothing left to abort
+                    raise UnavailableError("the vllm engine died; restart the inference server") from error
+                if not isinstance(out, RequestOutput):
+                    continue
+                finished = out.finished
+                completion = out.outputs[0]
+                new = completion.token_ids  # every id of the step (merged when this loop fell behind)
+                if not isinstance(new, list):
+                    new = list(new)
+                if new:
+                    ids += new
+                    if want_logprobs:
+                        logprobs += _sampled_logprobs(new, completion.logprobs)
                 reason: EngineFinishReason | None = None
                 if finished:
-                    reason = _FINISH.get(finish_reason)
+                    reason = _FINISH.get(str(completion.finish_reason))
                     if reason is None:  # aborted under us: only close() does that
                         raise UnavailableError("the vllm engine stopped this request (shutting down)")
                 elif not ids:
                     continue
-                if request.hold_s > 0:
-                    tap.due = next_delivery(time.perf_counter(), request.hold_s)
+                elif hold:  # pace the stream here: no wake-up of the consumer for a step it would not send
+                    now = time.perf_counter()
+                    if now < due:
+                        continue
+                    due = next_delivery(now, hold)
                 yield EngineStep(token_ids=tuple(ids), logprobs=tuple(logprobs), policy_version=version,
                                  finish_reason=reason)  # fmt: skip
                 ids, logprobs = [], []
@@ -377,40 +376,6 @@ class VllmEngine:
         for file in self._shm.glob("*.safetensors"):
             if file not in live:
                 file.unlink(missing_ok=True)
-
-
-class _StepTap:
-    """Takes a vLLM request's outputs from its `RequestOutputCollector` and wakes the consumer only when a
-    step is due: the first, a finishing one, an error, or any once `due` (a `perf_counter` time) has passed.
-
-    vLLM's collector wakes its consumer at every engine step and, when the consumer falls behind, merges the
-    waiting outputs (for flat logprobs, rebuilding a dict and a `Logprob` per position). A paced stream
-    (`hold_s`) would be woken ~hold_s / step-time times for each delta it sends, each wake-up a task switch
-    of the event loop that serves every stream. The tap replaces the collector's `put` (the one method
-    vLLM's output processor calls on it; checked against vLLM 0.32 by the vllm engine tests) with one that
-    appends to a list, so a wake-up hands over every step since the last one, unmerged.
-    """
-
-    __slots__ = ("_outputs", "_ready", "due")
-
-    def __init__(self, collector: Any) -> None:
-        self._outputs: list[Any] = []
-        self._ready = asyncio.Event()
-        self.due = 0.0
-        """Steps before this time are held (0: the next step wakes the consumer)."""
-        collector.put = self.put
-
-    def put(self, output: Any) -> None:
-        self._outputs.append(output)
-        if isinstance(output, Exception) or getattr(output, "finished", True) or time.perf_counter() >= self.due:
-            self._ready.set()
-
-    async def take(self) -> list[Any]:
-        """Every output since the previous `take`, once one of them is due."""
-        await self._ready.wait()
-        self._ready.clear()
-        outputs, self._outputs = self._outputs, []
-        return outputs
 
 
 def _sampled_logprobs(ids: list[int], entries: Any) -> list[float]:
