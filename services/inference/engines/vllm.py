@@ -10,10 +10,10 @@ that fell behind, so a step carries every id since the previous one; flat logpro
 token). A streaming request with `hold_s` is paced here (`EngineInfo.paces_steps`): after the first step,
 ids wait in this generator until the next delivery is due (`engine.next_delivery`: about one per `hold_s`,
 at instants shared by the streams of the same pace) or the request finishes, so the consumer is woken once
-per delta, not once per engine step. Closing the generator aborts the vLLM
-request and frees its KV blocks. Greedy requests (temperature
-0) drop top-k/top-p, which cannot change an argmax: their logprob is the log-softmax of the raw logits
-whatever else shares the batch (vLLM filters a greedy row only inside a mixed batch).
+per delta, not once per engine step. Closing the generator aborts the vLLM request and frees its KV
+blocks. Greedy requests (temperature 0) drop top-k/top-p, which cannot change an argmax: their logprob is
+the log-softmax of the raw logits whatever else shares the batch (vLLM filters a greedy row only inside a
+mixed batch).
 
 Weight updates happen in place, in the engine-core worker, through `vllm_worker.WorkerExtension.lodestar_reload`:
 the engine writes the update (plus the current values of any member of a fused group it only partly
