@@ -141,7 +141,8 @@ class Generation:
         if self._flush_s <= 0 or self._messages_per_s <= 0:
             return self._flush_s
         others = self._streams if running is None else running
-        return math.ceil(round((others + 1) / self._messages_per_s / self._flush_s, 9)) * self._flush_s
+        flushes = round((others + 1) / self._messages_per_s / self._flush_s, 9)  # 10 / 500 / 0.02 is 1.0000000000000002
+        return math.ceil(flushes) * self._flush_s
 
     def _prompt(
         self,

@@ -250,8 +250,7 @@ def test_vllm_engine_inprocess(tmp_path: Path) -> None:
     assert len(long["ids"]) == 8
     assert _max_diff(long["logprobs"], _teacher(model, long["ids"], 1.0, 1.0, 0, LONG_PROMPT)) < 1e-4
     # hold_s: the engine paces the stream itself (first step at once, then about one per 50 ms, at least 25 ms
-    # apart, the finish at once),
-    # and the ids and logprobs are those of the same request delivered step by step
+    # apart, the finish at once), and the ids and logprobs are those of the same request delivered step by step
     held, plain = got["held"], got["plain"]
     assert held["ids"] == plain["ids"]
     assert len(held["ids"]) == 40
