@@ -19,6 +19,12 @@ For each backend (transformers in .venv; vllm when .venv-vllm exists) on the off
   call per generation (what any gRPC client does) and the gateway's own client, generations as tags of one
   `GenerateMany` stream (`--no-many`: the first only, for a checkout that predates GenerateMany).
 
+  Several servers in one run are NOT on an equal footing: in an A/A run (the same checkout and flags served
+  twice, 2026-12-02 in docs/benchmarks.md) the server started second (`--baseline-repo` starts first, then
+  this checkout, then each `--variant`) ran 2-4 points of the ratio ahead of the first, in most repeats.
+  The cause is not known (both servers' vLLM workers are bound to the same core). Until it is, measure a
+  change twice with the servers' start order swapped and take the mean of the two differences.
+
 Every figure is the median of `--repeats` runs. `--write-docs` replaces this script's own sections of
 docs/benchmarks.md (headings `SECTION` and `RAW_SECTION`) with the tables, or appends them; the raw-vLLM
 section keeps earlier runs below the new one (the history of the ratio).
