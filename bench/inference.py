@@ -21,7 +21,8 @@ For each backend (transformers in .venv; vllm when .venv-vllm exists) on the off
 
   Several servers in one run are NOT on an equal footing: in an A/A run (the same checkout and flags served
   twice, 2026-12-02 in docs/benchmarks.md) the server started second (`--baseline-repo` starts first, then
-  this checkout, then each `--variant`) ran 2-4 points of the ratio ahead of the first, in most repeats.
+  this checkout, then each `--variant`) ran ahead of the first in most repeats: 2-4 points of the ratio
+  through GenerateMany, 1-4 through Generate.
   The cause is not known (both servers' vLLM workers are bound to the same core). Until it is, measure a
   change twice with the servers' start order swapped and take the mean of the two differences.
 
