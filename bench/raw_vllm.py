@@ -6,20 +6,22 @@ and the same `SamplingParams` per request (`VllmEngine.sampling_params`: seeded,
 outputs when streaming, FINAL_ONLY when not), fed the prompt ids lodestar's chat template renders for the
 same messages. It runs in a worker subprocess under .venv-vllm that takes one phase per stdin line.
 
-lodestar is a real `lodestar inference serve --backend vllm` subprocess driven over gRPC from this
-process (the client shares the machine's cores, as the gateway does). Each phase runs C closed-loop
-workers, each issuing `ROUNDS[C]` (times `scale`) requests of `NEW_TOKENS` sampled tokens back to back;
-tok/s counts the sampled tokens. Per repeat and cell the raw and lodestar phases run back to back, in alternating order;
-the ratio is the median over repeats of lodestar / raw of the same repeat (load drifts cancel). Several
-lodestar servers ("variants": another commit's checkout, other flush settings) can run in the same
-interleaving, so a before/after comparison comes from one run.
+lodestar is a real `lodestar inference serve --backend vllm` subprocess driven over gRPC from this process (the
+client shares the machine's cores, as the gateway does). Each phase runs C closed-loop workers, each issuing
+`ROUNDS[C]` (times `scale`) requests of `NEW_TOKENS` sampled tokens back to back; tok/s counts the sampled
+tokens. Per repeat and cell the raw and lodestar phases run back to back, in a seeded random order; the ratio is
+the median over repeats of lodestar / raw of the same repeat (load drifts cancel). Several lodestar servers
+("variants": another commit's checkout, other flush settings) can run in the same interleaving, so a
+before/after comparison comes from one run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -228,6 +230,7 @@ async def compare(
     concurrency: tuple[int, ...] = CONCURRENCY,
     many: bool = True,
     spread: bool = False,
+    raw: RawVllm | None = None,
 ) -> dict[str, dict[str, float]]:
     """Medians per cell "c{C}-{stream|final}": raw tok/s and TTFT, and per lodestar variant (label -> server
     address and pid) and client ("LABEL, Generate": a call per generation; "LABEL, GenerateMany": the
@@ -235,9 +238,9 @@ async def compare(
     front-end CPU per token (raw: the AsyncLLM process; lodestar: the server process plus the gRPC client;
     vLLM's engine-core and worker processes, the same work on both sides, are not counted), and the lowest
     and highest per-repeat ratio.
-    Per repeat and cell all phases run back to back, the order rotating between repeats; `scale` multiplies
-    the requests per worker (longer phases, less noise); `spread`: requests of 64 to 191 sampled tokens instead
-    of 128 each (`_max_tokens`)."""
+    Per repeat and cell all phases run back to back in a seeded random order (so that no side always follows
+    the same other); `scale` multiplies the requests per worker (longer phases, less noise); `spread`: requests
+    of 64 to 191 sampled tokens instead of 128 each (`_max_tokens`)."""
     import grpc.aio
 
     from lodestar.heap import freeze_startup_heap
@@ -247,7 +250,7 @@ async def compare(
 
     template = ChatTemplate(TextTokenizer.load(model_dir))
     prompts = [list(template.prompt([_user(PROMPT.format(i))]).ids) for i in range(max(CONCURRENCY))]
-    raw = await RawVllm.start(model_dir, kv_cache_bytes)
+    raw = raw or await RawVllm.start(model_dir, kv_cache_bytes)  # (`raw`: started by the caller, and closed here)
     channels = {label: grpc.aio.insecure_channel(address) for label, (address, _) in variants.items()}
     pids = {label: pid for label, (_, pid) in variants.items()}
     stubs = {label: inference_pb2_grpc.InferenceServiceStub(channel) for label, channel in channels.items()}
@@ -274,9 +277,8 @@ async def compare(
                     "prompts": prompts,
                     "spread": spread,
                 }
-                shift = (repeat + number) % len(sides)
                 got = {}
-                for side in sides[shift:] + sides[:shift]:
+                for side in random.Random(f"{repeat}-{number}").sample(sides, len(sides)):
                     if side == "raw":
                         got[side] = await raw.phase(phase)
                     else:
@@ -302,6 +304,26 @@ async def compare(
     return medians
 
 
+def both_orders(after: dict[str, dict[str, float]], before: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """One estimate from two runs, raw vLLM's engine started after the lodestar servers and before them: the
+    engine started later runs faster (docs/benchmarks.md, 2026-12-02), so each ratio is the geometric mean of
+    the two runs' ratios (the start order's factor cancels if it is the same either way) and the two ratios are
+    kept as "ratio after" / "ratio before"; tok/s, TTFT and CPU per token are the means of the two runs."""
+    cells: dict[str, dict[str, float]] = {}
+    for name, one in after.items():
+        other = before[name]
+        cell = cells[name] = {}
+        for key, value in one.items():
+            if key.endswith((" ratio min", " ratio max")):
+                continue
+            if key.endswith(" ratio"):
+                cell[key] = math.sqrt(value * other[key])
+                cell[f"{key} after"], cell[f"{key} before"] = value, other[key]
+            else:
+                cell[key] = (value + other[key]) / 2
+    return cells
+
+
 def sides(cells: dict[str, dict[str, float]]) -> list[str]:
     """The lodestar sides of `compare`'s cells ("LABEL, Generate", "LABEL, GenerateMany"), in run order."""
     first = next(iter(cells.values()))
@@ -309,9 +331,13 @@ def sides(cells: dict[str, dict[str, float]]) -> list[str]:
 
 
 def table(cells: dict[str, dict[str, float]], variants: list[str]) -> str:
+    """The markdown table of `compare`'s cells (or `both_orders`': its ratios carry the two runs' instead of the
+    per-repeat range)."""
+    combined = any(key.endswith(" ratio after") for key in next(iter(cells.values())))
+    bracket = "raw started after / before" if combined else "per-repeat range"
     lines = [
-        "| C | lodestar | raw AsyncLLM tok/s, streaming | lodestar, streaming | ratio (per-repeat range) "
-        "| raw tok/s, non-streaming | lodestar, non-streaming | ratio (per-repeat range) "
+        f"| C | lodestar | raw AsyncLLM tok/s, streaming | lodestar, streaming | ratio ({bracket}) "
+        f"| raw tok/s, non-streaming | lodestar, non-streaming | ratio ({bracket}) "
         "| TTFT raw / lodestar (streaming) "
         "| front-end CPU us/token raw / lodestar, streaming | non-streaming |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -328,6 +354,9 @@ def table(cells: dict[str, dict[str, float]], variants: list[str]) -> str:
 
 
 def _ratio(cell: dict[str, float], variant: str) -> str:
+    if f"{variant} ratio after" in cell:
+        after, before = cell[f"{variant} ratio after"], cell[f"{variant} ratio before"]
+        return f"{cell[variant + ' ratio']:.2f}x ({after:.2f} / {before:.2f})"
     low, high = cell.get(f"{variant} ratio min"), cell.get(f"{variant} ratio max")
     spread = f" ({low:.2f}-{high:.2f})" if low is not None and high is not None else ""
     return f"{cell[variant + ' ratio']:.2f}x{spread}"
