@@ -20,7 +20,7 @@ For each backend (transformers in .venv; vllm when .venv-vllm exists) on the off
   of one `GenerateMany` stream (`--no-many`: the first only, for a checkout that predates GenerateMany).
 
   **The engine started later runs faster.** On this 2-core machine a vLLM engine (lodestar's server or raw
-  vLLM) started after another runs 3-7% faster than the one started before it, at the same CPU per token, in
+  vLLM) started after another runs 3-6% faster than the one started before it, at the same CPU per token, in
   every arrangement tried (2026-12-02 in docs/benchmarks.md): two identical servers, with or without raw vLLM,
   whatever the phase order and whichever gRPC channel was made first; raw vLLM started before one server
   instead of after it moved the ratio from ~0.94x to ~1.02x. The cause is not known (every engine's worker
@@ -255,10 +255,12 @@ def write_raw_docs(
         f"{RAW_SECTION}\n\nThe same workload on raw vLLM (`AsyncLLM` in process, lodestar's engine arguments and "
         f"sampling parameters) and through `lodestar inference serve --backend vllm` over gRPC (client in the "
         f"benchmark process): a ~33-token prompt, {RAW_TOKENS} sampled tokens, seeded, logprobs on; C closed-loop "
-        f"workers x {ROUNDS} requests each (times the run's scale); raw and lodestar phases one after the "
-        f"other, in alternating order (since 2026-12-02 11:31 UTC: a seeded random order), medians of the "
-        f"repeats, ratio = median of the per-repeat lodestar/raw ratios (in brackets: the lowest and highest of "
-        f"them, where recorded). Newest first.\n\n"
+        f"workers x {ROUNDS} requests each (times the run's scale); raw and lodestar phases back to back in "
+        f"alternating order (since 2026-12-02 11:31 UTC: a seeded random order; since 12:54 UTC two runs, raw "
+        f"vLLM's engine started after and before the lodestar server, each ratio the geometric mean of the two: "
+        f"the engine started later runs faster, see that run), medians of the repeats, ratio = median of the "
+        f"per-repeat lodestar/raw ratios (in brackets: the lowest and highest of them, where recorded). Newest "
+        f"first.\n\n"
         f"### {when} (load average {load[0]:.1f} before, {load[1]:.1f} after; {repeats} repeats, scale {scale}"
         f"{'; spread lengths: 64-191 sampled tokens per request' if spread else ''}"
         f"{'; two runs, raw vLLM started after and before the servers' if raw_start == 'both' else ''}"
