@@ -263,8 +263,8 @@ def write_raw_docs(
         f"first.\n\n"
         f"### {when} (load average {load[0]:.1f} before, {load[1]:.1f} after; {repeats} repeats, scale {scale}"
         f"{'; spread lengths: 64-191 sampled tokens per request' if spread else ''}"
-        f"{'; two runs, raw vLLM started after and before the servers' if raw_start == 'both' else ''}"
-        f"{'; raw vLLM started ' + raw_start + ' the servers' if raw_start != 'both' else ''})"
+        f"; {'two runs, raw vLLM started after and before' if raw_start == 'both' else 'raw vLLM started ' + raw_start}"
+        " the servers)"
         f"\n\n{text}\n\n{history}"
     )
     replace_section(RAW_SECTION, section.rstrip() + "\n\n")  # a blank line before the next section
@@ -368,8 +368,9 @@ def main() -> None:
         from bench.raw_vllm import table as raw_table
 
         text = raw_table(raw_cells, raw_sides(raw_cells))
-        for order, cells in runs.items() if len(runs) == 2 else ():
-            print(f"raw vLLM started {order} the lodestar servers:\n{raw_table(cells, raw_sides(cells))}")
+        if len(runs) == 2:  # each order's own table (per-repeat ranges) before the combined one
+            for order, cells in runs.items():
+                print(f"raw vLLM started {order} the lodestar servers:\n{raw_table(cells, raw_sides(cells))}")
         print(f"load average {load[0]:.1f} before, {load[1]:.1f} after\n{text}")
         if args.write_docs:
             write_raw_docs(text, args.repeats, load, args.scale, args.spread_lengths, args.raw_start)
