@@ -129,6 +129,18 @@ class TrainingStack:
             ).fetchall()
         return [str(row[0]) for row in rows]
 
+    def harness_output(self, run_id: str) -> str:
+        """What the harness printed in every INFRA_FAILED attempt of the run (the results the node reported)."""
+        with contextlib.closing(sqlite3.connect(self.root / "rollout.sqlite", timeout=10)) as db:
+            blobs = db.execute("SELECT result FROM results WHERE session_id LIKE ?", (f"{run_id}-%",)).fetchall()
+        results = [rollout_pb2.SessionResult.FromString(blob) for (blob,) in blobs]
+        return "\n".join(
+            f"--- {r.session_id} attempt {r.attempt}: {r.error}\nstdout: {r.stdout_tail[-2000:]}\n"
+            f"stderr: {r.stderr_tail[-2000:]}"
+            for r in results
+            if r.outcome == rollout_pb2.SESSION_OUTCOME_INFRA_FAILED
+        )
+
     def logs(self) -> str:
         return "\n".join(f"--- {s.name}\n{s.tail(3000)}" for s in (self.inference, self.rollout, self.node))
 
@@ -202,5 +214,7 @@ def test_two_training_steps_through_the_real_harness(stack: TrainingStack, tmp_p
     assert run.sessions_failed == 0, run
     failed = stack.infra_failed_attempts(run_id)
     unexplained = [error for error in failed if KNOWN_INFRA_FLAKE not in error]
-    assert not unexplained, f"sessions failed as infrastructure: {unexplained}\n{stack.logs()}"
+    assert not unexplained, (
+        f"sessions failed as infrastructure: {unexplained}\n{stack.harness_output(run_id)}\n{stack.logs()}"
+    )
     assert run.sessions_succeeded >= 4, "both groups of two scored"

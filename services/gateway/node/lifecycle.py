@@ -36,6 +36,8 @@ from services.gateway.node.rollout_client import RetryPolicy, RolloutLink, compl
 from services.gateway.node.stages import Outcome, SessionStages, infra
 
 _log = get_logger("gateway.node.lifecycle")
+LOG_TAIL_CHARS = 1500
+"""How much of a harness's stdout and of its stderr the log line of an infrastructure failure keeps."""
 _RUN_STAGES = (rollout_pb2.SESSION_STAGE_INIT, rollout_pb2.SESSION_STAGE_READY, rollout_pb2.SESSION_STAGE_RUN)
 
 
@@ -233,9 +235,17 @@ class NodeLifecycle:
         except Exception:  # never lose an attempt silently: log it (the lease requeues it if rollout lost it)
             _log.exception("reporting failed unexpectedly", session_id=result.session_id, attempt=result.attempt)
             status = "error"
+        # An infrastructure failure is the node's to explain: the end of what the harness printed goes into the
+        # log line (a harness that gave up says why there; the full tails travel in the result).
+        said: dict[str, str] = {}
+        if outcome.outcome == rollout_pb2.SESSION_OUTCOME_INFRA_FAILED and attempt.harness is not None:
+            said = {
+                "stdout_tail": result.stdout_tail[-LOG_TAIL_CHARS:],
+                "stderr_tail": result.stderr_tail[-LOG_TAIL_CHARS:],
+            }
         _log.info("session finished", session_id=result.session_id, attempt=result.attempt, outcome=name,
                   reward=result.reward, calls=len(result.calls), error=result.error or None, report=status,
-                  seconds={k: round(v, 3) for k, v in attempt.seconds.items()})  # fmt: skip
+                  seconds={k: round(v, 3) for k, v in attempt.seconds.items()}, **said)  # fmt: skip
 
     # Shutdown ------------------------------------------------------------------------------------------
 

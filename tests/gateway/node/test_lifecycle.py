@@ -9,9 +9,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+import structlog.testing
 
 from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import gateway_pb2, rollout_pb2
+from services.gateway.node.lifecycle import LOG_TAIL_CHARS
 from services.gateway.server import GatewayNode
 from services.gateway.settings import GatewaySettings
 from tests.gateway.node.conftest import (
@@ -131,16 +133,24 @@ def test_silent_failures_are_infra_failures(node_factory: NodeFactory, standin: 
     # Replies in call order: the first call is answered, every later one fails before its first token.
     script = {"select": "sequence", "replies": [{"text": "ok"}], "default": {"text": "no", "fail_after_tokens": 0}}
     node_factory(script)
-    standin.offer(
-        assignment("no-call", command=["true"]),
-        assignment("died", command=["{python}", "-c", "import sys; sys.exit(0)"]),
-        assignment("unanswered", command=HANG_AGENT, env={"CALLS": "2", "PIDFILE": "/dev/null"}),
-    )
-    results = {r.session_id: r for r in standin.wait_results(3, timeout=60)}
+    gave_up = "import sys; print('x' * 3000 + 'last words'); print('gave up: no credentials', file=sys.stderr)"
+    with structlog.testing.capture_logs() as logs:
+        standin.offer(
+            assignment("no-call", command=["true"]),
+            assignment("died", command=["{python}", "-c", gave_up]),
+            assignment("unanswered", command=HANG_AGENT, env={"CALLS": "2", "PIDFILE": "/dev/null"}),
+        )
+        results = {r.session_id: r for r in standin.wait_results(3, timeout=60)}
     for sid in ("no-call", "died"):
         assert results[sid].outcome == INFRA, standin.describe(results[sid])
         assert "without any answered model call" in results[sid].error
         assert results[sid].reward == 0.0
+    assert "gave up: no credentials" in results["died"].stderr_tail
+    # The node's log line says why the harness gave up (the end of its output, bounded).
+    [died] = [e for e in logs if e["event"] == "session finished" and e["session_id"] == "died"]
+    assert died["stderr_tail"] == "gave up: no credentials\n"
+    assert died["stdout_tail"].endswith("last words\n")
+    assert len(died["stdout_tail"]) == LOG_TAIL_CHARS
     unanswered = results["unanswered"]
     assert unanswered.outcome == INFRA, standin.describe(unanswered)
     assert "got no answer" in unanswered.error
