@@ -191,16 +191,20 @@ def measure_raw(
 
     async def run(logs: Path) -> dict[str, dict[str, float]]:
         raw = await RawVllm.start(model_dir, KV_CACHE_BYTES) if raw_first else None
-        with contextlib.ExitStack() as servers:  # (a blocking start: nothing else runs on this loop yet)
-            addresses = {}
-            for label, (repo, flags) in variants.items():
-                extra = ["--max-new-tokens", "4096", "--kv-cache-bytes", str(KV_CACHE_BYTES), *flags]
-                server = servers.enter_context(serve_inference("vllm", model_dir, logs, *extra, repo=repo))
-                addresses[label] = (server.address, server.process.pid)
-            cells = {"concurrency": concurrency} if concurrency else {}
-            return await compare(
-                addresses, model_dir, repeats, KV_CACHE_BYTES, scale, many=many, spread=spread, raw=raw, **cells
-            )
+        try:
+            with contextlib.ExitStack() as servers:  # (a blocking start: nothing else runs on this loop yet)
+                addresses = {}
+                for label, (repo, flags) in variants.items():
+                    extra = ["--max-new-tokens", "4096", "--kv-cache-bytes", str(KV_CACHE_BYTES), *flags]
+                    server = servers.enter_context(serve_inference("vllm", model_dir, logs, *extra, repo=repo))
+                    addresses[label] = (server.address, server.process.pid)
+                cells = {"concurrency": concurrency} if concurrency else {}
+                return await compare(
+                    addresses, model_dir, repeats, KV_CACHE_BYTES, scale, many=many, spread=spread, raw=raw, **cells
+                )
+        finally:  # also when a server failed to start after raw vLLM's engine did
+            if raw is not None:
+                await raw.close()
 
     with tempfile.TemporaryDirectory() as logs:
         return asyncio.run(run(Path(logs)))

@@ -250,7 +250,8 @@ async def compare(
 
     template = ChatTemplate(TextTokenizer.load(model_dir))
     prompts = [list(template.prompt([_user(PROMPT.format(i))]).ids) for i in range(max(CONCURRENCY))]
-    raw = raw or await RawVllm.start(model_dir, kv_cache_bytes)  # (`raw`: started by the caller, and closed here)
+    owned = raw is None  # (a `raw` the caller started is the caller's to close)
+    raw = raw or await RawVllm.start(model_dir, kv_cache_bytes)
     channels = {label: grpc.aio.insecure_channel(address) for label, (address, _) in variants.items()}
     pids = {label: pid for label, (_, pid) in variants.items()}
     stubs = {label: inference_pb2_grpc.InferenceServiceStub(channel) for label, channel in channels.items()}
@@ -293,7 +294,8 @@ async def compare(
                     cell.setdefault(f"{side} cpu_us", []).append(got[side]["cpu_s"] / got[side]["tokens"] * 1e6)
                 print(f"repeat {repeat} c={c} stream={stream}: {json.dumps(rates)}", file=sys.stderr)
     finally:
-        await raw.close()
+        if owned:
+            await raw.close()
         for channel in channels.values():
             await channel.close()
     medians = {name: {key: statistics.median(values) for key, values in cell.items()} for name, cell in cells.items()}
