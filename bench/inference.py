@@ -50,6 +50,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -70,7 +71,7 @@ RAW_SECTION = "## Inference: lodestar Generate vs raw vLLM (bench/inference.py)"
 KV_CACHE_BYTES = 512 * 1024**2
 
 
-def user(text: str):
+def user(text: str) -> Any:
     from lodestar.v1 import common_pb2
 
     return common_pb2.ChatMessage(
@@ -78,7 +79,7 @@ def user(text: str):
     )
 
 
-async def one_call(stub, text: str, seed: int, max_tokens: int) -> tuple[int, float]:
+async def one_call(stub: Any, text: str, seed: int, max_tokens: int) -> tuple[int, float]:
     """(tokens generated, seconds to the first delta) of one streaming Generate."""
     from lodestar.v1 import common_pb2, inference_pb2
 
@@ -128,7 +129,8 @@ async def engine_figures(backend: str, model_dir: Path, repeats: int) -> dict[st
     from services.inference.engine import EngineRequest, SamplingOptions
     from services.inference.settings import InferenceSettings
 
-    settings = InferenceSettings(backend=backend, model=model_dir, kv_cache_bytes=512 * 1024**2)
+    fields = {"backend": backend, "model": model_dir, "kv_cache_bytes": 512 * 1024**2}
+    settings = InferenceSettings.model_validate(fields)  # (backend: a string from the command line, checked here)
     engine = engines.create(settings)
     await engine.start()
 

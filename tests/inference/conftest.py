@@ -21,10 +21,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from lodestar.local import free_port
 from services.inference.templates import ChatTemplate
 from services.inference.tiny_model import TinyModelSpec, build
 from services.inference.tokenizer import TextTokenizer
-from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHONS = {
