@@ -35,9 +35,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.inference import KV_CACHE_BYTES  # noqa: E402  (the server's KV cache of the other inference benchmarks)
 from bench.raw_vllm import PROMPT, ROUNDS, _max_tokens, _user, generate_calls, generate_many  # noqa: E402
-
-KV_CACHE_BYTES = 512 * 1024**2
 
 
 async def _phase(
