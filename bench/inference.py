@@ -56,6 +56,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 NEW_TOKENS = 128
+FLOOR = "floor (gRPC + engine)"
+"""The label of bench/grpc_floor.py's server in the raw-vLLM table (`--floor`)."""
 NOTES = """
 - Logprob capture: the transformers engine computes the processed log-softmax to sample anyway, so "off"
   only skips copying one float per token (the difference is noise); vLLM skips its logprob gather.
@@ -184,10 +186,14 @@ def measure_raw(
     many: bool = True,
     spread: bool = False,
     raw_first: bool = False,
+    floor: bool = False,
 ) -> dict[str, dict[str, float]]:
     """lodestar (one vllm server per variant: label -> (checkout, extra server flags)) against raw vLLM,
     driven with a Generate call per generation and (`many`) over GenerateMany streams. Raw vLLM's engine
-    starts after the servers' (`raw_first`: before them; the start order matters, see the module docstring)."""
+    starts after the servers' (`raw_first`: before them; the start order matters, see the module docstring).
+    `floor`: also bench/grpc_floor.py's server (gRPC and the engine only; `Generate` calls), started between
+    the lodestar servers and raw vLLM, so that its order to the servers flips with raw vLLM's."""
+    from bench.grpc_floor import serve_floor
     from bench.raw_vllm import RawVllm, compare
     from tests.inference.conftest import serve_inference
 
@@ -196,13 +202,26 @@ def measure_raw(
         try:
             with contextlib.ExitStack() as servers:  # (a blocking start: nothing else runs on this loop yet)
                 addresses = {}
+                if floor and raw_first:
+                    addresses[FLOOR] = servers.enter_context(serve_floor(model_dir, logs, KV_CACHE_BYTES))
                 for label, (repo, flags) in variants.items():
                     extra = ["--max-new-tokens", "4096", "--kv-cache-bytes", str(KV_CACHE_BYTES), *flags]
                     server = servers.enter_context(serve_inference("vllm", model_dir, logs, *extra, repo=repo))
                     addresses[label] = (server.address, server.process.pid)
+                if floor and not raw_first:
+                    addresses[FLOOR] = servers.enter_context(serve_floor(model_dir, logs, KV_CACHE_BYTES))
                 cells = {"concurrency": concurrency} if concurrency else {}
                 return await compare(
-                    addresses, model_dir, repeats, KV_CACHE_BYTES, scale, many=many, spread=spread, raw=raw, **cells
+                    addresses,
+                    model_dir,
+                    repeats,
+                    KV_CACHE_BYTES,
+                    scale,
+                    many=many,
+                    calls_only=frozenset({FLOOR}),
+                    spread=spread,
+                    raw=raw,
+                    **cells,
                 )
         finally:  # also when a server failed to start after raw vLLM's engine did
             if raw is not None:
@@ -311,6 +330,11 @@ def main() -> None:
         action="store_true",
         help="raw-vLLM cells: requests of 64-191 sampled tokens (mean 127.5) instead of 128 each, on both sides",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also serve bench/grpc_floor.py (gRPC and the vLLM engine, none of lodestar's layers; Generate calls)",
+    )
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
     if args.engine_only:
@@ -361,6 +385,7 @@ def main() -> None:
                     not args.no_many,
                     args.spread_lengths,
                     raw_first=order == "before",
+                    floor=args.floor,
                 )
             raw_cells = both_orders(runs["after"], runs["before"]) if len(runs) == 2 else runs[args.raw_start]
     load = (load_before, os.getloadavg()[0])

@@ -229,15 +229,16 @@ async def compare(
     scale: int = 1,
     concurrency: tuple[int, ...] = CONCURRENCY,
     many: bool = True,
+    calls_only: frozenset[str] = frozenset(),
     spread: bool = False,
     raw: RawVllm | None = None,
 ) -> dict[str, dict[str, float]]:
     """Medians per cell "c{C}-{stream|final}": raw tok/s and TTFT, and per lodestar variant (label -> server
     address and pid) and client ("LABEL, Generate": a call per generation; "LABEL, GenerateMany": the
-    gateway's multiplexed stream, when `many`) its tok/s, ratio to raw and TTFT; for every side the
-    front-end CPU per token (raw: the AsyncLLM process; lodestar: the server process plus the gRPC client;
-    vLLM's engine-core and worker processes, the same work on both sides, are not counted), and the lowest
-    and highest per-repeat ratio.
+    gateway's multiplexed stream, when `many` and the label is not in `calls_only`) its tok/s, ratio to raw
+    and TTFT; for every side the front-end CPU per token (raw: the AsyncLLM process; lodestar: the server
+    process plus the gRPC client; vLLM's engine-core and worker processes, the same work on both sides, are
+    not counted), and the lowest and highest per-repeat ratio.
     Per repeat and cell all phases run back to back in a seeded random order (so that no side always follows
     the same other); `scale` multiplies the requests per worker (longer phases, less noise); `spread`: requests
     of 64 to 191 sampled tokens instead of 128 each (`_max_tokens`)."""
@@ -258,7 +259,7 @@ async def compare(
     clients: dict[str, tuple[Any, int]] = {}  # side -> (generate, server pid)
     for label, stub in stubs.items():
         clients[f"{label}, Generate"] = (generate_calls(stub), pids[label])
-        if many:
+        if many and label not in calls_only:
             clients[f"{label}, GenerateMany"] = (generate_many(stub), pids[label])
     cells: dict[str, dict[str, list[float]]] = {}
     try:

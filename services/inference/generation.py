@@ -78,6 +78,17 @@ def sampling_options(params: common_pb2.SamplingParams, cap: int, room: int) -> 
     )
 
 
+def stream_interval(flush_s: float, messages_per_s: float, running: int) -> float:
+    """The flush interval of a stream starting while `running` others run: `flush_s`, longer when the streams
+    would together send more than `messages_per_s` deltas per second at it (0 stays 0: one delta per step). A
+    whole multiple of `flush_s`, so that the due instants of streams at different intervals coincide
+    (`engine.next_delivery`)."""
+    if flush_s <= 0 or messages_per_s <= 0:
+        return flush_s
+    flushes = round((running + 1) / messages_per_s / flush_s, 9)  # 10 / 500 / 0.02 is 1.0000000000000002
+    return math.ceil(flushes) * flush_s
+
+
 @dataclass
 class _Stops:
     """Stop sequences over the raw decoded completion text."""
@@ -135,14 +146,8 @@ class Generation:
 
     def stream_interval(self, running: int | None = None) -> float:
         """The flush interval of a stream starting while `running` others run (default: the streams running
-        now): `flush_s`, longer when the streams would together send more than `messages_per_s` deltas per
-        second at it (0 stays 0: one delta per step). A whole multiple of `flush_s`, so that the due instants
-        of streams at different intervals coincide (`engine.next_delivery`)."""
-        if self._flush_s <= 0 or self._messages_per_s <= 0:
-            return self._flush_s
-        others = self._streams if running is None else running
-        flushes = round((others + 1) / self._messages_per_s / self._flush_s, 9)  # 10 / 500 / 0.02 is 1.0000000000000002
-        return math.ceil(flushes) * self._flush_s
+        now): see `stream_interval`."""
+        return stream_interval(self._flush_s, self._messages_per_s, self._streams if running is None else running)
 
     def _prompt(
         self,
