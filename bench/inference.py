@@ -18,6 +18,9 @@ For each backend (transformers in .venv; vllm when .venv-vllm exists) on the off
   per-repeat range (one start order) or both orders' ratios. Each lodestar server is driven two ways: a
   `Generate` call per generation (what any gRPC client does) and the gateway's own client, generations as tags
   of one `GenerateMany` stream (`--no-many`: the first only, for a checkout that predates GenerateMany).
+  `--floor` also serves bench/grpc_floor.py, the gRPC transport over lodestar's vLLM engine with none of
+  lodestar's layers (driven with `Generate` calls): floor / raw is what the transport costs, lodestar / floor
+  what lodestar's own layers cost.
 
   **The engine started later runs faster.** On this 2-core machine a vLLM engine (lodestar's server or raw
   vLLM) started after another runs 3-6% faster than the one started before it, at the same CPU per token, in
