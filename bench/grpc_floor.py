@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -122,27 +120,12 @@ async def serve(model_dir: Path, port: int, kv_cache_bytes: int) -> None:
 def serve_floor(model_dir: Path, log_dir: Path, kv_cache_bytes: int) -> Iterator[tuple[str, int]]:
     """Run the floor server as a subprocess under .venv-vllm until the block ends: (address, pid)."""
     from lodestar.local import free_port
-    from tests.inference.conftest import START_TIMEOUT_S, ServerProcess, _wait_serving
+    from tests.inference.conftest import PYTHONS, START_TIMEOUT_S, run_server
 
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    python = REPO / ".venv-vllm" / "bin" / "python"
-    log_path = log_dir / f"floor-{port}.log"
-    command = [str(python), str(Path(__file__).resolve()), str(model_dir), str(port), str(kv_cache_bytes)]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
-    server = ServerProcess("floor", port, log_path, process)
-    try:
-        _wait_serving(server, START_TIMEOUT_S["vllm"])
-        yield server.address, process.pid
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    command = [str(PYTHONS["vllm"]), str(Path(__file__).resolve()), str(model_dir), str(port), str(kv_cache_bytes)]
+    with run_server("floor", command, port, log_dir / f"floor-{port}.log", START_TIMEOUT_S["vllm"]) as server:
+        yield server.address, server.process.pid
 
 
 if __name__ == "__main__":

@@ -97,17 +97,27 @@ def serve_inference(
     checkout whose code runs (benchmarks compare against another commit's worktree)."""
     python = _python(backend)
     port = free_port()
-    log_path = log_dir / f"inference-{backend}-{port}.log"
     command = [
         str(python), "-m", "lodestar.cli.main", "inference", "serve",
         "--backend", backend, "--model", str(model_dir), "--port", str(port), "--log-json", *extra,
     ]  # fmt: skip
+    log_path = log_dir / f"inference-{backend}-{port}.log"
+    with run_server(backend, command, port, log_path, START_TIMEOUT_S[backend], repo=repo) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def run_server(
+    name: str, command: list[str], port: int, log_path: Path, timeout: float, *, repo: Path = REPO
+) -> Iterator[ServerProcess]:
+    """Run `command`, a gRPC server on `port` that serves health, from `repo` with its output in `log_path`,
+    until the block ends (SIGTERM, then kill); it must report SERVING within `timeout` seconds."""
     env = {**os.environ, "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, cwd=repo, stdout=log, stderr=subprocess.STDOUT, env=env)
-    server = ServerProcess(backend, port, log_path, process)
+    server = ServerProcess(name, port, log_path, process)
     try:
-        _wait_serving(server, START_TIMEOUT_S[backend])
+        _wait_serving(server, timeout)
         yield server
     finally:
         if process.poll() is None:
