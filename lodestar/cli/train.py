@@ -108,21 +108,29 @@ def _rewards(run_dir: Path) -> tuple[list[float], list[float], int]:
     return rewards, merges, groups
 
 
-def _ran_out(progress: train_view.Progress, steps_done: int, groups_trained: int) -> str:
-    """Why the trainer stopped before its steps on its own, when the reason is that the run's groups ran
-    out (every task sampled, every group read); else ""."""
-    run = progress.run
-    if progress.trainer.state != trainer_pb2.TRAINER_STATE_STOPPED or run.state != rollout_pb2.RUN_STATE_COMPLETED:
-        return ""
-    unused = max(run.groups_delivered - groups_trained, 0)
-    tail = progress.trainer
+def _ended_early(progress: train_view.Progress, steps_done: int, groups_trained: int) -> tuple[str, str]:
+    """(state, why) when the trainer stopped before its steps on its own for a reason that is not a failure:
+    the run's groups ran out (every task sampled, every group read), or the last groups it read had no reward
+    signal (the trainer's `stop_after_no_signal_groups`); else ("", "")."""
+    tail, run = progress.trainer, progress.run
     after = (
         f"; the {tail.untrained_groups} read after step {steps_done} scored {tail.untrained_reward_mean:.3f} on "
         "average (the last policies' reward, in no step's metrics)"
         if tail.untrained_groups
         else ""
     )
-    return (
+    if tail.state != trainer_pb2.TRAINER_STATE_STOPPED:
+        return "", ""
+    if tail.stop_reason == trainer_pb2.STOP_REASON_NO_SIGNAL:
+        return "no signal left", (
+            f"the last {tail.untrained_groups} groups read after step {steps_done} had no reward signal (every "
+            f"sample of each scored alike: solved, or too hard), {tail.untrained_reward_mean:.3f} on average: "
+            "nothing left to learn from this run's tasks (trainer stop_after_no_signal_groups)"
+        )
+    if run.state != rollout_pb2.RUN_STATE_COMPLETED:
+        return "", ""
+    unused = max(run.groups_delivered - groups_trained, 0)
+    return "run used up", (
         f"the run's {len(run.spec.tasks)} tasks are used up after step {steps_done}: of its "
         f"{run.groups_delivered} delivered groups {groups_trained} were trained on, {unused} had no reward "
         f"signal (every sample scored alike: solved, or too hard) and {run.groups_dropped} were dropped as stale"
@@ -197,8 +205,8 @@ def _report(
     plots = plot_run(config.run_dir) if rewards else []
     metrics = [p for p in (config.run_dir / "metrics.jsonl", config.run_dir / "tensorboard") if p.exists()]
     done = len(rewards) >= config.steps and not error
-    ran_out = "" if done or error or interrupted else _ran_out(progress, len(rewards), groups)
-    state = "done" if done else "run used up" if ran_out else "failed" if error else "stopped early"
+    early, why = ("", "") if done or error or interrupted else _ended_early(progress, len(rewards), groups)
+    state = "done" if done else early or ("failed" if error else "stopped early")
     outcome = train_view.Outcome(
         run_id=progress.run_id,
         state=state,
@@ -211,10 +219,10 @@ def _report(
         merge_ratio=sum(merges) / len(merges) if merges else 0.0,
         seconds=seconds,
         error=error,
-        note=ran_out,
+        note=why,
     )
     console.print(train_view.summary(outcome), highlight=False)
-    return 0 if done or ran_out else 1
+    return 0 if done or early else 1
 
 
 def _handle(args: argparse.Namespace) -> int:

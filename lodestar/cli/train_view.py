@@ -121,7 +121,8 @@ class Outcome:
     seconds: float
     error: str = ""
     note: str = ""
-    """Why the training ended before its steps without an error (the run's groups ran out)."""
+    """Why the training ended before its steps without an error (the run's groups ran out, or no reward signal
+    was left in them)."""
 
 
 def summary(outcome: Outcome) -> Table:

@@ -43,6 +43,44 @@ TRAINER_STATE_STOPPED: TrainerState.ValueType  # 3
 TRAINER_STATE_FAILED: TrainerState.ValueType  # 4
 Global___TrainerState: _TypeAlias = TrainerState  # noqa: Y015
 
+class _StopReason:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _StopReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StopReason.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    STOP_REASON_UNSPECIFIED: _StopReason.ValueType  # 0
+    """Not stopped (or FAILED: see GetStatusResponse.error)."""
+    STOP_REASON_STEPS_DONE: _StopReason.ValueType  # 1
+    """Its configured steps are done."""
+    STOP_REASON_STOP_REQUESTED: _StopReason.ValueType  # 2
+    """Stop was called."""
+    STOP_REASON_RUN_ENDED: _StopReason.ValueType  # 3
+    """The run's group stream ended: every task sampled, every group read."""
+    STOP_REASON_NO_SIGNAL: _StopReason.ValueType  # 4
+    """The last `stop_after_no_signal_groups` groups read (trainer setting) had no reward signal: every
+    sample of each scored alike, so no step could be made of them (the policy solved these tasks, or they
+    are beyond it).
+    """
+
+class StopReason(_StopReason, metaclass=_StopReasonEnumTypeWrapper):
+    """Why a STOPPED trainer stopped."""
+
+STOP_REASON_UNSPECIFIED: StopReason.ValueType  # 0
+"""Not stopped (or FAILED: see GetStatusResponse.error)."""
+STOP_REASON_STEPS_DONE: StopReason.ValueType  # 1
+"""Its configured steps are done."""
+STOP_REASON_STOP_REQUESTED: StopReason.ValueType  # 2
+"""Stop was called."""
+STOP_REASON_RUN_ENDED: StopReason.ValueType  # 3
+"""The run's group stream ended: every task sampled, every group read."""
+STOP_REASON_NO_SIGNAL: StopReason.ValueType  # 4
+"""The last `stop_after_no_signal_groups` groups read (trainer setting) had no reward signal: every
+sample of each scored alike, so no step could be made of them (the policy solved these tasks, or they
+are beyond it).
+"""
+Global___StopReason: _TypeAlias = StopReason  # noqa: Y015
+
 @_typing.final
 class StepMetrics(_message.Message):
     """Metrics of one optimizer step."""
@@ -127,6 +165,7 @@ class GetStatusResponse(_message.Message):
     SKIPPED_STEPS_FIELD_NUMBER: _builtins.int
     UNTRAINED_GROUPS_FIELD_NUMBER: _builtins.int
     UNTRAINED_REWARD_MEAN_FIELD_NUMBER: _builtins.int
+    STOP_REASON_FIELD_NUMBER: _builtins.int
     state: Global___TrainerState.ValueType
     step: _builtins.int
     policy_version: _builtins.int
@@ -145,6 +184,8 @@ class GetStatusResponse(_message.Message):
     (a saturated policy's groups have no signal).
     """
     untrained_reward_mean: _builtins.float
+    stop_reason: Global___StopReason.ValueType
+    """Why the trainer stopped (state STOPPED); UNSPECIFIED otherwise."""
     @_builtins.property
     def last_metrics(self) -> Global___StepMetrics: ...
     def __init__(
@@ -160,10 +201,11 @@ class GetStatusResponse(_message.Message):
         skipped_steps: _builtins.int = ...,
         untrained_groups: _builtins.int = ...,
         untrained_reward_mean: _builtins.float = ...,
+        stop_reason: Global___StopReason.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_metrics", b"last_metrics"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "last_checkpoint_path", b"last_checkpoint_path", "last_metrics", b"last_metrics", "policy_version", b"policy_version", "run_id", b"run_id", "skipped_steps", b"skipped_steps", "state", b"state", "step", b"step", "untrained_groups", b"untrained_groups", "untrained_reward_mean", b"untrained_reward_mean"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "last_checkpoint_path", b"last_checkpoint_path", "last_metrics", b"last_metrics", "policy_version", b"policy_version", "run_id", b"run_id", "skipped_steps", b"skipped_steps", "state", b"state", "step", b"step", "stop_reason", b"stop_reason", "untrained_groups", b"untrained_groups", "untrained_reward_mean", b"untrained_reward_mean"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -61,7 +61,7 @@ from services.trainer.pack import pack
 from services.trainer.precision import ComputeCopy
 from services.trainer.publish import PublishResult
 from services.trainer.sequences import build_step
-from services.trainer.status import Phase, StatusBoard
+from services.trainer.status import Phase, StatusBoard, StopReason
 from services.trainer.stepstats import loss_over_ranks, step_values
 
 _log = get_logger("trainer")
@@ -99,6 +99,8 @@ class LoopConfig:
     pass_threshold: float = 1.0
     vocab_size: int = 0
     """The model's vocabulary size: larger token ids in a group are bad input (0: unchecked)."""
+    stop_after_no_signal_groups: int = 0
+    """Stop when this many groups in a row had no reward signal (0: never; see `Trainer._next_plan`)."""
 
 
 @dataclass
@@ -113,7 +115,8 @@ class _Plan:
     """The rewards of those groups' scored sessions: they count in the step's reward metrics (what the policy
     scores), though they are not trained on."""
     error: str = ""
-    stop: bool = False
+    stop: StopReason | None = None
+    """Stop instead of stepping, and why."""
     save: bool = False
     """With stop: write a checkpoint before stopping."""
 
@@ -159,7 +162,7 @@ class Trainer:
                 self.board.update(phase=Phase.WAITING)
                 plan = self.parallel.broadcast(self._next_plan(groups) if self.parallel.is_main else None)
                 assert plan is not None
-                if plan.stop:
+                if plan.stop is not None:
                     break
                 if plan.error:
                     self._skip(plan)
@@ -172,10 +175,10 @@ class Trainer:
                     plan.error = error.message
                     self._skip(plan)
             else:  # steps done; a Stop asked meanwhile still gets its checkpoint (alone: no rank must agree)
-                plan = _Plan(save=self._save_on_stop and not self.parallel.distributed)
+                plan = _Plan(stop=StopReason.STEPS_DONE, save=self._save_on_stop and not self.parallel.distributed)
             if plan.save or (self.config.checkpoint_every and 0 < self.state.step != self._saved_step):
                 self.save(None)
-            self.board.update(phase=Phase.STOPPED)
+            self.board.update(phase=Phase.STOPPED, stop_reason=plan.stop)
         except Exception as error:
             reason = error.message if isinstance(error, LodestarError) else f"{type(error).__name__}: {error}"
             _log.exception("trainer failed", error=reason, step=self.state.step)
@@ -238,13 +241,18 @@ class Trainer:
     # -- the parts ---------------------------------------------------------------------------------------
 
     def _next_plan(self, groups: Iterator[rollout_pb2.Group] | None) -> _Plan:
-        """Read groups until `groups_per_step` have signal (or a bad group, the end of the run, Stop)."""
+        """Read groups until `groups_per_step` have signal (or a bad group, the end of the run, Stop, or
+        `stop_after_no_signal_groups` groups in a row without signal).
+
+        The run of groups without signal is counted within the plan: the previous plan ended with a group that
+        had signal. Stale groups neither extend nor break it (their rewards are not looked at)."""
         plan = _Plan()
+        without_signal = 0
+        limit = self.config.stop_after_no_signal_groups
         while len(plan.groups) < self.config.groups_per_step:
             group = next(groups, None) if groups is not None and not self._stop.is_set() else None
             if group is None:
-                self._untrained(plan)
-                return _Plan(stop=True, save=self._save_on_stop)
+                return self._stop_plan(plan, StopReason.STOP_REQUESTED if self._stop.is_set() else StopReason.RUN_ENDED)
             plan.read += 1
             behind = self.state.policy_version - group.min_policy_version
             if 0 <= self.config.max_staleness < behind:
@@ -264,20 +272,25 @@ class Trainer:
             self._counters["sessions_dropped"] += samples.dropped_sessions
             if samples.has_signal:
                 plan.groups.append(samples)
-            else:
-                plan.no_signal += 1
-                plan.no_signal_rewards += samples.rewards
-                _log.info("group without signal dropped", group_id=samples.group_id, rewards=samples.rewards)
+                without_signal = 0
+                continue
+            plan.no_signal += 1
+            plan.no_signal_rewards += samples.rewards
+            without_signal += 1
+            _log.info("group without signal dropped", group_id=samples.group_id, rewards=samples.rewards)
+            if 0 < limit <= without_signal:
+                return self._stop_plan(plan, StopReason.NO_SIGNAL)
         return plan
 
-    def _untrained(self, plan: _Plan) -> None:
-        """The run ended (or Stop came) before `plan` had its groups: publish what the groups it read scored."""
+    def _stop_plan(self, plan: _Plan, reason: StopReason) -> _Plan:
+        """Stop before `plan` had its groups (the run ended, Stop, no signal): publish what the groups it read
+        scored (the last policies' reward, which no step's metrics show)."""
         rewards = [reward for kept in plan.groups for reward in kept.rewards] + plan.no_signal_rewards
         reward_mean = mean_std(rewards)[0]
-        if not self._stop.is_set():
-            _log.info("the run has no more groups", run_id=self.config.run_id, untrained_groups=plan.read,
-                      untrained_reward_mean=round(reward_mean, 4))  # fmt: skip
+        _log.info("trainer stopping", reason=reason.value, step=self.state.step, untrained_groups=plan.read,
+                  untrained_reward_mean=round(reward_mean, 4))  # fmt: skip
         self.board.update(untrained_groups=plan.read, untrained_reward_mean=reward_mean)
+        return _Plan(stop=reason, save=self._save_on_stop)
 
     def _skip(self, plan: _Plan) -> None:
         self._counters["groups_no_signal"] += plan.no_signal

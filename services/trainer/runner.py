@@ -17,7 +17,7 @@ from pathlib import Path
 from lodestar.errors import DeadlineExceededError, FailedPreconditionError
 from services.trainer.loop import Trainer
 from services.trainer.metrics import StepRecord
-from services.trainer.status import Phase, Status, StatusBoard
+from services.trainer.status import Phase, Status, StatusBoard, StopReason
 
 IDLE_REASON = "no run configured: start the trainer with --run RUN_ID --model DIR"
 _END = None
@@ -54,13 +54,13 @@ class TrainerRunner:
     async def stop(self, *, save_checkpoint: bool) -> Status:
         """Finish the current step (and checkpoint when asked), then stop; returns the final status."""
         if self.trainer is None:
-            return self._board.update(phase=Phase.STOPPED)
+            return self._board.update(phase=Phase.STOPPED, stop_reason=StopReason.STOP_REQUESTED)
         running = self._thread is not None and self._thread.is_alive()
         self.trainer.request_stop(save_checkpoint=save_checkpoint)
         if self._thread is None:
             if save_checkpoint:
                 await asyncio.to_thread(self.trainer.save_now, None)
-            return self._board.update(phase=Phase.STOPPED)
+            return self._board.update(phase=Phase.STOPPED, stop_reason=StopReason.STOP_REQUESTED)
         await asyncio.to_thread(self._thread.join, self._stop_timeout_s)
         if self._thread.is_alive():
             raise DeadlineExceededError(f"the current step did not finish within {self._stop_timeout_s:.0f} s")

@@ -12,7 +12,7 @@ from google.protobuf import timestamp_pb2
 from lodestar.v1 import trainer_pb2, trainer_pb2_grpc
 from services.trainer.metrics import StepRecord
 from services.trainer.runner import TrainerRunner
-from services.trainer.status import Phase, Status
+from services.trainer.status import Phase, Status, StopReason
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -21,6 +21,13 @@ STATES = {
     Phase.TRAINING: trainer_pb2.TRAINER_STATE_TRAINING,
     Phase.STOPPED: trainer_pb2.TRAINER_STATE_STOPPED,
     Phase.FAILED: trainer_pb2.TRAINER_STATE_FAILED,
+}
+STOP_REASONS = {
+    StopReason.NONE: trainer_pb2.STOP_REASON_UNSPECIFIED,
+    StopReason.STEPS_DONE: trainer_pb2.STOP_REASON_STEPS_DONE,
+    StopReason.STOP_REQUESTED: trainer_pb2.STOP_REASON_STOP_REQUESTED,
+    StopReason.RUN_ENDED: trainer_pb2.STOP_REASON_RUN_ENDED,
+    StopReason.NO_SIGNAL: trainer_pb2.STOP_REASON_NO_SIGNAL,
 }
 
 
@@ -43,6 +50,7 @@ def status_response(status: Status) -> trainer_pb2.GetStatusResponse:
         skipped_steps=status.skipped_steps,
         untrained_groups=status.untrained_groups,
         untrained_reward_mean=status.untrained_reward_mean,
+        stop_reason=STOP_REASONS[status.stop_reason if status.phase == Phase.STOPPED else StopReason.NONE],
     )
     if status.last_record is not None:
         response.last_metrics.CopyFrom(step_metrics(status.last_record))

@@ -59,6 +59,10 @@ class TrainerSettings(ServiceSettings):
     staler than the run's max_staleness, because the stream reads ahead while a step runs)."""
     steps: int = 0
     """Optimizer steps to run, counting from the resumed step; 0 runs until stopped or the run has no more groups."""
+    stop_after_no_signal_groups: int = 0
+    """Stop training when this many groups in a row had no reward signal (every sample of each scored alike:
+    the policy solves these tasks, or they are beyond it), instead of sampling the rest of the run for nothing;
+    GetStatus says STOP_REASON_NO_SIGNAL. 0: never (train until `steps`, Stop, or the run's end)."""
     lr: float = 1e-6
     """AdamW learning rate (constant)."""
     weight_decay: float = 0.0

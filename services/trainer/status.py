@@ -23,6 +23,18 @@ class Phase(StrEnum):
     FAILED = "failed"
 
 
+class StopReason(StrEnum):
+    """Why a STOPPED trainer stopped (trainer.proto's StopReason)."""
+
+    NONE = ""
+    STEPS_DONE = "steps_done"
+    STOP_REQUESTED = "stop_requested"
+    RUN_ENDED = "run_ended"
+    """The run's group stream ended."""
+    NO_SIGNAL = "no_signal"
+    """`stop_after_no_signal_groups` groups in a row had no reward signal."""
+
+
 @dataclass(frozen=True)
 class Status:
     phase: Phase = Phase.WAITING
@@ -37,6 +49,7 @@ class Status:
     untrained_groups: int = 0
     """Groups read after the last step and not trained on (the run ended or Stop came mid-step)."""
     untrained_reward_mean: float = 0.0
+    stop_reason: StopReason = StopReason.NONE
 
 
 Listener = Callable[[StepRecord], None]

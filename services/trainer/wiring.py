@@ -35,6 +35,8 @@ def loop_config(settings: TrainerSettings) -> LoopConfig:
         raise FailedPreconditionError("the trainer needs --run RUN_ID")
     if settings.micro_batch_tokens <= 0 or settings.groups_per_step <= 0:
         raise InvalidArgumentError("micro_batch_tokens and groups_per_step must be positive")
+    if settings.stop_after_no_signal_groups < 0:
+        raise InvalidArgumentError("stop_after_no_signal_groups must be >= 0 (0: never stop for it)")
     loss = LossConfig(
         clip_low=settings.clip_low,
         clip_high=settings.clip_high,
@@ -56,6 +58,7 @@ def loop_config(settings: TrainerSettings) -> LoopConfig:
         checkpoint_every=settings.checkpoint_every,
         checkpoint_dir=settings.checkpoint_dir or settings.run_dir / "checkpoints",
         pass_threshold=settings.pass_threshold,
+        stop_after_no_signal_groups=settings.stop_after_no_signal_groups,
     )
 
 

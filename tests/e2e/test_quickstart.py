@@ -36,9 +36,11 @@ REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart" / "quickstart.toml"
 STEPS = 30
 """As shipped. The take-off (0.1-0.4 -> 0.95) came at step 6, 7, 8, 9, 12 and 15 in six runs. Once the reward
-saturates at 1.0 most groups have no signal, and the run's 480 tasks can be used up before the last step:
-`lodestar train` then ends with "run used up" and says why (exit 0; seen after steps 11, 13 and 16). The take-off
-comes first, so at least 6 steps are done."""
+saturates at 1.0 most groups have no signal: the quickstart's trainer stops after 16 of them in a row
+(`stop_after_no_signal_groups`), and `lodestar train` ends with "no signal left" and says why (exit 0). Before
+that setting the run went on sampling its other tasks for nothing until they were used up ("run used up", after
+steps 11, 13 and 16; in one CI run 13 of the test's 16 minutes came after the last step). The take-off comes
+first, so at least 6 steps are done."""
 MIN_STEPS = 6
 TIMEOUT_S = 1500
 MIN_SESSIONS = 32
@@ -92,7 +94,7 @@ def test_the_quickstart_learns(tmp_path: Path) -> None:
     steps = len(records)
     assert MIN_STEPS <= steps <= STEPS, output[-3000:]
     if steps < STEPS:
-        assert "lodestar train: run used up" in output, output[-3000:]
+        assert re.search(r"lodestar train: (no signal left|run used up)", output), output[-3000:]
         assert " ended " in output, output[-3000:]  # the summary row saying why
 
     assert [r["step"] for r in records] == list(range(1, steps + 1))

@@ -20,7 +20,14 @@ STEPS = 20
 
 
 def _ended(
-    tmp_path: Path, steps_done: int, *, run_state: int, error: str = "", interrupted: bool = False, untrained: int = 0
+    tmp_path: Path,
+    steps_done: int,
+    *,
+    run_state: int,
+    error: str = "",
+    interrupted: bool = False,
+    untrained: int = 0,
+    stop_reason: int = trainer_pb2.STOP_REASON_RUN_ENDED,
 ):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -39,6 +46,7 @@ def _ended(
     progress = train_view.Progress(run_id="run-1", steps=STEPS)
     progress.trainer.state = trainer_pb2.TRAINER_STATE_STOPPED
     progress.trainer.untrained_groups, progress.trainer.untrained_reward_mean = untrained, 0.96875
+    progress.trainer.stop_reason = stop_reason  # type: ignore[assignment]
     progress.run.state = run_state  # type: ignore[assignment]
     progress.run.groups_delivered = 4 * steps_done + 30
     progress.run.spec.tasks.add(task_id="t")
@@ -67,6 +75,18 @@ def test_a_run_used_up_mid_step_says_what_its_untrained_groups_scored(tmp_path: 
     code, text = _ended(tmp_path, 13, run_state=rollout_pb2.RUN_STATE_COMPLETED, untrained=25)
     assert code == 0
     assert "the 25 read after step 13 scored 0.969 on average" in " ".join(text.split()), text
+
+
+def test_a_trainer_stopped_for_lack_of_signal_ends_normally_and_says_why(tmp_path: Path) -> None:
+    """The trainer's stop_after_no_signal_groups: the run still has tasks, but the last groups read had no
+    reward signal; `lodestar train` ends with success and names the groups and what they scored."""
+    running = rollout_pb2.RUN_STATE_RUNNING
+    code, text = _ended(tmp_path, 13, run_state=running, untrained=24, stop_reason=trainer_pb2.STOP_REASON_NO_SIGNAL)
+    assert code == 0
+    assert "lodestar train: no signal left" in text
+    flat = " ".join(text.split())
+    assert "the last 24 groups read after step 13 had no reward signal" in flat, text
+    assert "0.969 on average" in flat, text
 
 
 @pytest.mark.parametrize(

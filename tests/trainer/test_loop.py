@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from lodestar.v1 import trainer_pb2
 from services.trainer.loop import Trainer
 from services.trainer.servicer import status_response
 from services.trainer.settings import TrainerSettings
@@ -147,7 +148,35 @@ def test_a_run_used_up_mid_step_logs_what_its_untrained_groups_scored(trainer_mo
     with structlog.testing.capture_logs() as logs:
         trainer.run()
     assert trainer.state.step == 1  # the second step found no group with signal before the run ended
-    (ended,) = [entry for entry in logs if entry["event"] == "the run has no more groups"]
-    assert (ended["untrained_groups"], ended["untrained_reward_mean"]) == (2, 0.75)
+    (ended,) = [entry for entry in logs if entry["event"] == "trainer stopping"]
+    assert (ended["reason"], ended["untrained_groups"], ended["untrained_reward_mean"]) == ("run_ended", 2, 0.75)
     status = status_response(trainer.board.snapshot())  # GetStatus
     assert (status.untrained_groups, status.untrained_reward_mean) == (2, 0.75)
+    assert status.stop_reason == trainer_pb2.STOP_REASON_RUN_ENDED
+
+
+def test_groups_without_signal_in_a_row_stop_the_trainer(trainer_model_dir: Path, tmp_path: Path) -> None:
+    """stop_after_no_signal_groups=3 with two groups per step: a group with signal breaks the count (the first
+    step reads two without, one with, two without, one with), then three without in a row stop the trainer
+    before the run's last group is read."""
+    solved = [make_group(index, rewards=(1.0,) * 4) for index in range(10, 17)]
+    groups = [*solved[:2], make_group(0), *solved[2:4], make_group(1), *solved[4:], make_group(2)]
+    trainer, _ = trainer_for(
+        trainer_model_dir, tmp_path, groups, steps=5, groups_per_step=2, stop_after_no_signal_groups=3
+    )
+
+    trainer.run()
+
+    status = trainer.board.snapshot()
+    assert status.phase is Phase.STOPPED, status.error
+    assert (status.step, trainer.state.groups_read) == (1, 6)  # the stopping plan's groups are not consumed
+    reply = status_response(status)
+    assert reply.state == trainer_pb2.TRAINER_STATE_STOPPED
+    assert reply.stop_reason == trainer_pb2.STOP_REASON_NO_SIGNAL
+    assert (reply.untrained_groups, reply.untrained_reward_mean) == (3, 1.0)
+
+
+def test_steps_done_is_the_stop_reason_after_the_last_step(trainer_model_dir: Path, tmp_path: Path) -> None:
+    trainer, _ = trainer_for(trainer_model_dir, tmp_path, [make_group(0), make_group(1)], steps=1)
+    trainer.run()
+    assert status_response(trainer.board.snapshot()).stop_reason == trainer_pb2.STOP_REASON_STEPS_DONE
