@@ -6,14 +6,16 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import torch
 
+from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import trainer_pb2
 from services.trainer.loop import Trainer
 from services.trainer.servicer import status_response
 from services.trainer.settings import TrainerSettings
 from services.trainer.status import Phase
-from services.trainer.wiring import create_trainer
+from services.trainer.wiring import create_trainer, loop_config
 from tests.trainer.groups_helpers import RUN, FeedSource, make_group
 
 
@@ -180,3 +182,8 @@ def test_steps_done_is_the_stop_reason_after_the_last_step(trainer_model_dir: Pa
     trainer, _ = trainer_for(trainer_model_dir, tmp_path, [make_group(0), make_group(1)], steps=1)
     trainer.run()
     assert status_response(trainer.board.snapshot()).stop_reason == trainer_pb2.STOP_REASON_STEPS_DONE
+
+
+def test_a_negative_no_signal_limit_is_refused() -> None:
+    with pytest.raises(InvalidArgumentError, match="stop_after_no_signal_groups"):
+        loop_config(TrainerSettings(run=RUN, stop_after_no_signal_groups=-1))
