@@ -39,9 +39,10 @@ STEPS = 30
 saturates at 1.0 most groups have no signal: the quickstart's trainer stops after 16 of them in a row
 (`stop_after_no_signal_groups`), and `lodestar train` ends with "no signal left" and says why (exit 0). Before
 that setting the run went on sampling its other tasks for nothing until they were used up ("run used up", after
-steps 11, 13 and 16; in one CI run 13 of the test's 16 minutes came after the last step). The take-off comes
-first, so at least 6 steps are done."""
-MIN_STEPS = 6
+steps 11, 13 and 16; in one CI run 13 of the test's 16 minutes came after the last step). The take-off came at
+step 4 at the earliest in a dozen runs, and a policy saturated by it can end the training one step later, so only
+3 steps are required: what proves the learning is the final policy's reward against the initial one's, below."""
+MIN_STEPS = 3
 TIMEOUT_S = 1500
 MIN_SESSIONS = 32
 """Sessions (four groups) a policy version must have sampled for its mean reward to count."""
