@@ -123,9 +123,10 @@ def _ended_early(progress: train_view.Progress, steps_done: int, groups_trained:
         return "", ""
     if tail.stop_reason == trainer_pb2.STOP_REASON_NO_SIGNAL:
         return "no signal left", (
-            f"the last {tail.untrained_groups} groups read after step {steps_done} had no reward signal (every "
-            f"sample of each scored alike: solved, or too hard), {tail.untrained_reward_mean:.3f} on average: "
-            "nothing left to learn from this run's tasks (trainer stop_after_no_signal_groups)"
+            f"the {tail.untrained_groups} groups read after step {steps_done} ended in a row of groups without "
+            "reward signal (every sample of each scored alike: solved, or too hard; the trainer's "
+            f"stop_after_no_signal_groups) and scored {tail.untrained_reward_mean:.3f} on average: nothing left "
+            "to learn from this run's tasks"
         )
     if run.state != rollout_pb2.RUN_STATE_COMPLETED:
         return "", ""
