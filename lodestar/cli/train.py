@@ -113,12 +113,6 @@ def _ended_early(progress: train_view.Progress, steps_done: int, groups_trained:
     the run's groups ran out (every task sampled, every group read), or the last groups it read had no reward
     signal (the trainer's `stop_after_no_signal_groups`); else ("", "")."""
     tail, run = progress.trainer, progress.run
-    after = (
-        f"; the {tail.untrained_groups} read after step {steps_done} scored {tail.untrained_reward_mean:.3f} on "
-        "average (the last policies' reward, in no step's metrics)"
-        if tail.untrained_groups
-        else ""
-    )
     if tail.state != trainer_pb2.TRAINER_STATE_STOPPED:
         return "", ""
     if tail.stop_reason == trainer_pb2.STOP_REASON_NO_SIGNAL:
@@ -131,6 +125,12 @@ def _ended_early(progress: train_view.Progress, steps_done: int, groups_trained:
     if run.state != rollout_pb2.RUN_STATE_COMPLETED:
         return "", ""
     unused = max(run.groups_delivered - groups_trained, 0)
+    after = (
+        f"; the {tail.untrained_groups} read after step {steps_done} scored {tail.untrained_reward_mean:.3f} on "
+        "average (the last policies' reward, in no step's metrics)"
+        if tail.untrained_groups
+        else ""
+    )
     return "run used up", (
         f"the run's {len(run.spec.tasks)} tasks are used up after step {steps_done}: of its "
         f"{run.groups_delivered} delivered groups {groups_trained} were trained on, {unused} had no reward "
