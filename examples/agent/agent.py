@@ -75,8 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-turns", type=int, default=8, help="model calls before giving up")
     parser.add_argument("--shell-timeout", type=float, default=60.0, help="seconds per shell command")
     parser.add_argument("--model", default=os.environ.get("LODESTAR_MODEL", "lodestar"))
+    parser.add_argument(
+        "--temperature", type=float, default=None, help="temperature to ask for (a run's sampling policy overrides it)"
+    )
     args = parser.parse_args(argv)
 
+    sampling = {} if args.temperature is None else {"temperature": args.temperature}
     client = OpenAI(max_retries=2, timeout=600.0)  # OPENAI_BASE_URL / OPENAI_API_KEY from the environment
     messages: list[dict[str, Any]] = [
         # Like real harnesses, the prompt names its paths: lodestar gives every session the same ones.
@@ -85,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for _ in range(args.max_turns):
         try:
-            reply = client.chat.completions.create(model=args.model, messages=messages, tools=[SHELL_TOOL])  # type: ignore[arg-type]
+            reply = client.chat.completions.create(model=args.model, messages=messages, tools=[SHELL_TOOL], **sampling)  # type: ignore[arg-type]
         except Exception as error:  # the SDK's errors: connection, status, timeout
             print(f"model call failed: {type(error).__name__}: {error}", file=sys.stderr)
             return 1

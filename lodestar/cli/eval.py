@@ -10,6 +10,10 @@ from the runs' groups (`StreamGroups`, tokens only); the math is in `services/ro
   `--verifier KIND` and `--verifier-config JSON` give the verifier; default exact_match), or a task-set
   directory holding one of them (`run.yaml` first; e.g. `lodestar eval examples/swe-mini`).
   `--runtime host|docker` and `--image` set the runs' `runtime` (docs/runtimes.md).
+- `--sampling run` (the default) samples every call under the spec's sampling policy (`sampling`, default
+  temperature 1, top_p 1, top_k off: the distribution a training run samples from, so eval and training
+  scores compare); `--sampling harness` lets each harness sample as it asks (Gemini CLI: temperature 1,
+  top_p 0.95, top_k 64), i.e. the harness as it ships.
 - Without `--model` it attaches to a running stack (`--rollout`, default `lodestar up`'s 127.0.0.1:50053)
   and evaluates whatever policy that stack serves, e.g. mid-training. With `--model DIR` it starts its own
   stack (etcd, inference serving DIR, rollout, a gateway node; no trainer) under `--data-dir`, and stops
@@ -37,7 +41,7 @@ from rich.table import Table
 from lodestar.cli import client_security
 from lodestar.errors import DeadlineExceededError, InvalidArgumentError
 from lodestar.grpc.client import LeaderChannel
-from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
+from lodestar.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 
 DEFAULT_ROLLOUT = "127.0.0.1:50053"
 _console = Console(stderr=True)
@@ -75,6 +79,8 @@ def _spec(args: argparse.Namespace) -> rollout_pb2.RunSpec:
         spec.runtime.kind = args.runtime
     if args.image:
         spec.runtime.image = args.image
+    if args.sampling == "harness":
+        spec.sampling.mode = common_pb2.SAMPLING_MODE_HARNESS
     return spec
 
 
@@ -229,6 +235,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     command.add_argument("--verifier-config", default="", help="verifier config (JSON) for a JSONL TASKS file")
     command.add_argument("--runtime", choices=["host", "docker"], default=None, help="runtime.kind of the runs")
     command.add_argument("--image", default="", help="runtime.image of the runs (the default session image)")
+    command.add_argument(
+        "--sampling",
+        choices=["run", "harness"],
+        default="run",
+        help="run: the spec's sampling policy (default temperature 1, as training samples); harness: each "
+        "harness samples as it asks (how it ships)",
+    )
     command.add_argument("--pass-threshold", type=float, default=1.0, help="a sample passes at reward >= this")
     command.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the runs")
     command.add_argument("--json", action="store_true", help="print the scores as JSON")

@@ -45,6 +45,7 @@ def call_detail(call: common_pb2.CallRecord, decode: Decode | None) -> list[str]
         f"#{call.sequence} {dialect} policy={call.policy_version} finish={finish} {chain_link(call)}",
         f"  prompt: {len(call.prompt_token_ids)} tokens, ends with: {_quote(_prompt_tail(call, decode))}",
         f"  sampled: {len(call.completion_token_ids)} tokens: {_quote(_sampled_text(call, decode))}",
+        f"  sampling: {sampling_text(call.sampling)} (asked: {sampling_text(call.requested_sampling)})",
     ]
     pieces = [
         f"{_quote(decode([token])) if decode else token} {logprob:.3f}"
@@ -53,6 +54,12 @@ def call_detail(call: common_pb2.CallRecord, decode: Decode | None) -> list[str]
     if pieces:
         lines.append("  logprobs: " + " | ".join(pieces))
     return lines
+
+
+def sampling_text(params: common_pb2.SamplingParams) -> str:
+    """`temperature=0.7 top_p=1 top_k=0`: the fields that are set; `-` when none is."""
+    names = [name for name in ("temperature", "top_p", "top_k") if params.HasField(name)]
+    return " ".join(f"{name}={getattr(params, name):.3g}" for name in names) or "-"
 
 
 def _prompt_tail(call: common_pb2.CallRecord, decode: Decode | None) -> str:

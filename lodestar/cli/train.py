@@ -32,6 +32,7 @@ from lodestar.cli.run import _call
 from lodestar.cli.train_config import TrainConfig, load_train_config
 from lodestar.errors import DeadlineExceededError, UnavailableError
 from lodestar.grpc.security import current
+from lodestar.sampling import check_trainable
 from lodestar.v1 import rollout_pb2, trainer_pb2, trainer_pb2_grpc
 
 _DONE = (trainer_pb2.TRAINER_STATE_STOPPED, trainer_pb2.TRAINER_STATE_FAILED)
@@ -143,6 +144,7 @@ async def _train(config: TrainConfig, console: Console) -> int:
     from services.rollout.spec import load_spec_file  # the spec checks: only when running
 
     spec = load_spec_file(config.spec)
+    check_trainable(spec.sampling)  # the trainer recomputes the run's sampling distribution: docs/trainer.md
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -220,6 +222,7 @@ def _report(
         merge_ratio=sum(merges) / len(merges) if merges else 0.0,
         seconds=seconds,
         error=error,
+        warning=progress.trainer.warning,
         note=why,
     )
     console.print(train_view.summary(outcome), highlight=False)

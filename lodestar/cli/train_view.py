@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from lodestar.v1 import rollout_pb2, trainer_pb2
 
@@ -58,7 +59,7 @@ def render(progress: Progress) -> Group:
         str(run.groups_dropped),
     )
     trainer = Table(title=f"trainer: {progress.state}", show_edge=False)
-    for column in ("step", "reward mean", "pass rate", "tokens/s", "merge ratio", "policy", "s/step"):
+    for column in ("step", "reward mean", "pass rate", "tokens/s", "merge ratio", "logprob gap", "policy", "s/step"):
         trainer.add_column(column, justify="right")
     trainer.add_row(
         f"{progress.trainer.step}/{progress.steps}",
@@ -66,9 +67,12 @@ def render(progress: Progress) -> Group:
         _value(values, "pass_rate", ".2f"),
         _value(values, "tokens_per_second", ".0f"),
         _value(values, "merge_ratio", ".2f"),
+        _value(values, "logprob_diff_mean", ".2g"),
         str(progress.trainer.policy_version),
         _value(values, "time_step", ".1f"),
     )
+    if progress.trainer.warning:
+        return Group(sessions, trainer, Text(f"WARNING {progress.trainer.warning}", style="bold red"))
     return Group(sessions, trainer)
 
 
@@ -81,10 +85,12 @@ def plain_line(progress: Progress) -> str:
         f"  pass {_value(values, 'pass_rate', '.2f')}"
         f"  tokens/s {_value(values, 'tokens_per_second', '.0f')}"
         f"  merge {_value(values, 'merge_ratio', '.2f')}"
+        f"  logprob gap {_value(values, 'logprob_diff_mean', '.2g')}"
         f"  policy v{progress.trainer.policy_version}"
         f"  sessions running {run.sessions_running - run.sessions_ready} ready {run.sessions_ready}"
         f" scored {run.sessions_succeeded}"
         f"  [{time.monotonic() - progress.started:.0f} s]"
+        + (f"\nWARNING {progress.trainer.warning}" if progress.trainer.warning else "")
     )
 
 
@@ -120,6 +126,8 @@ class Outcome:
     merge_ratio: float
     seconds: float
     error: str = ""
+    warning: str = ""
+    """The trainer's standing warning (trainer-vs-inference logprob mismatch), shown in red."""
     note: str = ""
     """Why the training ended before its steps without an error (the run's groups ran out, or no reward signal
     was left in them)."""
@@ -147,6 +155,8 @@ def summary(outcome: Outcome) -> Table:
         rows.append(("error", outcome.error))
     for row in rows:
         table.add_row(*row)
+    if outcome.warning:
+        table.add_row("warning", Text(outcome.warning, style="bold red"))
     return table
 
 

@@ -86,6 +86,40 @@ TOOL_CHOICE_MODE_NAMED: ToolChoiceMode.ValueType  # 4
 """The model should call `ToolChoice.name`. Recorded; sampling is not constrained."""
 Global___ToolChoiceMode: _TypeAlias = ToolChoiceMode  # noqa: Y015
 
+class _SamplingMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SamplingModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SamplingMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SAMPLING_MODE_UNSPECIFIED: _SamplingMode.ValueType  # 0
+    """As SAMPLING_MODE_RUN."""
+    SAMPLING_MODE_RUN: _SamplingMode.ValueType  # 1
+    """The policy's temperature, top_p and top_k on every call, whatever the harness asks for (the harness's
+    values are recorded in CallRecord.requested_sampling). What a training run needs: the trainer
+    recomputes logprobs under the same policy.
+    """
+    SAMPLING_MODE_HARNESS: _SamplingMode.ValueType  # 2
+    """Each call samples as its harness asks (the policy's values are ignored). For evaluations that measure
+    a harness as it ships; a trainer refuses calls sampled with top_p < 1 or top_k > 0.
+    """
+
+class SamplingMode(_SamplingMode, metaclass=_SamplingModeEnumTypeWrapper):
+    """Who decides how the calls of a session sample."""
+
+SAMPLING_MODE_UNSPECIFIED: SamplingMode.ValueType  # 0
+"""As SAMPLING_MODE_RUN."""
+SAMPLING_MODE_RUN: SamplingMode.ValueType  # 1
+"""The policy's temperature, top_p and top_k on every call, whatever the harness asks for (the harness's
+values are recorded in CallRecord.requested_sampling). What a training run needs: the trainer
+recomputes logprobs under the same policy.
+"""
+SAMPLING_MODE_HARNESS: SamplingMode.ValueType  # 2
+"""Each call samples as its harness asks (the policy's values are ignored). For evaluations that measure
+a harness as it ships; a trainer refuses calls sampled with top_p < 1 or top_k > 0.
+"""
+Global___SamplingMode: _TypeAlias = SamplingMode  # noqa: Y015
+
 class _FinishReason:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -531,6 +565,53 @@ class SamplingParams(_message.Message):
 Global___SamplingParams: _TypeAlias = SamplingParams  # noqa: Y015
 
 @_typing.final
+class SamplingPolicy(_message.Message):
+    """The sampling policy of a run (or of a session opened through GatewayService): the distribution every
+    sampled token comes from. Enforced by the gateway node; the trainer reads what each call used from
+    CallRecord.sampling. Training runs may only use a temperature (top_p 1, top_k off): docs/trainer.md.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODE_FIELD_NUMBER: _builtins.int
+    TEMPERATURE_FIELD_NUMBER: _builtins.int
+    TOP_P_FIELD_NUMBER: _builtins.int
+    TOP_K_FIELD_NUMBER: _builtins.int
+    mode: Global___SamplingMode.ValueType
+    temperature: _builtins.float
+    """Softmax temperature, > 0. Unset: 1.0."""
+    top_p: _builtins.float
+    """Nucleus sampling mass in (0, 1]. Unset: 1.0 (no truncation)."""
+    top_k: _builtins.int
+    """Keep only the k most likely tokens; unset or 0: off."""
+    def __init__(
+        self,
+        *,
+        mode: Global___SamplingMode.ValueType = ...,
+        temperature: _builtins.float | None = ...,
+        top_p: _builtins.float | None = ...,
+        top_k: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "mode", b"mode", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
+    _WhichOneofArgType__temperature: _TypeAlias = _typing.Literal["_temperature", b"_temperature"]  # noqa: Y015
+    _WhichOneofReturnType__top_k: _TypeAlias = _typing.Literal["top_k"]  # noqa: Y015
+    _WhichOneofArgType__top_k: _TypeAlias = _typing.Literal["_top_k", b"_top_k"]  # noqa: Y015
+    _WhichOneofReturnType__top_p: _TypeAlias = _typing.Literal["top_p"]  # noqa: Y015
+    _WhichOneofArgType__top_p: _TypeAlias = _typing.Literal["_top_p", b"_top_p"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature) -> _WhichOneofReturnType__temperature | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__top_k) -> _WhichOneofReturnType__top_k | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__top_p) -> _WhichOneofReturnType__top_p | None: ...
+
+Global___SamplingPolicy: _TypeAlias = SamplingPolicy  # noqa: Y015
+
+@_typing.final
 class Usage(_message.Message):
     """Token accounting of one call."""
 
@@ -612,6 +693,7 @@ class CallRecord(_message.Message):
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     FIRST_TOKEN_MS_FIELD_NUMBER: _builtins.int
     CHAIN_START_FIELD_NUMBER: _builtins.int
+    REQUESTED_SAMPLING_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Session this call belongs to."""
     sequence: _builtins.int
@@ -637,7 +719,11 @@ class CallRecord(_message.Message):
     @_builtins.property
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolDefinition]: ...
     @_builtins.property
-    def sampling(self) -> Global___SamplingParams: ...
+    def sampling(self) -> Global___SamplingParams:
+        """The sampling parameters the call was sampled with (after the session's sampling policy; temperature,
+        top_p and top_k always set): the distribution of completion_logprobs, which the trainer recomputes.
+        """
+
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """The exact prompt token ids the model saw."""
@@ -660,6 +746,12 @@ class CallRecord(_message.Message):
     def started_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def finished_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def requested_sampling(self) -> Global___SamplingParams:
+        """The sampling parameters the client asked for, as parsed from its request (kept for audit; `sampling`
+        holds what was used). Unset in records written before sampling policies existed.
+        """
+
     def __init__(
         self,
         *,
@@ -682,10 +774,11 @@ class CallRecord(_message.Message):
         finished_at: _timestamp_pb2.Timestamp | None = ...,
         first_token_ms: _builtins.float = ...,
         chain_start: Global___ChainStart.ValueType = ...,
+        requested_sampling: Global___SamplingParams | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["completion", b"completion", "finished_at", b"finished_at", "sampling", b"sampling", "started_at", b"started_at", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["completion", b"completion", "finished_at", b"finished_at", "requested_sampling", b"requested_sampling", "sampling", b"sampling", "started_at", b"started_at", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chain_start", b"chain_start", "completion", b"completion", "completion_logprobs", b"completion_logprobs", "completion_token_ids", b"completion_token_ids", "continued_from_sequence", b"continued_from_sequence", "dialect", b"dialect", "finish_reason", b"finish_reason", "finished_at", b"finished_at", "first_token_ms", b"first_token_ms", "messages", b"messages", "original_request_json", b"original_request_json", "policy_version", b"policy_version", "prompt_token_ids", b"prompt_token_ids", "sampling", b"sampling", "sequence", b"sequence", "session_id", b"session_id", "started_at", b"started_at", "tools", b"tools", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chain_start", b"chain_start", "completion", b"completion", "completion_logprobs", b"completion_logprobs", "completion_token_ids", b"completion_token_ids", "continued_from_sequence", b"continued_from_sequence", "dialect", b"dialect", "finish_reason", b"finish_reason", "finished_at", b"finished_at", "first_token_ms", b"first_token_ms", "messages", b"messages", "original_request_json", b"original_request_json", "policy_version", b"policy_version", "prompt_token_ids", b"prompt_token_ids", "requested_sampling", b"requested_sampling", "sampling", b"sampling", "sequence", b"sequence", "session_id", b"session_id", "started_at", b"started_at", "tools", b"tools", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from lodestar.v1 import common_pb2 as lodestar_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19lodestar/v1/gateway.proto\x12\x0blodestar.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18lodestar/v1/common.proto\"\x97\x03\n\x07Session\x12\x1d\n\nsession_id\x18\x01 \x01(\tR\tsessionId\x12\x1f\n\x0bsession_key\x18\x02 \x01(\tR\nsessionKey\x12/\n\x05state\x18\x03 \x01(\x0e\x32\x19.lodestar.v1.SessionStateR\x05state\x12\x15\n\x06run_id\x18\x04 \x01(\tR\x05runId\x12\x38\n\x06labels\x18\x05 \x03(\x0b\x32 .lodestar.v1.Session.LabelsEntryR\x06labels\x12\x1d\n\ncall_count\x18\x06 \x01(\rR\tcallCount\x12\x37\n\topened_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x08openedAt\x12\x37\n\tclosed_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x08\x63losedAt\x1a\x39\n\x0bLabelsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"\xab\x01\n\x12OpenSessionRequest\x12\x15\n\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x43\n\x06labels\x18\x02 \x03(\x0b\x32+.lodestar.v1.OpenSessionRequest.LabelsEntryR\x06labels\x1a\x39\n\x0bLabelsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"i\n\x13OpenSessionResponse\x12.\n\x07session\x18\x01 \x01(\x0b\x32\x14.lodestar.v1.SessionR\x07session\x12\"\n\rhttp_base_url\x18\x02 \x01(\tR\x0bhttpBaseUrl\"4\n\x13\x43loseSessionRequest\x12\x1d\n\nsession_id\x18\x01 \x01(\tR\tsessionId\"F\n\x14\x43loseSessionResponse\x12.\n\x07session\x18\x01 \x01(\x0b\x32\x14.lodestar.v1.SessionR\x07session\"2\n\x11GetSessionRequest\x12\x1d\n\nsession_id\x18\x01 \x01(\tR\tsessionId\"s\n\x12GetSessionResponse\x12.\n\x07session\x18\x01 \x01(\x0b\x32\x14.lodestar.v1.SessionR\x07session\x12-\n\x05\x63\x61lls\x18\x02 \x03(\x0b\x32\x17.lodestar.v1.CallRecordR\x05\x63\x61lls\"\x16\n\x14GetNodeStatusRequest\"\x85\x04\n\x15GetNodeStatusResponse\x12\x17\n\x07node_id\x18\x01 \x01(\tR\x06nodeId\x12\"\n\rhttp_base_url\x18\x02 \x01(\tR\x0bhttpBaseUrl\x12)\n\x10inference_target\x18\x03 \x01(\tR\x0finferenceTarget\x12\x1a\n\x08\x63\x61pacity\x18\x04 \x01(\rR\x08\x63\x61pacity\x12#\n\ropen_sessions\x18\x05 \x01(\rR\x0copenSessions\x12V\n\x0cstage_counts\x18\x06 \x03(\x0b\x32\x33.lodestar.v1.GetNodeStatusResponse.StageCountsEntryR\x0bstageCounts\x12%\n\x0e\x63\x61lls_captured\x18\x07 \x01(\x04R\rcallsCaptured\x12!\n\x0c\x63hain_breaks\x18\x08 \x01(\x04R\x0b\x63hainBreaks\x12\x45\n\x0eunknown_fields\x18\t \x03(\x0b\x32\x1e.lodestar.v1.UnknownFieldCountR\runknownFields\x12\x1a\n\x08\x62ranches\x18\n \x01(\x04R\x08\x62ranches\x1a>\n\x10StageCountsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\rR\x05value:\x02\x38\x01\"o\n\x11UnknownFieldCount\x12.\n\x07\x64ialect\x18\x01 \x01(\x0e\x32\x14.lodestar.v1.DialectR\x07\x64ialect\x12\x14\n\x05\x66ield\x18\x02 \x01(\tR\x05\x66ield\x12\x14\n\x05\x63ount\x18\x03 \x01(\x04R\x05\x63ount*_\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12SESSION_STATE_OPEN\x10\x01\x12\x18\n\x14SESSION_STATE_CLOSED\x10\x02\x32\xde\x02\n\x0eGatewayService\x12P\n\x0bOpenSession\x12\x1f.lodestar.v1.OpenSessionRequest\x1a .lodestar.v1.OpenSessionResponse\x12S\n\x0c\x43loseSession\x12 .lodestar.v1.CloseSessionRequest\x1a!.lodestar.v1.CloseSessionResponse\x12M\n\nGetSession\x12\x1e.lodestar.v1.GetSessionRequest\x1a\x1f.lodestar.v1.GetSessionResponse\x12V\n\rGetNodeStatus\x12!.lodestar.v1.GetNodeStatusRequest\x1a\".lodestar.v1.GetNodeStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19lodestar/v1/gateway.proto\x12\x0blodestar.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18lodestar/v1/common.proto\"\xdd\x03\n\x07Session\x12\x1d\n\nsession_id\x18\x01 \x01(\tR\tsessionId\x12\x1f\n\x0bsession_key\x18\x02 \x01(\tR\nsessionKey\x12/\n\x05state\x18\x03 \x01(\x0e\x32\x19.lodestar.v1.SessionStateR\x05state\x12\x15\n\x06run_id\x18\x04 \x01(\tR\x05runId\x12\x38\n\x06labels\x18\x05 \x03(\x0b\x32 .lodestar.v1.Session.LabelsEntryR\x06labels\x12\x1d\n\ncall_count\x18\x06 \x01(\rR\tcallCount\x12\x37\n\topened_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x08openedAt\x12\x37\n\tclosed_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x08\x63losedAt\x12\x44\n\x0fsampling_policy\x18\t \x01(\x0b\x32\x1b.lodestar.v1.SamplingPolicyR\x0esamplingPolicy\x1a\x39\n\x0bLabelsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"\xf1\x01\n\x12OpenSessionRequest\x12\x15\n\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x43\n\x06labels\x18\x02 \x03(\x0b\x32+.lodestar.v1.OpenSessionRequest.LabelsEntryR\x06labels\x12\x44\n\x0fsampling_policy\x18\x03 \x01(\x0b\x32\x1b.lodestar.v1.SamplingPolicyR\x0esamplingPolicy\x1a\x39\n\x0bLabelsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"i\n\x13OpenSessionResponse\x12.\n\x07session\x18\x01 \x01(\x0b\x32\x14.lodestar.v1.SessionR\x07session\x12\"\n\rhttp_base_url\x18\x02 \x01(\tR\x0bhttpBaseUrl\"4\n\x13\x43loseSessionRequest\x12\x1d\n\nsession_id\x18\x01 \x01(\tR\tsessionId\"F\n\x14\x43loseSessionResponse\x12.\n\x07session\x18\x01 \x01(\x0b\x32\x14.lodestar.v1.SessionR\x07session\"2\n\x11GetSessionRequest\x12\x1d\n\nsession_id\x18\x01 \x01(\tR\tsessionId\"s\n\x12GetSessionResponse\x12.\n\x07session\x18\x01 \x01(\x0b\x32\x14.lodestar.v1.SessionR\x07session\x12-\n\x05\x63\x61lls\x18\x02 \x03(\x0b\x32\x17.lodestar.v1.CallRecordR\x05\x63\x61lls\"\x16\n\x14GetNodeStatusRequest\"\x85\x04\n\x15GetNodeStatusResponse\x12\x17\n\x07node_id\x18\x01 \x01(\tR\x06nodeId\x12\"\n\rhttp_base_url\x18\x02 \x01(\tR\x0bhttpBaseUrl\x12)\n\x10inference_target\x18\x03 \x01(\tR\x0finferenceTarget\x12\x1a\n\x08\x63\x61pacity\x18\x04 \x01(\rR\x08\x63\x61pacity\x12#\n\ropen_sessions\x18\x05 \x01(\rR\x0copenSessions\x12V\n\x0cstage_counts\x18\x06 \x03(\x0b\x32\x33.lodestar.v1.GetNodeStatusResponse.StageCountsEntryR\x0bstageCounts\x12%\n\x0e\x63\x61lls_captured\x18\x07 \x01(\x04R\rcallsCaptured\x12!\n\x0c\x63hain_breaks\x18\x08 \x01(\x04R\x0b\x63hainBreaks\x12\x45\n\x0eunknown_fields\x18\t \x03(\x0b\x32\x1e.lodestar.v1.UnknownFieldCountR\runknownFields\x12\x1a\n\x08\x62ranches\x18\n \x01(\x04R\x08\x62ranches\x1a>\n\x10StageCountsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\rR\x05value:\x02\x38\x01\"o\n\x11UnknownFieldCount\x12.\n\x07\x64ialect\x18\x01 \x01(\x0e\x32\x14.lodestar.v1.DialectR\x07\x64ialect\x12\x14\n\x05\x66ield\x18\x02 \x01(\tR\x05\x66ield\x12\x14\n\x05\x63ount\x18\x03 \x01(\x04R\x05\x63ount*_\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12SESSION_STATE_OPEN\x10\x01\x12\x18\n\x14SESSION_STATE_CLOSED\x10\x02\x32\xde\x02\n\x0eGatewayService\x12P\n\x0bOpenSession\x12\x1f.lodestar.v1.OpenSessionRequest\x1a .lodestar.v1.OpenSessionResponse\x12S\n\x0c\x43loseSession\x12 .lodestar.v1.CloseSessionRequest\x1a!.lodestar.v1.CloseSessionResponse\x12M\n\nGetSession\x12\x1e.lodestar.v1.GetSessionRequest\x1a\x1f.lodestar.v1.GetSessionResponse\x12V\n\rGetNodeStatus\x12!.lodestar.v1.GetNodeStatusRequest\x1a\".lodestar.v1.GetNodeStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,34 +39,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPENSESSIONREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_GETNODESTATUSRESPONSE_STAGECOUNTSENTRY']._loaded_options = None
   _globals['_GETNODESTATUSRESPONSE_STAGECOUNTSENTRY']._serialized_options = b'8\001'
-  _globals['_SESSIONSTATE']._serialized_start=1744
-  _globals['_SESSIONSTATE']._serialized_end=1839
+  _globals['_SESSIONSTATE']._serialized_start=1884
+  _globals['_SESSIONSTATE']._serialized_end=1979
   _globals['_SESSION']._serialized_start=102
-  _globals['_SESSION']._serialized_end=509
-  _globals['_SESSION_LABELSENTRY']._serialized_start=452
-  _globals['_SESSION_LABELSENTRY']._serialized_end=509
-  _globals['_OPENSESSIONREQUEST']._serialized_start=512
-  _globals['_OPENSESSIONREQUEST']._serialized_end=683
-  _globals['_OPENSESSIONREQUEST_LABELSENTRY']._serialized_start=452
-  _globals['_OPENSESSIONREQUEST_LABELSENTRY']._serialized_end=509
-  _globals['_OPENSESSIONRESPONSE']._serialized_start=685
-  _globals['_OPENSESSIONRESPONSE']._serialized_end=790
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=792
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=844
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=846
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=916
-  _globals['_GETSESSIONREQUEST']._serialized_start=918
-  _globals['_GETSESSIONREQUEST']._serialized_end=968
-  _globals['_GETSESSIONRESPONSE']._serialized_start=970
-  _globals['_GETSESSIONRESPONSE']._serialized_end=1085
-  _globals['_GETNODESTATUSREQUEST']._serialized_start=1087
-  _globals['_GETNODESTATUSREQUEST']._serialized_end=1109
-  _globals['_GETNODESTATUSRESPONSE']._serialized_start=1112
-  _globals['_GETNODESTATUSRESPONSE']._serialized_end=1629
-  _globals['_GETNODESTATUSRESPONSE_STAGECOUNTSENTRY']._serialized_start=1567
-  _globals['_GETNODESTATUSRESPONSE_STAGECOUNTSENTRY']._serialized_end=1629
-  _globals['_UNKNOWNFIELDCOUNT']._serialized_start=1631
-  _globals['_UNKNOWNFIELDCOUNT']._serialized_end=1742
-  _globals['_GATEWAYSERVICE']._serialized_start=1842
-  _globals['_GATEWAYSERVICE']._serialized_end=2192
+  _globals['_SESSION']._serialized_end=579
+  _globals['_SESSION_LABELSENTRY']._serialized_start=522
+  _globals['_SESSION_LABELSENTRY']._serialized_end=579
+  _globals['_OPENSESSIONREQUEST']._serialized_start=582
+  _globals['_OPENSESSIONREQUEST']._serialized_end=823
+  _globals['_OPENSESSIONREQUEST_LABELSENTRY']._serialized_start=522
+  _globals['_OPENSESSIONREQUEST_LABELSENTRY']._serialized_end=579
+  _globals['_OPENSESSIONRESPONSE']._serialized_start=825
+  _globals['_OPENSESSIONRESPONSE']._serialized_end=930
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=932
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=984
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=986
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1056
+  _globals['_GETSESSIONREQUEST']._serialized_start=1058
+  _globals['_GETSESSIONREQUEST']._serialized_end=1108
+  _globals['_GETSESSIONRESPONSE']._serialized_start=1110
+  _globals['_GETSESSIONRESPONSE']._serialized_end=1225
+  _globals['_GETNODESTATUSREQUEST']._serialized_start=1227
+  _globals['_GETNODESTATUSREQUEST']._serialized_end=1249
+  _globals['_GETNODESTATUSRESPONSE']._serialized_start=1252
+  _globals['_GETNODESTATUSRESPONSE']._serialized_end=1769
+  _globals['_GETNODESTATUSRESPONSE_STAGECOUNTSENTRY']._serialized_start=1707
+  _globals['_GETNODESTATUSRESPONSE_STAGECOUNTSENTRY']._serialized_end=1769
+  _globals['_UNKNOWNFIELDCOUNT']._serialized_start=1771
+  _globals['_UNKNOWNFIELDCOUNT']._serialized_end=1882
+  _globals['_GATEWAYSERVICE']._serialized_start=1982
+  _globals['_GATEWAYSERVICE']._serialized_end=2332
 # @@protoc_insertion_point(module_scope)

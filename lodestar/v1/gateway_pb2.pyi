@@ -75,6 +75,7 @@ class Session(_message.Message):
     CALL_COUNT_FIELD_NUMBER: _builtins.int
     OPENED_AT_FIELD_NUMBER: _builtins.int
     CLOSED_AT_FIELD_NUMBER: _builtins.int
+    SAMPLING_POLICY_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     session_key: _builtins.str
     """The API key of the session. Only returned to the caller that opened it."""
@@ -90,6 +91,12 @@ class Session(_message.Message):
     def opened_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def closed_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def sampling_policy(self) -> _common_pb2.SamplingPolicy:
+        """How the session's calls sample (the run's policy for sessions a node runs). Unset: each call samples
+        as its client asks.
+        """
+
     def __init__(
         self,
         *,
@@ -101,10 +108,11 @@ class Session(_message.Message):
         call_count: _builtins.int = ...,
         opened_at: _timestamp_pb2.Timestamp | None = ...,
         closed_at: _timestamp_pb2.Timestamp | None = ...,
+        sampling_policy: _common_pb2.SamplingPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["closed_at", b"closed_at", "opened_at", b"opened_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["closed_at", b"closed_at", "opened_at", b"opened_at", "sampling_policy", b"sampling_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_count", b"call_count", "closed_at", b"closed_at", "labels", b"labels", "opened_at", b"opened_at", "run_id", b"run_id", "session_id", b"session_id", "session_key", b"session_key", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_count", b"call_count", "closed_at", b"closed_at", "labels", b"labels", "opened_at", b"opened_at", "run_id", b"run_id", "sampling_policy", b"sampling_policy", "session_id", b"session_id", "session_key", b"session_key", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -136,21 +144,29 @@ class OpenSessionRequest(_message.Message):
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    SAMPLING_POLICY_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Optional run id to file the session under."""
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Optional labels kept with the session (task id, harness name...)."""
 
+    @_builtins.property
+    def sampling_policy(self) -> _common_pb2.SamplingPolicy:
+        """The sampling policy enforced on every call of the session (see SamplingPolicy). Unset: each call
+        samples as its client asks (captures that are not meant for training).
+        """
+
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        sampling_policy: _common_pb2.SamplingPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sampling_policy", b"sampling_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["labels", b"labels", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["labels", b"labels", "run_id", b"run_id", "sampling_policy", b"sampling_policy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

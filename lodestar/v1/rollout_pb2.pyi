@@ -389,6 +389,7 @@ class RunSpec(_message.Message):
     EARLY_STOP_FRACTION_FIELD_NUMBER: _builtins.int
     MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
     RUNTIME_FIELD_NUMBER: _builtins.int
+    SAMPLING_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Human-readable name."""
     group_size: _builtins.int
@@ -419,6 +420,13 @@ class RunSpec(_message.Message):
     def runtime(self) -> Global___RuntimeSpec:
         """Where sessions run; unset: "host"."""
 
+    @_builtins.property
+    def sampling(self) -> _common_pb2.SamplingPolicy:
+        """The distribution every call of the run's sessions samples from, enforced by the gateway nodes over
+        whatever the harness asks for. Unset: mode RUN, temperature 1.0, top_p 1.0, top_k off (CreateRun
+        fills the defaults in).
+        """
+
     def __init__(
         self,
         *,
@@ -433,10 +441,11 @@ class RunSpec(_message.Message):
         early_stop_fraction: _builtins.float = ...,
         max_attempts: _builtins.int = ...,
         runtime: Global___RuntimeSpec | None = ...,
+        sampling: _common_pb2.SamplingPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_timeout", b"agent_timeout", "harness", b"harness", "runtime", b"runtime", "session_timeout", b"session_timeout", "verifier", b"verifier"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_timeout", b"agent_timeout", "harness", b"harness", "runtime", b"runtime", "sampling", b"sampling", "session_timeout", b"session_timeout", "verifier", b"verifier"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_timeout", b"agent_timeout", "early_stop_fraction", b"early_stop_fraction", "group_size", b"group_size", "harness", b"harness", "max_attempts", b"max_attempts", "max_staleness", b"max_staleness", "name", b"name", "runtime", b"runtime", "session_timeout", b"session_timeout", "tasks", b"tasks", "verifier", b"verifier"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_timeout", b"agent_timeout", "early_stop_fraction", b"early_stop_fraction", "group_size", b"group_size", "harness", b"harness", "max_attempts", b"max_attempts", "max_staleness", b"max_staleness", "name", b"name", "runtime", b"runtime", "sampling", b"sampling", "session_timeout", b"session_timeout", "tasks", b"tasks", "verifier", b"verifier"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -680,6 +689,7 @@ class SessionAssignment(_message.Message):
     SESSION_TIMEOUT_FIELD_NUMBER: _builtins.int
     AGENT_TIMEOUT_FIELD_NUMBER: _builtins.int
     RUNTIME_FIELD_NUMBER: _builtins.int
+    SAMPLING_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     run_id: _builtins.str
     group_id: _builtins.str
@@ -700,6 +710,10 @@ class SessionAssignment(_message.Message):
     def runtime(self) -> Global___RuntimeSpec:
         """The run's runtime (the task's `image` overrides its image)."""
 
+    @_builtins.property
+    def sampling(self) -> _common_pb2.SamplingPolicy:
+        """The run's sampling policy, enforced on every call of the session."""
+
     def __init__(
         self,
         *,
@@ -713,10 +727,11 @@ class SessionAssignment(_message.Message):
         session_timeout: _duration_pb2.Duration | None = ...,
         agent_timeout: _duration_pb2.Duration | None = ...,
         runtime: Global___RuntimeSpec | None = ...,
+        sampling: _common_pb2.SamplingPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_timeout", b"agent_timeout", "harness", b"harness", "runtime", b"runtime", "session_timeout", b"session_timeout", "task", b"task", "verifier", b"verifier"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_timeout", b"agent_timeout", "harness", b"harness", "runtime", b"runtime", "sampling", b"sampling", "session_timeout", b"session_timeout", "task", b"task", "verifier", b"verifier"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_timeout", b"agent_timeout", "attempt", b"attempt", "group_id", b"group_id", "harness", b"harness", "run_id", b"run_id", "runtime", b"runtime", "session_id", b"session_id", "session_timeout", b"session_timeout", "task", b"task", "verifier", b"verifier"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_timeout", b"agent_timeout", "attempt", b"attempt", "group_id", b"group_id", "harness", b"harness", "run_id", b"run_id", "runtime", b"runtime", "sampling", b"sampling", "session_id", b"session_id", "session_timeout", b"session_timeout", "task", b"task", "verifier", b"verifier"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -858,6 +873,7 @@ class SessionResult(_message.Message):
     READY_DURATION_FIELD_NUMBER: _builtins.int
     POST_DURATION_FIELD_NUMBER: _builtins.int
     FINAL_ANSWER_FIELD_NUMBER: _builtins.int
+    HARNESS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     attempt: _builtins.int
     node_id: _builtins.str
@@ -872,6 +888,8 @@ class SessionResult(_message.Message):
     """Human-readable reason for INFRA_FAILED."""
     final_answer: _builtins.str
     """The harness's final answer (the text of the last assistant message), as given to the verifier."""
+    harness: _builtins.str
+    """The harness kind that ran the session (HarnessSpec.kind), for per-harness metrics."""
     @_builtins.property
     def calls(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.CallRecord]:
         """Every model call of the session, in sequence order."""
@@ -912,10 +930,11 @@ class SessionResult(_message.Message):
         ready_duration: _duration_pb2.Duration | None = ...,
         post_duration: _duration_pb2.Duration | None = ...,
         final_answer: _builtins.str = ...,
+        harness: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["agent_duration", b"agent_duration", "init_duration", b"init_duration", "post_duration", b"post_duration", "ready_duration", b"ready_duration", "session_duration", b"session_duration", "verifier_details", b"verifier_details"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_duration", b"agent_duration", "attempt", b"attempt", "calls", b"calls", "error", b"error", "exit_code", b"exit_code", "final_answer", b"final_answer", "init_duration", b"init_duration", "node_id", b"node_id", "outcome", b"outcome", "post_duration", b"post_duration", "ready_duration", b"ready_duration", "reward", b"reward", "session_duration", b"session_duration", "session_id", b"session_id", "stderr_tail", b"stderr_tail", "stdout_tail", b"stdout_tail", "verifier_details", b"verifier_details"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_duration", b"agent_duration", "attempt", b"attempt", "calls", b"calls", "error", b"error", "exit_code", b"exit_code", "final_answer", b"final_answer", "harness", b"harness", "init_duration", b"init_duration", "node_id", b"node_id", "outcome", b"outcome", "post_duration", b"post_duration", "ready_duration", b"ready_duration", "reward", b"reward", "session_duration", b"session_duration", "session_id", b"session_id", "stderr_tail", b"stderr_tail", "stdout_tail", b"stdout_tail", "verifier_details", b"verifier_details"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

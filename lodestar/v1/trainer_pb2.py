@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19lodestar/v1/trainer.proto\x12\x0blodestar.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf1\x01\n\x0bStepMetrics\x12\x12\n\x04step\x18\x01 \x01(\x04R\x04step\x12%\n\x0epolicy_version\x18\x02 \x01(\x04R\rpolicyVersion\x12.\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x04time\x12<\n\x06values\x18\x04 \x03(\x0b\x32$.lodestar.v1.StepMetrics.ValuesEntryR\x06values\x1a\x39\n\x0bValuesEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\x01R\x05value:\x02\x38\x01\"\x12\n\x10GetStatusRequest\"\xd9\x03\n\x11GetStatusResponse\x12/\n\x05state\x18\x01 \x01(\x0e\x32\x19.lodestar.v1.TrainerStateR\x05state\x12\x12\n\x04step\x18\x02 \x01(\x04R\x04step\x12%\n\x0epolicy_version\x18\x03 \x01(\x04R\rpolicyVersion\x12\x15\n\x06run_id\x18\x04 \x01(\tR\x05runId\x12;\n\x0clast_metrics\x18\x05 \x01(\x0b\x32\x18.lodestar.v1.StepMetricsR\x0blastMetrics\x12\x30\n\x14last_checkpoint_path\x18\x06 \x01(\tR\x12lastCheckpointPath\x12\x14\n\x05\x65rror\x18\x07 \x01(\tR\x05\x65rror\x12#\n\rskipped_steps\x18\x08 \x01(\x04R\x0cskippedSteps\x12)\n\x10untrained_groups\x18\t \x01(\x04R\x0funtrainedGroups\x12\x32\n\x15untrained_reward_mean\x18\n \x01(\x01R\x13untrainedRewardMean\x12\x38\n\x0bstop_reason\x18\x0b \x01(\x0e\x32\x17.lodestar.v1.StopReasonR\nstopReason\"\x16\n\x14StreamMetricsRequest\"K\n\x15StreamMetricsResponse\x12\x32\n\x07metrics\x18\x01 \x01(\x0b\x32\x18.lodestar.v1.StepMetricsR\x07metrics\"+\n\x15SaveCheckpointRequest\x12\x12\n\x04path\x18\x01 \x01(\tR\x04path\"@\n\x16SaveCheckpointResponse\x12\x12\n\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n\x04step\x18\x02 \x01(\x04R\x04step\"6\n\x0bStopRequest\x12\'\n\x0fsave_checkpoint\x18\x01 \x01(\x08R\x0esaveCheckpoint\"h\n\x0cStopResponse\x12/\n\x05state\x18\x01 \x01(\x0e\x32\x19.lodestar.v1.TrainerStateR\x05state\x12\'\n\x0f\x63heckpoint_path\x18\x02 \x01(\tR\x0e\x63heckpointPath*\x99\x01\n\x0cTrainerState\x12\x1d\n\x19TRAINER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15TRAINER_STATE_WAITING\x10\x01\x12\x1a\n\x16TRAINER_STATE_TRAINING\x10\x02\x12\x19\n\x15TRAINER_STATE_STOPPED\x10\x03\x12\x18\n\x14TRAINER_STATE_FAILED\x10\x04*\x9b\x01\n\nStopReason\x12\x1b\n\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x1a\n\x16STOP_REASON_STEPS_DONE\x10\x01\x12\x1e\n\x1aSTOP_REASON_STOP_REQUESTED\x10\x02\x12\x19\n\x15STOP_REASON_RUN_ENDED\x10\x03\x12\x19\n\x15STOP_REASON_NO_SIGNAL\x10\x04\x32\xce\x02\n\x0eTrainerService\x12J\n\tGetStatus\x12\x1d.lodestar.v1.GetStatusRequest\x1a\x1e.lodestar.v1.GetStatusResponse\x12X\n\rStreamMetrics\x12!.lodestar.v1.StreamMetricsRequest\x1a\".lodestar.v1.StreamMetricsResponse0\x01\x12Y\n\x0eSaveCheckpoint\x12\".lodestar.v1.SaveCheckpointRequest\x1a#.lodestar.v1.SaveCheckpointResponse\x12;\n\x04Stop\x12\x18.lodestar.v1.StopRequest\x1a\x19.lodestar.v1.StopResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19lodestar/v1/trainer.proto\x12\x0blodestar.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf1\x01\n\x0bStepMetrics\x12\x12\n\x04step\x18\x01 \x01(\x04R\x04step\x12%\n\x0epolicy_version\x18\x02 \x01(\x04R\rpolicyVersion\x12.\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x04time\x12<\n\x06values\x18\x04 \x03(\x0b\x32$.lodestar.v1.StepMetrics.ValuesEntryR\x06values\x1a\x39\n\x0bValuesEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\x01R\x05value:\x02\x38\x01\"\x12\n\x10GetStatusRequest\"\xf3\x03\n\x11GetStatusResponse\x12/\n\x05state\x18\x01 \x01(\x0e\x32\x19.lodestar.v1.TrainerStateR\x05state\x12\x12\n\x04step\x18\x02 \x01(\x04R\x04step\x12%\n\x0epolicy_version\x18\x03 \x01(\x04R\rpolicyVersion\x12\x15\n\x06run_id\x18\x04 \x01(\tR\x05runId\x12;\n\x0clast_metrics\x18\x05 \x01(\x0b\x32\x18.lodestar.v1.StepMetricsR\x0blastMetrics\x12\x30\n\x14last_checkpoint_path\x18\x06 \x01(\tR\x12lastCheckpointPath\x12\x14\n\x05\x65rror\x18\x07 \x01(\tR\x05\x65rror\x12#\n\rskipped_steps\x18\x08 \x01(\x04R\x0cskippedSteps\x12)\n\x10untrained_groups\x18\t \x01(\x04R\x0funtrainedGroups\x12\x32\n\x15untrained_reward_mean\x18\n \x01(\x01R\x13untrainedRewardMean\x12\x38\n\x0bstop_reason\x18\x0b \x01(\x0e\x32\x17.lodestar.v1.StopReasonR\nstopReason\x12\x18\n\x07warning\x18\x0c \x01(\tR\x07warning\"\x16\n\x14StreamMetricsRequest\"K\n\x15StreamMetricsResponse\x12\x32\n\x07metrics\x18\x01 \x01(\x0b\x32\x18.lodestar.v1.StepMetricsR\x07metrics\"+\n\x15SaveCheckpointRequest\x12\x12\n\x04path\x18\x01 \x01(\tR\x04path\"@\n\x16SaveCheckpointResponse\x12\x12\n\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n\x04step\x18\x02 \x01(\x04R\x04step\"6\n\x0bStopRequest\x12\'\n\x0fsave_checkpoint\x18\x01 \x01(\x08R\x0esaveCheckpoint\"h\n\x0cStopResponse\x12/\n\x05state\x18\x01 \x01(\x0e\x32\x19.lodestar.v1.TrainerStateR\x05state\x12\'\n\x0f\x63heckpoint_path\x18\x02 \x01(\tR\x0e\x63heckpointPath*\x99\x01\n\x0cTrainerState\x12\x1d\n\x19TRAINER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15TRAINER_STATE_WAITING\x10\x01\x12\x1a\n\x16TRAINER_STATE_TRAINING\x10\x02\x12\x19\n\x15TRAINER_STATE_STOPPED\x10\x03\x12\x18\n\x14TRAINER_STATE_FAILED\x10\x04*\x9b\x01\n\nStopReason\x12\x1b\n\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x1a\n\x16STOP_REASON_STEPS_DONE\x10\x01\x12\x1e\n\x1aSTOP_REASON_STOP_REQUESTED\x10\x02\x12\x19\n\x15STOP_REASON_RUN_ENDED\x10\x03\x12\x19\n\x15STOP_REASON_NO_SIGNAL\x10\x04\x32\xce\x02\n\x0eTrainerService\x12J\n\tGetStatus\x12\x1d.lodestar.v1.GetStatusRequest\x1a\x1e.lodestar.v1.GetStatusResponse\x12X\n\rStreamMetrics\x12!.lodestar.v1.StreamMetricsRequest\x1a\".lodestar.v1.StreamMetricsResponse0\x01\x12Y\n\x0eSaveCheckpoint\x12\".lodestar.v1.SaveCheckpointRequest\x1a#.lodestar.v1.SaveCheckpointResponse\x12;\n\x04Stop\x12\x18.lodestar.v1.StopRequest\x1a\x19.lodestar.v1.StopResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,10 +34,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STEPMETRICS_VALUESENTRY']._loaded_options = None
   _globals['_STEPMETRICS_VALUESENTRY']._serialized_options = b'8\001'
-  _globals['_TRAINERSTATE']._serialized_start=1190
-  _globals['_TRAINERSTATE']._serialized_end=1343
-  _globals['_STOPREASON']._serialized_start=1346
-  _globals['_STOPREASON']._serialized_end=1501
+  _globals['_TRAINERSTATE']._serialized_start=1216
+  _globals['_TRAINERSTATE']._serialized_end=1369
+  _globals['_STOPREASON']._serialized_start=1372
+  _globals['_STOPREASON']._serialized_end=1527
   _globals['_STEPMETRICS']._serialized_start=76
   _globals['_STEPMETRICS']._serialized_end=317
   _globals['_STEPMETRICS_VALUESENTRY']._serialized_start=260
@@ -45,19 +45,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSTATUSREQUEST']._serialized_start=319
   _globals['_GETSTATUSREQUEST']._serialized_end=337
   _globals['_GETSTATUSRESPONSE']._serialized_start=340
-  _globals['_GETSTATUSRESPONSE']._serialized_end=813
-  _globals['_STREAMMETRICSREQUEST']._serialized_start=815
-  _globals['_STREAMMETRICSREQUEST']._serialized_end=837
-  _globals['_STREAMMETRICSRESPONSE']._serialized_start=839
-  _globals['_STREAMMETRICSRESPONSE']._serialized_end=914
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=916
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=959
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=961
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1025
-  _globals['_STOPREQUEST']._serialized_start=1027
-  _globals['_STOPREQUEST']._serialized_end=1081
-  _globals['_STOPRESPONSE']._serialized_start=1083
-  _globals['_STOPRESPONSE']._serialized_end=1187
-  _globals['_TRAINERSERVICE']._serialized_start=1504
-  _globals['_TRAINERSERVICE']._serialized_end=1838
+  _globals['_GETSTATUSRESPONSE']._serialized_end=839
+  _globals['_STREAMMETRICSREQUEST']._serialized_start=841
+  _globals['_STREAMMETRICSREQUEST']._serialized_end=863
+  _globals['_STREAMMETRICSRESPONSE']._serialized_start=865
+  _globals['_STREAMMETRICSRESPONSE']._serialized_end=940
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=942
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=985
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=987
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1051
+  _globals['_STOPREQUEST']._serialized_start=1053
+  _globals['_STOPREQUEST']._serialized_end=1107
+  _globals['_STOPRESPONSE']._serialized_start=1109
+  _globals['_STOPRESPONSE']._serialized_end=1213
+  _globals['_TRAINERSERVICE']._serialized_start=1530
+  _globals['_TRAINERSERVICE']._serialized_end=1864
 # @@protoc_insertion_point(module_scope)

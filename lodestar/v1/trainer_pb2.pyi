@@ -166,6 +166,7 @@ class GetStatusResponse(_message.Message):
     UNTRAINED_GROUPS_FIELD_NUMBER: _builtins.int
     UNTRAINED_REWARD_MEAN_FIELD_NUMBER: _builtins.int
     STOP_REASON_FIELD_NUMBER: _builtins.int
+    WARNING_FIELD_NUMBER: _builtins.int
     state: Global___TrainerState.ValueType
     step: _builtins.int
     policy_version: _builtins.int
@@ -186,6 +187,11 @@ class GetStatusResponse(_message.Message):
     untrained_reward_mean: _builtins.float
     stop_reason: Global___StopReason.ValueType
     """Why the trainer stopped (state STOPPED); UNSPECIFIED otherwise."""
+    warning: _builtins.str
+    """A standing warning about what is being trained on, empty when none: the last step's mean
+    trainer-vs-inference logprob mismatch of some harness was above the trainer's `mismatch_warn_nats`
+    (the update for those sessions is biased: check the run's sampling policy and the model both serve).
+    """
     @_builtins.property
     def last_metrics(self) -> Global___StepMetrics: ...
     def __init__(
@@ -202,10 +208,11 @@ class GetStatusResponse(_message.Message):
         untrained_groups: _builtins.int = ...,
         untrained_reward_mean: _builtins.float = ...,
         stop_reason: Global___StopReason.ValueType = ...,
+        warning: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_metrics", b"last_metrics"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "last_checkpoint_path", b"last_checkpoint_path", "last_metrics", b"last_metrics", "policy_version", b"policy_version", "run_id", b"run_id", "skipped_steps", b"skipped_steps", "state", b"state", "step", b"step", "stop_reason", b"stop_reason", "untrained_groups", b"untrained_groups", "untrained_reward_mean", b"untrained_reward_mean"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "last_checkpoint_path", b"last_checkpoint_path", "last_metrics", b"last_metrics", "policy_version", b"policy_version", "run_id", b"run_id", "skipped_steps", b"skipped_steps", "state", b"state", "step", b"step", "stop_reason", b"stop_reason", "untrained_groups", b"untrained_groups", "untrained_reward_mean", b"untrained_reward_mean", "warning", b"warning"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,9 +1,11 @@
 """One proxied model call: continuation lookup, Generate, capture — independent of dialect and transport.
 
 `Proxy.call` yields each inference delta as it arrives (tool-call ids filled in) and, last, the
-`CallResult`. The CallRecord is committed to the capture store BEFORE the result is yielded, so a
-response can only complete after its record is durable; a client that disconnects just then does not
-lose it (the write is shielded). The new chain link is registered once the record is durable.
+`CallResult`. The session's sampling policy replaces the client's temperature / top_p / top_k (the record
+keeps both: `sampling` used, `requested_sampling` asked). The CallRecord is committed to the capture store
+BEFORE the result is yielded, so a response can only complete after its record is durable; a client that
+disconnects just then does not lose it (the write is shielded). The new chain link is registered once the
+record is durable.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Protocol
 
 from lodestar.errors import LodestarError, UnavailableError
 from lodestar.logging import get_logger
+from lodestar.sampling import applied_sampling
 from lodestar.v1 import common_pb2, inference_pb2
 from services.gateway.canonical import CallResult, CanonicalRequest, new_id, now_seconds
 from services.gateway.capture import CaptureStore
@@ -76,7 +79,8 @@ class Proxy:
         clock = time.perf_counter()
         keys = message_keys(request.messages)
         context = context_key(request.tools)
-        generate = self._generate_request(request, response_id)
+        policy = session.session.sampling_policy if session.session.HasField("sampling_policy") else None
+        generate = self._generate_request(request, response_id, policy)
         roles = [message.role for message in request.messages]
         match = self._chains.find(session.session_id, context, keys, roles=roles)
         found = match.link
@@ -95,7 +99,7 @@ class Proxy:
             return common_pb2.CallRecord(
                 session_id=session.session_id, dialect=request.dialect, messages=generate.messages,
                 original_request_json=original_body.decode("utf-8", errors="replace"), tools=generate.tools,
-                sampling=generate.sampling, started_at=started_at,
+                sampling=generate.sampling, requested_sampling=request.sampling, started_at=started_at,
             )  # fmt: skip
 
         begun = asyncio.ensure_future(self._store.begin(response_id, request_half))
@@ -179,10 +183,13 @@ class Proxy:
         if not self._chains.has(session_id):
             self._chains.load(session_id, links)
 
-    def _generate_request(self, request: CanonicalRequest, response_id: str) -> inference_pb2.GenerateRequest:
+    def _generate_request(
+        self, request: CanonicalRequest, response_id: str, policy: common_pb2.SamplingPolicy | None
+    ) -> inference_pb2.GenerateRequest:
+        """The Generate request of a call; sampling: the session's policy over the client's (lodestar/sampling.py)."""
         generate = inference_pb2.GenerateRequest(
             request_id=response_id, model=request.model, messages=request.messages, tools=request.tools,
-            sampling=request.sampling, stream=request.stream,
+            sampling=applied_sampling(request.sampling, policy), stream=request.stream,
         )  # fmt: skip
         if request.tool_choice is not None:
             generate.tool_choice.CopyFrom(request.tool_choice)

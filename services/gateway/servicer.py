@@ -7,6 +7,7 @@ from typing import Any, Protocol
 import grpc.aio
 
 from lodestar.errors import InvalidArgumentError
+from lodestar.sampling import validate_policy
 from lodestar.v1 import gateway_pb2, gateway_pb2_grpc
 from services.gateway.capture import CaptureStore
 from services.gateway.proxy import Proxy
@@ -52,7 +53,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def OpenSession(
         self, request: gateway_pb2.OpenSessionRequest, context: Context
     ) -> gateway_pb2.OpenSessionResponse:
-        entry = await self._sessions.open(run_id=request.run_id, labels=dict(request.labels))
+        policy = request.sampling_policy if request.HasField("sampling_policy") else None
+        if policy is not None:
+            validate_policy(policy, "sampling_policy")
+        entry = await self._sessions.open(run_id=request.run_id, labels=dict(request.labels), sampling_policy=policy)
         return gateway_pb2.OpenSessionResponse(session=entry.session, http_base_url=self._node.http_base_url)
 
     async def CloseSession(

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from lodestar.errors import NotFoundError, UnauthenticatedError
-from lodestar.v1 import gateway_pb2
+from lodestar.sampling import resolved_policy
+from lodestar.v1 import common_pb2, gateway_pb2
 from services.gateway.capture import CaptureStore
 
 KEY_PREFIX = "lsk-"
@@ -85,7 +86,15 @@ class SessionRegistry:
         """Sessions held in memory (open + the closed memo)."""
         return len(self._by_id) + len(self._closed) // 2
 
-    async def open(self, *, run_id: str = "", labels: Mapping[str, str] | None = None) -> SessionEntry:
+    async def open(
+        self,
+        *,
+        run_id: str = "",
+        labels: Mapping[str, str] | None = None,
+        sampling_policy: common_pb2.SamplingPolicy | None = None,
+    ) -> SessionEntry:
+        """A new open session (persisted before its key is returned). `sampling_policy`, resolved to explicit
+        values, is enforced on its calls; None: its calls sample as their client asks."""
         session = gateway_pb2.Session(
             session_id=f"ses_{secrets.token_hex(8)}",
             session_key=KEY_PREFIX + secrets.token_urlsafe(24),
@@ -94,6 +103,8 @@ class SessionRegistry:
             labels=dict(labels or {}),
             opened_at=timestamp_now(),
         )
+        if sampling_policy is not None:
+            session.sampling_policy.CopyFrom(resolved_policy(sampling_policy))
         await self._store.put_session(session)
         entry = SessionEntry(session)
         self._index(entry)

@@ -10,7 +10,8 @@ that names them.
 Defaults of unset (zero) fields, applied by `with_defaults`:
   max_attempts 3, session_timeout 1800 s, agent_timeout 1200 s (never above the session timeout),
   early_stop_fraction 1.0 (wait for every session), max_staleness 4 (proto3 cannot tell 0 from unset,
-  so the tightest bound a spec can ask for is 1), harness.model "lodestar".
+  so the tightest bound a spec can ask for is 1), harness.model "lodestar", sampling: mode RUN, temperature
+  1.0, top_p 1.0, top_k 0 (off), each unset value of a given policy at that default (lodestar/sampling.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import yaml
 from google.protobuf import json_format
 
 from lodestar.errors import InvalidArgumentError
+from lodestar.sampling import resolved_policy, validate_policy
 from lodestar.v1 import rollout_pb2
 from services.rollout.swebench import load_swebench, parse_task_line, resolve_source, validate_repository_tasks
 
@@ -137,6 +139,7 @@ def validate_spec(spec: rollout_pb2.RunSpec) -> None:
             f"unknown verifier kind {spec.verifier.kind!r} (expected one of {', '.join(VERIFIER_KINDS)})"
         )
     validate_runtime(spec)
+    validate_policy(spec.sampling)
     fraction = spec.early_stop_fraction
     if math.isnan(fraction) or fraction < 0.0 or fraction > 1.0:
         raise InvalidArgumentError(f"early_stop_fraction must be in (0, 1], got {fraction}")
@@ -190,6 +193,7 @@ def with_defaults(spec: rollout_pb2.RunSpec) -> rollout_pb2.RunSpec:
         filled.max_staleness = DEFAULT_MAX_STALENESS
     if not filled.harness.model:
         filled.harness.model = DEFAULT_MODEL
+    filled.sampling.CopyFrom(resolved_policy(filled.sampling))
     if not filled.HasField("session_timeout") or filled.session_timeout.ToTimedelta().total_seconds() == 0:
         filled.session_timeout.FromSeconds(DEFAULT_SESSION_TIMEOUT_S)
     session_s = filled.session_timeout.ToTimedelta().total_seconds()

@@ -66,6 +66,7 @@ def assignment(session: Session, run: Run) -> rollout_pb2.SessionAssignment:
         session_timeout=spec.session_timeout,
         agent_timeout=spec.agent_timeout,
         runtime=spec.runtime,
+        sampling=spec.sampling,
     )
 
 

@@ -33,6 +33,8 @@ class Sample:
     """Group-relative advantage, the same for every sampled token of the session."""
     calls: Sequence[common_pb2.CallRecord]
     """Every call of the session, in sequence order."""
+    harness: str = ""
+    """The harness kind that ran the session (per-harness metrics; "" when the result did not say)."""
 
 
 @dataclass
@@ -54,6 +56,8 @@ class TrainingSequence:
     behaviour_logprobs: list[float] = field(default_factory=list)
     """Logprob of each target token as captured at inference (the behaviour policy)."""
     advantages: list[float] = field(default_factory=list)
+    temperatures: list[float] = field(default_factory=list)
+    """Sampling temperature of each target's call: its logprob is recomputed under logits / temperature."""
 
     @property
     def is_linear(self) -> bool:
@@ -107,10 +111,30 @@ class MicroBatch:
     advantages: list[float]
     sequence_starts: list[int]
     """Start offset of each packed sequence."""
+    temperatures: list[float] = field(default_factory=list)
+    """Sampling temperature of each target (per-target list, length N); empty: 1.0 for every target."""
+
+
+def sampled_temperature(call: common_pb2.CallRecord) -> float:
+    """The temperature of the distribution `call`'s tokens were sampled from (unset: inference's default 1.0).
+
+    Raises ValueError when the trainer cannot recompute that distribution: top_p < 1 or top_k > 0 (the
+    trainer recomputes temperature-scaled full-vocabulary logprobs only; docs/trainer.md says why) or
+    greedy decoding (temperature 0: no distribution to take a ratio against)."""
+    params, name = call.sampling, f"call {call.session_id}#{call.sequence}"
+    fix = "give the run a sampling policy with top_p 1 and top_k 0 (docs/runs.md)"
+    if params.HasField("top_p") and params.top_p < 1.0:
+        raise ValueError(f"{name} was sampled with top_p {params.top_p:g}, which the trainer cannot recompute: {fix}")
+    if params.HasField("top_k") and params.top_k > 0:
+        raise ValueError(f"{name} was sampled with top_k {params.top_k}, which the trainer cannot recompute: {fix}")
+    temperature = params.temperature if params.HasField("temperature") else 1.0
+    if not temperature > 0.0:
+        raise ValueError(f"{name} was decoded greedily (temperature {temperature:g}): not a sample to train on")
+    return temperature
 
 
 def check_call(call: common_pb2.CallRecord) -> None:
-    """Raise ValueError naming the problem when a CallRecord cannot be trained on."""
+    """Raise ValueError naming the problem when a CallRecord cannot be trained on (incl. `sampled_temperature`)."""
     if not call.completion_token_ids:
         raise ValueError(f"call {call.session_id}#{call.sequence} has no sampled tokens")
     if len(call.completion_logprobs) != len(call.completion_token_ids):
@@ -120,3 +144,4 @@ def check_call(call: common_pb2.CallRecord) -> None:
         )
     if not call.prompt_token_ids:
         raise ValueError(f"call {call.session_id}#{call.sequence} has no prompt token ids")
+    sampled_temperature(call)

@@ -66,7 +66,7 @@ def group_samples(
         if not session.calls:
             continue
         calls = sorted(session.calls, key=lambda call: call.sequence)
-        samples.append(Sample(first_index + len(samples), session.session_id, reward, value, calls))
+        samples.append(Sample(first_index + len(samples), session.session_id, reward, value, calls, session.harness))
     versions = [call.policy_version for sample in samples for call in sample.calls]
     return GroupSamples(
         group_id=name,

@@ -57,6 +57,7 @@ from services.trainer.forward import target_logprobs
 from services.trainer.groups import BadGroupError, GroupSamples, group_samples
 from services.trainer.loss import LossConfig, LossNormalizer, LossOutput, policy_loss
 from services.trainer.metrics import MetricsWriter, StepRecord, mean_std
+from services.trainer.mismatch import MismatchTally, warning_text
 from services.trainer.pack import pack
 from services.trainer.precision import ComputeCopy
 from services.trainer.publish import PublishResult
@@ -101,6 +102,9 @@ class LoopConfig:
     """The model's vocabulary size: larger token ids in a group are bad input (0: unchecked)."""
     stop_after_no_signal_groups: int = 0
     """Stop when this many groups in a row had no reward signal (0: never; see `Trainer._next_plan`)."""
+    mismatch_warn_nats: float = 0.1
+    """Warn (log, GetStatus.warning) when a harness's mean |trainer - inference| logprob in a step is above
+    this (0: never); see services/trainer/mismatch.py."""
 
 
 @dataclass
@@ -194,7 +198,8 @@ class Trainer:
         micro_batches = pack(sequences, self.config.micro_batch_tokens)
         built = time.perf_counter()
 
-        totals, grad_norm = self._forward_backward(micro_batches)
+        harness_of = {sample.sample_index: sample.harness for group in plan.groups for sample in group.samples}
+        totals, grad_norm, mismatch = self._forward_backward(micro_batches, MismatchTally(harness_of))
         backward_done = time.perf_counter()
 
         self.optimizer.step()
@@ -229,7 +234,9 @@ class Trainer:
             counters=self._counters,
             push_bytes=push.payload_bytes if push else 0,
         )
+        values.update(mismatch.values())
         record = StepRecord(self.state.step, self.state.policy_version, values)
+        self._warn_on_mismatch(mismatch)
         if self.parallel.is_main and self.metrics is not None:
             self.metrics.write(record)
         _log.info("step", step=record.step, policy_version=record.policy_version, **_headline(values))
@@ -299,8 +306,11 @@ class Trainer:
         _log.warning("step skipped", reason=plan.error, skipped_steps=skipped, step=self.state.step)
         self.board.update(error=plan.error, skipped_steps=skipped)
 
-    def _forward_backward(self, micro_batches: list[MicroBatch]) -> tuple[LossOutput | None, float]:
-        """Accumulate the step gradient over this rank's micro-batches; (merged loss metrics, grad norm)."""
+    def _forward_backward(
+        self, micro_batches: list[MicroBatch], mismatch: MismatchTally
+    ) -> tuple[LossOutput | None, float, MismatchTally]:
+        """Accumulate the step gradient over this rank's micro-batches; (merged loss metrics, grad norm, the
+        step's trainer-vs-inference mismatch by harness)."""
         norm = LossNormalizer.of(micro_batches)
         mine = self.parallel.shard(micro_batches)
         totals: LossOutput | None = None
@@ -315,11 +325,24 @@ class Trainer:
             torch.autograd.backward(output.loss * (weight * self.parallel.world))
             if weight:
                 totals = output if totals is None else totals.merge(output)
+                mismatch.add(new, batch)
         if self.compute is not None:
             self.compute.grads_to_master()
         self.parallel.reduce_replicated_grads(self.model)
         totals = loss_over_ranks(self.parallel, totals)
-        return totals, self.parallel.clip_grad_norm(self.model, self.config.max_grad_norm)
+        grad_norm = self.parallel.clip_grad_norm(self.model, self.config.max_grad_norm)
+        return totals, grad_norm, mismatch.over_ranks(self.parallel)
+
+    def _warn_on_mismatch(self, mismatch: MismatchTally) -> None:
+        """Loudly (a warning line, GetStatus.warning until a later step replaces it) when some harness's
+        sessions were trained on logprobs the trainer does not reproduce."""
+        above = mismatch.above(self.config.mismatch_warn_nats)
+        if not above:
+            return
+        text = warning_text(self.state.step, above, self.config.mismatch_warn_nats)
+        _log.warning("trainer-inference logprob mismatch", step=self.state.step, by_harness=above,
+                     threshold=self.config.mismatch_warn_nats)  # fmt: skip
+        self.board.update(warning=text)
 
     def _reference_logprobs(self, batch: MicroBatch) -> torch.Tensor | None:
         if self.reference is None or not self.config.loss.kl_coef:

@@ -30,6 +30,7 @@ def _concatenate(sequences: Sequence[TrainingSequence]) -> MicroBatch:
         batch.target_samples.extend(sequence.target_samples)
         batch.behaviour_logprobs.extend(sequence.behaviour_logprobs)
         batch.advantages.extend(sequence.advantages)
+        batch.temperatures.extend(sequence.temperatures)
     return batch
 
 

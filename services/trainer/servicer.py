@@ -47,6 +47,7 @@ def status_response(status: Status) -> trainer_pb2.GetStatusResponse:
         run_id=status.run_id,
         last_checkpoint_path=status.last_checkpoint,
         error=status.error,
+        warning=status.warning,
         skipped_steps=status.skipped_steps,
         untrained_groups=status.untrained_groups,
         untrained_reward_mean=status.untrained_reward_mean,

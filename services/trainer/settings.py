@@ -63,6 +63,11 @@ class TrainerSettings(ServiceSettings):
     """Stop training when this many groups in a row had no reward signal (every sample of each scored alike:
     the policy solves these tasks, or they are beyond it), instead of sampling the rest of the run for nothing;
     GetStatus says STOP_REASON_NO_SIGNAL. 0: never (train until `steps`, Stop, or the run's end)."""
+    mismatch_warn_nats: float = 0.1
+    """Warn when a step's mean |trainer - inference| logprob over some harness's sampled tokens is above this
+    many nats (a warning log line and GetStatus.warning; per-harness values are the step metrics
+    `logprob_diff_mean/<harness>`). fp32 on CPU agrees to ~1e-6; bf16 inference and trainer typically to
+    ~1e-2. 0 disables the warning."""
     lr: float = 1e-6
     """AdamW learning rate (constant)."""
     weight_decay: float = 0.0

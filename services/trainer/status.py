@@ -50,6 +50,8 @@ class Status:
     """Groups read after the last step and not trained on (the run ended or Stop came mid-step)."""
     untrained_reward_mean: float = 0.0
     stop_reason: StopReason = StopReason.NONE
+    warning: str = ""
+    """The last step whose trainer-vs-inference mismatch passed the warning threshold (services/trainer/mismatch.py)."""
 
 
 Listener = Callable[[StepRecord], None]

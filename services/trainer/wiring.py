@@ -37,6 +37,8 @@ def loop_config(settings: TrainerSettings) -> LoopConfig:
         raise InvalidArgumentError("micro_batch_tokens and groups_per_step must be positive")
     if settings.stop_after_no_signal_groups < 0:
         raise InvalidArgumentError("stop_after_no_signal_groups must be >= 0 (0: never stop for it)")
+    if not settings.mismatch_warn_nats >= 0:
+        raise InvalidArgumentError("mismatch_warn_nats must be >= 0 (0: never warn)")
     loss = LossConfig(
         clip_low=settings.clip_low,
         clip_high=settings.clip_high,
@@ -59,6 +61,7 @@ def loop_config(settings: TrainerSettings) -> LoopConfig:
         checkpoint_dir=settings.checkpoint_dir or settings.run_dir / "checkpoints",
         pass_threshold=settings.pass_threshold,
         stop_after_no_signal_groups=settings.stop_after_no_signal_groups,
+        mismatch_warn_nats=settings.mismatch_warn_nats,
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -24,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from lodestar.v1 import rollout_pb2
+from lodestar.v1 import common_pb2, rollout_pb2
 from services.rollout.sft_files import from_parquet_row
 from tests.e2e.node_stack import AGENT, NodeStack
 
@@ -142,8 +143,12 @@ def test_eval_reports_pass_at_1_and_pass_at_k(stack: NodeStack, tmp_path: Path):
     assert run.spec.group_size == 3
     assert run.spec.early_stop_fraction == 1.0
     assert run.state == rollout_pb2.RUN_STATE_COMPLETED
+    assert run.spec.sampling.mode == common_pb2.SAMPLING_MODE_RUN, "eval samples as training does by default"
 
-    table = _lodestar("eval", str(spec), "--harness", "command", "--samples", "1", "--rollout", stack.rollout.address)
+    table = _lodestar("eval", str(spec), "--harness", "command", "--samples", "1", "--rollout", stack.rollout.address,
+                      "--sampling", "harness")  # fmt: skip
     assert table.returncode == 0, table.stderr
     assert "pass@1" in table.stdout
     assert "command" in table.stdout
+    [run_id] = re.findall(r"run-[0-9a-f]{12}", table.stdout)
+    assert stack.get_run(run_id).spec.sampling.mode == common_pb2.SAMPLING_MODE_HARNESS

@@ -50,6 +50,9 @@ OPTIONAL = {"openhands": "make harnesses-openhands"}
 """Harnesses that `make harnesses` does not install: skipped, not failed, when missing."""
 NOISE_REWARD = 'echo "{\\"reward\\": 0.$RANDOM}"'
 TRAIN_TIMEOUT_S = 1200
+MAX_LOGPROB_GAP = 1e-4
+"""Mean |trainer - inference| logprob at step 1 (fp32 CPU; Gemini CLI's top_p 0.95 / top_k 64 made it 3.8 nats
+before runs enforced their sampling policy)."""
 KNOWN_INFRA_FLAKE = "the namespace helper exited before set-up"
 """A gateway-node flake seen under load when several sessions start at once (the helper dies before it
 reports; rollout retries the session). Tolerated here, counted in the report; any other is a failure."""
@@ -129,11 +132,15 @@ class TrainingStack:
             ).fetchall()
         return [str(row[0]) for row in rows]
 
-    def harness_output(self, run_id: str) -> str:
-        """What the harness printed in every INFRA_FAILED attempt of the run (the results the node reported)."""
+    def results(self, run_id: str) -> list[rollout_pb2.SessionResult]:
+        """Every result the node reported for the run's sessions (from the rollout store)."""
         with contextlib.closing(sqlite3.connect(self.root / "rollout.sqlite", timeout=10)) as db:
             blobs = db.execute("SELECT result FROM results WHERE session_id LIKE ?", (f"{run_id}-%",)).fetchall()
-        results = [rollout_pb2.SessionResult.FromString(blob) for (blob,) in blobs]
+        return [rollout_pb2.SessionResult.FromString(blob) for (blob,) in blobs]
+
+    def harness_output(self, run_id: str) -> str:
+        """What the harness printed in every INFRA_FAILED attempt of the run (the results the node reported)."""
+        results = self.results(run_id)
         return "\n".join(
             f"--- {r.session_id} attempt {r.attempt}: {r.error}\nstdout: {r.stdout_tail[-2000:]}\n"
             f"stderr: {r.stderr_tail[-2000:]}"
@@ -155,13 +162,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory, etcd_endpoint: str) -> Itera
         started.stop()
 
 
-def _config(stack: TrainingStack, kind: str, directory: Path) -> Path:
+def _config(stack: TrainingStack, kind: str, directory: Path, **harness: object) -> Path:
     tasks = [{"taskId": f"{kind}-{i}", "prompt": "Write hi into out.txt with the shell tool."} for i in range(2)]
-    spec = {
+    spec: dict[str, object] = {
         "name": f"train-{kind}",
         "tasks": tasks,
         "groupSize": 2,
-        "harness": {"kind": kind, "model": "lodestar-tiny"},
+        "harness": {"kind": kind, "model": "lodestar-tiny", **harness},
         "verifier": {"kind": "command", "config": {"command": NOISE_REWARD, "timeout_s": 30}},
         "earlyStopFraction": 1.0,
         "maxAttempts": 3,
@@ -189,6 +196,21 @@ builder = "tree"
     return config
 
 
+def _steps(directory: Path, output: str) -> tuple[str, list[dict[str, float]]]:
+    """The run id and the metrics of its two steps."""
+    [run_dir] = [p for p in (directory / "runs").iterdir() if p.is_dir()]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2], output
+    return run_dir.name, steps
+
+
+def assert_trained_on_the_sampled_distribution(first: dict[str, float], harness: str, output: str) -> None:
+    """At step 1, before any update, the trainer's logprob of every sampled token equals the captured one
+    (fp32 on CPU): trainer and inference computed the same distribution, the run's sampling policy."""
+    assert first["logprob_diff_mean"] <= MAX_LOGPROB_GAP, (first, output)
+    assert first[f"logprob_diff_mean/{harness}"] <= MAX_LOGPROB_GAP, first
+
+
 @pytest.mark.timeout(TRAIN_TIMEOUT_S + 90)
 @pytest.mark.parametrize(("kind", "binary"), HARNESSES)
 def test_two_training_steps_through_the_real_harness(stack: TrainingStack, tmp_path: Path, kind: str, binary: str):
@@ -202,10 +224,8 @@ def test_two_training_steps_through_the_real_harness(stack: TrainingStack, tmp_p
     returncode, output = run_train(config, tmp_path, TRAIN_TIMEOUT_S)
 
     assert returncode == 0, f"{output}\n{stack.logs()}"
-    [run_dir] = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
-    run_id = run_dir.name
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == [1, 2], output
+    run_id, steps = _steps(tmp_path, output)
+    assert_trained_on_the_sampled_distribution(steps[0], kind, output)
     versions = [s["policy_version"] for s in steps]
     assert versions[1] == versions[0] + 1, "each step pushed a new policy version"
     assert stack.served_version() == versions[-1], "inference serves the last pushed weights"
@@ -218,3 +238,28 @@ def test_two_training_steps_through_the_real_harness(stack: TrainingStack, tmp_p
         f"sessions failed as infrastructure: {unexplained}\n{stack.harness_output(run_id)}\n{stack.logs()}"
     )
     assert run.sessions_succeeded >= 4, "both groups of two scored"
+
+
+@pytest.mark.timeout(TRAIN_TIMEOUT_S + 90)
+def test_a_harness_asking_for_its_own_temperature_trains_under_the_runs_policy(stack: TrainingStack, tmp_path: Path):
+    """The command agent asks for temperature 0.7; the run's policy says 0.8. Every call samples at 0.8 (the
+    0.7 is recorded as asked), and the trainer recomputes at 0.8: at step 1 it reproduces the captured logprobs."""
+    stack.fresh_inference()
+    agent = [sys.executable, str(Path(__file__).resolve().parents[2] / "examples/agent/agent.py")]
+    config = _config(
+        stack, "command", tmp_path, command=[*agent, "--max-turns", "2", "--temperature", "0.7", "{prompt}"]
+    )
+    spec = yaml.safe_load((tmp_path / "run.yaml").read_text())
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump({**spec, "sampling": {"temperature": 0.8}}))
+
+    returncode, output = run_train(config, tmp_path, TRAIN_TIMEOUT_S)
+
+    assert returncode == 0, f"{output}\n{stack.logs()}"
+    run_id, steps = _steps(tmp_path, output)
+    assert_trained_on_the_sampled_distribution(steps[0], "command", output)
+    run = stack.get_run(run_id)
+    assert run.spec.sampling.temperature == pytest.approx(0.8)
+    calls = [call for result in stack.results(run_id) for call in result.calls]
+    assert calls, "the sessions made model calls"
+    assert {round(call.sampling.temperature, 4) for call in calls} == {0.8}
+    assert {round(call.requested_sampling.temperature, 4) for call in calls} == {0.7}

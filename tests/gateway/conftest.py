@@ -29,16 +29,18 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def gateway_stack_factory(tmp_path: Path, tiny_model_dir: Path) -> Iterator[StackFactory]:
-    """`factory(script=None, *, inference=True, **gateway_settings)` -> a started GatewayStack."""
+    """`factory(script=None, *, inference=True, backend="scripted", **gateway_settings)` -> a started GatewayStack."""
     with contextlib.ExitStack() as stacks:
         count = 0
 
-        def factory(script: dict[str, Any] | None = None, *, inference: bool = True, **gateway: Any) -> GatewayStack:
+        def factory(
+            script: dict[str, Any] | None = None, *, inference: bool = True, backend: str = "scripted", **gateway: Any
+        ) -> GatewayStack:
             nonlocal count
             count += 1
             model_dir = tiny_model_dir if inference else None
             return stacks.enter_context(
-                GatewayStack.start(tmp_path / f"stack{count}", model_dir, script=script, **gateway)
+                GatewayStack.start(tmp_path / f"stack{count}", model_dir, script=script, backend=backend, **gateway)
             )
 
         yield factory

@@ -46,8 +46,17 @@ class OpenedSession:
 class GatewayStack:
     """Handles to a running inference + gateway pair (see the module docstring)."""
 
-    def __init__(self, data_dir: Path, model_dir: Path | None, script: dict[str, Any] | None, **gateway: Any) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        model_dir: Path | None,
+        script: dict[str, Any] | None,
+        *,
+        backend: str = "scripted",
+        **gateway: Any,
+    ) -> None:
         self.data_dir = data_dir
+        self._backend = backend
         self.script_path = data_dir / "script.json"
         self._model_dir = model_dir
         self._gateway_overrides = gateway
@@ -66,12 +75,19 @@ class GatewayStack:
     @classmethod
     @contextlib.contextmanager
     def start(
-        cls, data_dir: Path, model_dir: Path | None, *, script: dict[str, Any] | None = None, **gateway: Any
+        cls,
+        data_dir: Path,
+        model_dir: Path | None,
+        *,
+        script: dict[str, Any] | None = None,
+        backend: str = "scripted",
+        **gateway: Any,
     ) -> Iterator[GatewayStack]:
         """Run a stack for the duration of the block. `model_dir=None` starts NO inference server (the
-        gateway points at a closed port: every model call meets an unavailable backend). `gateway`
+        gateway points at a closed port: every model call meets an unavailable backend). `backend`
+        "transformers" serves the model for real (sampling, logprobs) instead of the script. `gateway`
         overrides GatewaySettings fields (e.g. max_body_bytes)."""
-        stack = cls(data_dir, model_dir, script, **gateway)
+        stack = cls(data_dir, model_dir, script, backend=backend, **gateway)
         stack._thread.start()
         try:
             stack._run(stack._start())
@@ -85,7 +101,7 @@ class GatewayStack:
     async def _start(self) -> None:
         if self._model_dir is not None:
             settings = InferenceSettings(
-                port=0, backend="scripted", model=self._model_dir, script=self.script_path, max_new_tokens=512
+                port=0, backend=self._backend, model=self._model_dir, script=self.script_path, max_new_tokens=512
             )
             self._inference_service = InferenceService.create(settings)
             self._inference = build_server(settings, self._inference_service)
@@ -176,8 +192,9 @@ class GatewayStack:
             self._channel = grpc.insecure_channel(self.grpc_address)
         return gateway_pb2_grpc.GatewayServiceStub(self._channel)
 
-    def open_session(self, **labels: str) -> OpenedSession:
-        response = self.stub().OpenSession(gateway_pb2.OpenSessionRequest(labels=labels), timeout=10)
+    def open_session(self, sampling_policy: common_pb2.SamplingPolicy | None = None, **labels: str) -> OpenedSession:
+        request = gateway_pb2.OpenSessionRequest(labels=labels, sampling_policy=sampling_policy)
+        response = self.stub().OpenSession(request, timeout=10)
         return OpenedSession(response.session.session_id, response.session.session_key)
 
     def close_session(self, session_id: str) -> gateway_pb2.Session:

@@ -62,8 +62,9 @@ def test_session_show_calls_and_json(gateway_stack: GatewayStack, tiny_model_dir
     assert lines[1].startswith("#0 openai_chat policy=0 finish=stop new chain (first)")
     assert "[user] question one" in lines[2]
     assert "'First answer.'" in lines[3]
-    assert lines[4].startswith("  logprobs: ")
-    assert lines[5].startswith("#1 openai_chat policy=0 finish=stop continues #0 (")
+    assert lines[4] == "  sampling: temperature=1 top_p=1 top_k=0 (asked: -)"  # no policy, nothing asked
+    assert lines[5].startswith("  logprobs: ")
+    assert lines[6].startswith("#1 openai_chat policy=0 finish=stop continues #0 (")
     decoded = lodestar("session", "show", key, "--calls", "--model", str(tiny_model_dir), *gateway)
     assert "Second answer." in decoded.stdout
     assert "<|im_start|>assistant\\n'" in decoded.stdout  # the prompt's tail exactly as the model saw it

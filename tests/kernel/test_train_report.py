@@ -116,3 +116,40 @@ def test_the_reward_rise_compares_windows_that_never_overlap() -> None:
     assert reward_rise([0.3, 0.7]) == pytest.approx(0.4)
     assert reward_rise([0.2]) == 0.0
     assert reward_rise([]) == 0.0
+
+
+def test_the_trainers_mismatch_warning_is_shown_in_red(tmp_path: Path) -> None:
+    outcome = train_view.Outcome(
+        run_id="run-1", state="done", steps=2, run_dir=tmp_path, checkpoint="", metrics=[], plots=[], rewards=[0.1],
+        merge_ratio=1.0, seconds=3.0, warning="step 2: mean |trainer - inference| logprob above 0.1 nats (pi 3.8)",
+    )  # fmt: skip
+    console = Console(file=io.StringIO(), width=200, force_terminal=True)
+    console.print(train_view.summary(outcome))
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "warning" in text
+    assert "pi 3.8" in text
+    assert "\x1b[1;31m" in text, "bold red"
+
+
+@pytest.mark.parametrize(
+    ("sampling", "message"),
+    [
+        ("{topP: 0.95}", "top_p 0.95: the trainer recomputes temperature-only"),
+        ("{mode: SAMPLING_MODE_HARNESS}", "mode HARNESS"),
+    ],
+)
+def test_lodestar_train_refuses_a_policy_the_trainer_cannot_recompute(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sampling: str, message: str
+) -> None:
+    from lodestar.cli.main import main
+
+    (tmp_path / "run.yaml").write_text(
+        "tasks: [{taskId: a}]\ngroupSize: 2\nharness: {kind: pi}\nverifier: {kind: command}\n"
+        f"sampling: {sampling}\n"
+    )
+    config = tmp_path / "train.toml"
+    config.write_text(f'[train]\nspec = "run.yaml"\nsteps = 1\nrun_dir = "{tmp_path / "runs"}"\n')
+    code = main(["train", str(config)])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists(), "nothing started"

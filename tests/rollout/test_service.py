@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from lodestar.etcd import EtcdClient
-from lodestar.v1 import rollout_pb2
+from lodestar.v1 import common_pb2, rollout_pb2
 from tests.rollout.helpers import Rollout, call_record, make_spec, sim_node
 
 
@@ -18,6 +18,8 @@ async def test_a_run_completes_and_streams_its_groups(rollout: Rollout, etcd: Et
         assert all(a.attempt == 1 for a in assigned)
         assert assigned[0].task.task_id == "task-0"
         assert assigned[0].harness.kind == "command"
+        assert assigned[0].sampling.mode == common_pb2.SAMPLING_MODE_RUN, "the run's (default) sampling policy"
+        assert assigned[0].sampling.temperature == 1.0
         keys = await etcd.get_prefix(f"{etcd_prefix}rollout/owners/")
         assert len(keys.items) == 4
         assert {item.lease_id for item in keys.items} == {node.lease.id}

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from lodestar.errors import InvalidArgumentError
-from lodestar.v1 import rollout_pb2
+from lodestar.v1 import common_pb2, rollout_pb2
 from services.rollout import spec as specs
 from tests.rollout.helpers import Rollout, make_spec
 
@@ -34,6 +34,24 @@ def test_yaml_spec_with_a_jsonl_tasks_file_relative_to_it(tmp_path: Path) -> Non
     assert (filled.max_attempts, filled.early_stop_fraction, filled.max_staleness) == (3, 1.0, 4)
     assert filled.agent_timeout.seconds == 90  # the default 1200 s, capped by the session timeout
     assert filled.harness.model == "lodestar"
+    assert filled.sampling == common_pb2.SamplingPolicy(
+        mode=common_pb2.SAMPLING_MODE_RUN, temperature=1.0, top_p=1.0, top_k=0
+    ), "the default sampling policy, explicit"
+
+
+def test_a_partial_sampling_policy_keeps_its_values_and_defaults_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "tasks: [{taskId: a}]\ngroupSize: 2\nharness: {kind: pi}\nverifier: {kind: command}\n"
+        "sampling: {temperature: 0.7}\n"
+    )
+    filled = specs.with_defaults(specs.load_spec_file(path))
+    assert filled.sampling.mode == common_pb2.SAMPLING_MODE_RUN
+    assert (filled.sampling.temperature, filled.sampling.top_p, filled.sampling.top_k) == (
+        pytest.approx(0.7),
+        1.0,
+        0,
+    )
 
 
 def test_json_spec_with_inline_tasks(tmp_path: Path) -> None:
@@ -58,6 +76,10 @@ def test_json_spec_with_inline_tasks(tmp_path: Path) -> None:
         ({"early_stop_fraction": 1.5}, "early_stop_fraction"),
         ({"early_stop_fraction": -0.1}, "early_stop_fraction"),
         ({"early_stop_fraction": float("nan")}, "early_stop_fraction"),
+        ({"sampling": common_pb2.SamplingPolicy(temperature=-1.0)}, "sampling.temperature must be > 0"),
+        ({"sampling": common_pb2.SamplingPolicy(temperature=float("inf"))}, "sampling.temperature must be > 0"),
+        ({"sampling": common_pb2.SamplingPolicy(top_p=0.0)}, r"sampling.top_p must be in \(0, 1\]"),
+        ({"sampling": common_pb2.SamplingPolicy(top_k=-1)}, "sampling.top_k must be >= 0"),
     ],
 )
 def test_bad_specs_are_refused_naming_the_problem(change: dict[str, object], message: str) -> None:

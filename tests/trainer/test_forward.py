@@ -11,10 +11,20 @@ import torch
 import torch.nn.functional as F
 
 from services.trainer.attention import TreeLayout, tree_attention
+from services.trainer.batch import MicroBatch
 from services.trainer.builders import BuilderKind, build_sequences
 from services.trainer.forward import chunked_target_logprobs, target_logprobs
 from services.trainer.pack import pack
 from services.trainer.synthetic import SMALL_SHAPE, synthetic_samples
+
+
+def target_path(batch: MicroBatch, index: int) -> tuple[int, ...]:
+    """The token ids from the root of target `index`'s sequence down to the target itself."""
+    path, token = [], batch.target_tokens[index]
+    while token >= 0:
+        path.append(batch.token_ids[token])
+        token = batch.parents[token]
+    return tuple(path[::-1])
 
 
 def _random_forest(size: int, seed: int) -> list[int]:
@@ -128,12 +138,8 @@ def test_target_logprobs_equal_the_stock_model_per_call(tiny_lm: Any, kind: Buil
     seen = 0
     for batch in pack(result.sequences, token_budget=256):
         got = target_logprobs(tiny_lm, batch, vocab_chunk=1000, attention_block=32).detach()
-        for index, token in enumerate(batch.target_tokens):
-            path = []
-            while token >= 0:
-                path.append(batch.token_ids[token])
-                token = batch.parents[token]
-            key = (batch.target_samples[index], tuple(path[::-1]))
+        for index in range(len(batch.target_tokens)):
+            key = (batch.target_samples[index], target_path(batch, index))
             assert float(got[index]) == pytest.approx(expected[key], abs=2e-5)
             seen += 1
     assert seen == sum(len(call.completion_token_ids) for sample in samples for call in sample.calls)

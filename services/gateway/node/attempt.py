@@ -131,4 +131,5 @@ class Attempt:
             ready_duration=duration(self.seconds.get("ready", 0.0)),
             post_duration=duration(self.seconds.get("post", 0.0)),
             final_answer=final_answer(self.calls),
+            harness=self.assignment.harness.kind,
         )

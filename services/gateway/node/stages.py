@@ -73,7 +73,8 @@ class SessionStages:
         self._bin_dir = bin_dir
 
     async def init(self, attempt: Attempt) -> None:
-        """Fresh runtime with the task's files (and repository), and a gateway session labelled with run and task."""
+        """Fresh runtime with the task's files (and repository), and a gateway session labelled with run and task
+        that enforces the run's sampling policy."""
         assignment = attempt.assignment
         attempt.runtime = await self._runtimes.create(attempt.name, assignment)
         if assignment.task.HasField("repository"):  # a repository task: its repo at base_commit (docs/swe.md)
@@ -87,6 +88,7 @@ class SessionStages:
                 "group_id": assignment.group_id,
                 "harness": assignment.harness.kind,
             },
+            sampling_policy=assignment.sampling,  # the run's; unset means the default policy, still enforced
         )
         attempt.gateway_session_id = entry.session_id
         attempt.gateway_session_key = entry.session.session_key

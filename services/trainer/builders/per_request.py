@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.trainer.batch import BuildResult, BuildStats, Sample, TrainingSequence, check_call
+from lodestar.v1 import common_pb2
+from services.trainer.batch import BuildResult, BuildStats, Sample, TrainingSequence, check_call, sampled_temperature
 
 
 def linear_sequence(tokens: list[int]) -> TrainingSequence:
@@ -18,13 +19,21 @@ def linear_sequence(tokens: list[int]) -> TrainingSequence:
     )
 
 
-def add_call_targets(sequence: TrainingSequence, start: int, sample: Sample, logprobs: Sequence[float]) -> None:
-    """Make the sampled tokens at sequence[start : start + len(logprobs)] targets of `sample`."""
-    count = len(logprobs)
-    sequence.target_tokens.extend(range(start, start + count))
+def add_targets(
+    sequence: TrainingSequence, tokens: Sequence[int], sample: Sample, call: common_pb2.CallRecord, first: int
+) -> None:
+    """Make sequence[tokens] targets of `sample`: the sampled tokens of `call` from its `first` on."""
+    count = len(tokens)
+    sequence.target_tokens.extend(tokens)
     sequence.target_samples.extend([sample.sample_index] * count)
-    sequence.behaviour_logprobs.extend(logprobs)
+    sequence.behaviour_logprobs.extend(call.completion_logprobs[first : first + count])
     sequence.advantages.extend([sample.advantage] * count)
+    sequence.temperatures.extend([sampled_temperature(call)] * count)
+
+
+def add_call_targets(sequence: TrainingSequence, start: int, sample: Sample, call: common_pb2.CallRecord) -> None:
+    """Make the sampled tokens of `call`, at sequence[start : start + len(completion)], targets of `sample`."""
+    add_targets(sequence, range(start, start + len(call.completion_token_ids)), sample, call, 0)
 
 
 def call_tokens(samples: Sequence[Sample]) -> int:
@@ -41,7 +50,7 @@ def build(samples: Sequence[Sample]) -> BuildResult:
             check_call(call)
             prompt = list(call.prompt_token_ids)
             sequence = linear_sequence(prompt + list(call.completion_token_ids))
-            add_call_targets(sequence, len(prompt), sample, call.completion_logprobs)
+            add_call_targets(sequence, len(prompt), sample, call)
             sequences.append(sequence)
     tokens = sum(len(sequence) for sequence in sequences)
     stats = BuildStats(calls=len(sequences), sequences=len(sequences), call_tokens=tokens, sequence_tokens=tokens)

@@ -49,7 +49,7 @@ def build(samples: Sequence[Sample]) -> BuildResult:
                 sequence.token_ids.extend(prompt[start:] + completion)
                 sequence.parents.extend(range(start - 1, len(sequence.token_ids) - 1))
                 sequence.position_ids.extend(range(start, len(sequence.token_ids)))
-            add_call_targets(sequence, len(prompt), sample, call.completion_logprobs)
+            add_call_targets(sequence, len(prompt), sample, call)
         sequences.extend(session)
     stats = BuildStats(
         calls=calls,

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from lodestar.v1 import common_pb2
 from services.trainer.batch import BuildResult, BuildStats, Sample, TrainingSequence, check_call
-from services.trainer.builders.per_request import call_tokens
+from services.trainer.builders.per_request import add_targets, call_tokens
 
 Tokens = npt.NDArray[np.int64]
 
@@ -99,7 +100,7 @@ def _flatten(top: _Node) -> TrainingSequence:
 
 def build(samples: Sequence[Sample]) -> BuildResult:
     root = _Node(np.empty(0, dtype=np.int64), 0)
-    calls: list[tuple[Sample, int, Tokens, Sequence[float]]] = []
+    calls: list[tuple[Sample, common_pb2.CallRecord, Tokens]] = []
     merges = breaks = 0
     for sample in samples:
         for call in sorted(sample.calls, key=lambda record: record.sequence):
@@ -110,19 +111,15 @@ def build(samples: Sequence[Sample]) -> BuildResult:
                 merges += 1
             elif had_roots:
                 breaks += 1
-            calls.append((sample, len(call.prompt_token_ids), path, call.completion_logprobs))
+            calls.append((sample, call, path))
     sequences = {first: _flatten(top) for first, top in root.children.items()}
-    for sample, prompt_len, path, logprobs in calls:
-        sequence = sequences[int(path[0])]
+    for sample, call, path in calls:
+        sequence, prompt_len = sequences[int(path[0])], len(call.prompt_token_ids)
         for node in _nodes_on(root, path):
             lo, hi = max(prompt_len, node.depth), node.depth + len(node.tokens)
-            if hi <= lo:
-                continue
-            first = lo - prompt_len
-            sequence.target_tokens.extend(range(node.start + lo - node.depth, node.start + hi - node.depth))
-            sequence.behaviour_logprobs.extend(logprobs[first : first + hi - lo])
-            sequence.target_samples.extend([sample.sample_index] * (hi - lo))
-            sequence.advantages.extend([sample.advantage] * (hi - lo))
+            if hi > lo:
+                tokens = range(node.start + lo - node.depth, node.start + hi - node.depth)
+                add_targets(sequence, tokens, sample, call, lo - prompt_len)
     built = list(sequences.values())
     stats = BuildStats(
         calls=len(calls),

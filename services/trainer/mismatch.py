@@ -1,0 +1,87 @@
+"""The trainer-vs-inference logprob mismatch of a step, per harness, and the warning when it is too large.
+
+Before an update the trainer's logprob of a sampled token must equal the one inference captured: both
+compute the same distribution (the run's sampling policy; services/trainer/forward.py). A gap means the
+PPO ratio and the TIS weight compare two different distributions, so the update for those tokens is
+biased: a harness whose sampling was not overridden, a model inference and trainer load differently, a
+precision problem. `MismatchTally` sums |trainer - inference| over a step's targets by the harness that
+ran each target's session (`Sample.harness`); `values()` gives the step metrics
+`logprob_diff_mean/<harness>` and `logprob_diff_max/<harness>` (the step-wide `logprob_diff_mean/max` come
+from the loss), and `above()` the harnesses whose mean passed the trainer's `mismatch_warn_nats`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from services.trainer.batch import MicroBatch
+from services.trainer.distributed import Parallel
+
+UNKNOWN_HARNESS = "unknown"
+"""The key of sessions whose result did not name its harness (results of older nodes)."""
+
+
+@dataclass
+class MismatchTally:
+    """Sums, counts and maxima of |trainer - inference| logprob by harness (combine ranks with `over_ranks`)."""
+
+    harness_of: Mapping[int, str]
+    """Harness of each sample index of the step."""
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, float] = field(default_factory=dict)
+    maxima: dict[str, float] = field(default_factory=dict)
+
+    def add(self, trainer_logprobs: torch.Tensor, batch: MicroBatch) -> None:
+        """Tally one micro-batch: `trainer_logprobs` [N] against `batch.behaviour_logprobs` [N]."""
+        gap = (trainer_logprobs.detach().float().cpu() - torch.tensor(batch.behaviour_logprobs)).abs().tolist()
+        for sample, value in zip(batch.target_samples, gap, strict=True):
+            harness = self.harness_of.get(sample) or UNKNOWN_HARNESS
+            self.sums[harness] = self.sums.get(harness, 0.0) + value
+            self.counts[harness] = self.counts.get(harness, 0.0) + 1.0
+            self.maxima[harness] = max(self.maxima.get(harness, 0.0), value)
+
+    def over_ranks(self, parallel: Parallel) -> MismatchTally:
+        """The tally of every rank's micro-batches (every rank holds the same plan, so the same harnesses)."""
+        if not parallel.distributed:
+            return self
+        names = sorted(set(self.harness_of.values()) | {UNKNOWN_HARNESS})
+        sums = parallel.sum([self.sums.get(name, 0.0) for name in names])
+        counts = parallel.sum([self.counts.get(name, 0.0) for name in names])
+        maxima = parallel.max([self.maxima.get(name, 0.0) for name in names])
+        kept = [index for index, count in enumerate(counts) if count]
+        return MismatchTally(
+            self.harness_of,
+            sums={names[i]: sums[i] for i in kept},
+            counts={names[i]: counts[i] for i in kept},
+            maxima={names[i]: maxima[i] for i in kept},
+        )
+
+    def means(self) -> dict[str, float]:
+        return {name: self.sums[name] / count for name, count in self.counts.items() if count}
+
+    def values(self) -> dict[str, float]:
+        """The step metrics `logprob_diff_mean/<harness>` and `logprob_diff_max/<harness>`."""
+        values: dict[str, float] = {}
+        for name, mean in sorted(self.means().items()):
+            values[f"logprob_diff_mean/{name}"] = mean
+            values[f"logprob_diff_max/{name}"] = self.maxima[name]
+        return values
+
+    def above(self, threshold: float) -> dict[str, float]:
+        """Harnesses whose mean mismatch is above `threshold` (0 or less: none), with their means."""
+        if threshold <= 0:
+            return {}
+        return {name: mean for name, mean in sorted(self.means().items()) if mean > threshold}
+
+
+def warning_text(step: int, above: Mapping[str, float], threshold: float) -> str:
+    """The GetStatus warning for a step whose mismatch passed the threshold."""
+    parts = ", ".join(f"{name} {mean:.3g}" for name, mean in above.items())
+    return (
+        f"step {step}: mean |trainer - inference| logprob above {threshold:g} nats ({parts}): the update is "
+        "biased for these sessions; check the run's sampling policy and that trainer and inference load the "
+        "same model (docs/trainer.md)"
+    )
