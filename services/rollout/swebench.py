@@ -33,6 +33,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from lodestar.errors import InvalidArgumentError
+from lodestar.patches import patch_files, unsafe_paths
 from lodestar.v1 import rollout_pb2
 
 DEFAULT_TEST_COMMAND = ["python", "-m", "pytest", "-rA", "-p", "no:cacheprovider", "{tests}"]
@@ -190,5 +191,10 @@ def validate_repository_tasks(spec: rollout_pb2.RunSpec) -> None:
             )
         if path and not path.startswith("/") and ".." in Path(path).parts:
             raise InvalidArgumentError(f"task {task.task_id!r}: repository.path must stay inside the workspace")
+        outside = unsafe_paths(patch_files(repo.test_patch))
+        if outside:
+            raise InvalidArgumentError(
+                f"task {task.task_id!r}: the test patch names paths outside the repository: {', '.join(outside[:3])}"
+            )
         if spec.verifier.kind == "swe" and not (repo.fail_to_pass or repo.pass_to_pass):
             raise InvalidArgumentError(f"task {task.task_id!r}: no FAIL_TO_PASS or PASS_TO_PASS tests to run")

@@ -48,7 +48,7 @@ HARNESSES = [
 ]
 OPTIONAL = {"openhands": "make harnesses-openhands"}
 """Harnesses that `make harnesses` does not install: skipped, not failed, when missing."""
-NOISE_REWARD = 'echo "{\\"reward\\": 0.$RANDOM}"'
+NOISE_REWARD = 'echo "0.$RANDOM" > "$LODESTAR_REWARD_FILE"'
 TRAIN_TIMEOUT_S = 1200
 MAX_LOGPROB_GAP = 1e-4
 """Mean |trainer - inference| logprob at step 1 (fp32 CPU; Gemini CLI's top_p 0.95 / top_k 64 made it 3.8 nats

@@ -99,6 +99,8 @@ def test_the_quickstart_learns(tmp_path: Path) -> None:
         assert " ended " in output, output[-3000:]  # the summary row saying why
 
     assert [r["step"] for r in records] == list(range(1, steps + 1))
+    # Before any update the trainer recomputes the sampled distribution exactly (fp32; the run's policy).
+    assert records[0]["logprob_diff_mean"] <= 1e-4, records[0]
     rewards = [r["reward_mean"] for r in records]
     assert reward_rise(rewards) > 0, rewards
     by_version = _reward_by_version(tmp_path / "stack" / "rollout.sqlite", run_id)

@@ -133,6 +133,21 @@ def test_bad_records_are_invalid_argument(tmp_path: Path, change: dict[str, Any]
         ([{"taskId": "r", "repository": {"source": "/x", "fail_to_pass": ["a"]}}], "swe", "base_commit is required"),
         ([{"taskId": "r", "repository": {"source": "/x", "baseCommit": "abc"}}], "swe", "no FAIL_TO_PASS"),
         ([{"taskId": "r", "repository": {"source": "/x", "baseCommit": "a", "path": "../up"}}], "command", "inside"),
+        (
+            [
+                {
+                    "taskId": "r",
+                    "repository": {
+                        "source": "/x",
+                        "baseCommit": "a",
+                        "failToPass": ["t"],
+                        "testPatch": "--- a/../../etc/x\n+++ b/../../etc/x\n",
+                    },
+                }
+            ],
+            "swe",
+            "test patch names paths outside the repository: ../../etc/x",
+        ),
     ],
 )
 def test_bad_repository_specs_are_invalid_argument(tmp_path: Path, tasks: Any, verifier: str, message: str):

@@ -13,6 +13,12 @@
 - The repository gets a local identity (`user.name` lodestar) so an agent's `git commit` works in a clean
   HOME.
 
+The node's own git never trusts anything a session could have written: it runs with a clean environment
+(PATH, LC_ALL; HOME an empty directory; no system or global config), with hooks, fsmonitor and replace
+objects off, so neither a `~/.gitconfig` nor a repository's `core.hooksPath` / `core.fsmonitor` runs code
+in the node's process. The `swe` verifier checks the base commit out again with it (`checkout_base`) to
+score the agent's changes on a pristine tree.
+
 Errors: InvalidArgumentError for task data that cannot work (no base commit, a path that leaves the
 workspace, a source that does not exist or lacks the commit); FailedPreconditionError when git itself is
 missing. INIT reports either as an infrastructure failure naming the problem.
@@ -33,7 +39,16 @@ from lodestar.v1 import rollout_pb2
 _log = get_logger("gateway.node.repository")
 GIT_TIMEOUT_S = 300.0
 IDENTITY = {"user.name": "lodestar", "user.email": "agent@lodestar.invalid"}
-_GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+_GIT_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_NO_REPLACE_OBJECTS": "1",
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_ATTR_NOSYSTEM": "1",
+    "HOME": "/nonexistent",
+    "LC_ALL": "C",
+}
+_GIT_SAFETY = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "protocol.ext.allow=never")
 
 
 def repository_dir(repo: rollout_pb2.RepositoryTask, workdir: Path) -> Path | None:
@@ -70,8 +85,16 @@ async def prepare_repository(repo: rollout_pb2.RepositoryTask, workdir: Path) ->
     return target
 
 
+async def checkout_base(repo: rollout_pb2.RepositoryTask, target: Path) -> None:
+    """A fresh checkout of `repo.source` at its base commit in `target` (the `swe` verifier's pristine tree)."""
+    at_target = rollout_pb2.RepositoryTask()
+    at_target.CopyFrom(repo)
+    at_target.path = ""
+    await prepare_repository(at_target, target)
+
+
 async def _checkout(source: Path, base_commit: str, target: Path, mirror: Path) -> None:
-    await git(None, "clone", "--bare", "--quiet", str(source), str(mirror))
+    await git(None, "clone", "--bare", "--quiet", "--", str(source), str(mirror))
     try:
         commit = (await git(mirror, "rev-parse", "--verify", "--quiet", f"{base_commit}^{{commit}}")).strip()
     except InvalidArgumentError as error:
@@ -90,20 +113,21 @@ async def _checkout(source: Path, base_commit: str, target: Path, mirror: Path) 
             path.unlink(missing_ok=True)
 
 
-async def git(cwd: Path | None, *args: str, timeout_s: float = GIT_TIMEOUT_S) -> str:
-    """Run git on the node; stdout. InvalidArgumentError with git's message when it fails."""
+async def git(cwd: Path | None, *args: str, timeout_s: float = GIT_TIMEOUT_S, stdin: bytes | None = None) -> str:
+    """Run git on the node (clean environment, no hooks: the module docstring); stdout. InvalidArgumentError
+    with git's message when it fails."""
     if shutil.which("git") is None:
         raise FailedPreconditionError("git is not installed on this node (repository tasks need it)")
-    argv = ["git", *(["-C", str(cwd)] if cwd is not None else []), *args]
+    argv = ["git", *_GIT_SAFETY, *(["-C", str(cwd)] if cwd is not None else []), *args]
     process = await asyncio.create_subprocess_exec(
         *argv,
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, **_GIT_ENV},
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **_GIT_ENV},
     )
     try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout_s)
+        stdout, stderr = await asyncio.wait_for(process.communicate(stdin), timeout_s)
     except TimeoutError:
         process.kill()
         await process.wait()

@@ -150,6 +150,8 @@ class SessionStages:
                     scratch=runtime.real.tmpdir,
                     scratch_visible=runtime.visible.tmpdir,
                     runtime_kind=runtime.kind,
+                    root=runtime.root,
+                    workspace_host=runtime.real.workdir,
                 )
             )
         except VerifierError as error:

@@ -106,7 +106,7 @@ def test_hanging_harness_times_out_keeps_calls_kills_group_removes_workspace(
 ):
     stack = node_factory({"replies": [{"text": "first answer"}]})
     pidfile = tmp_path / "pids"
-    verifier = {"kind": "command", "config": {"command": "echo '{\"reward\": 0.25}'"}}
+    verifier = {"kind": "command", "config": {"command": "echo 0.25 > $LODESTAR_REWARD_FILE"}}
     standin.offer(
         assignment("hang", command=HANG_AGENT, verifier=verifier, agent_timeout_s=6, env={"PIDFILE": str(pidfile)})
     )

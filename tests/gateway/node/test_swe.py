@@ -43,7 +43,10 @@ async def _session(tmp_path: Path, task: rollout_pb2.Task, name: str = "s1-a1") 
     return runtime
 
 
-async def _score(runtime: HostRuntime, task: rollout_pb2.Task, **config: Any) -> tuple[float, dict[str, Any]]:
+async def _score(
+    runtime: HostRuntime, task: rollout_pb2.Task, *, pristine: bool = True, **config: Any
+) -> tuple[float, dict[str, Any]]:
+    """The swe verifier's reward and details; `pristine` False: as for an in-image repository (in place)."""
     spec = rollout_pb2.VerifierSpec(kind="swe")
     spec.config.update(config)
     given = VerifierInput(
@@ -54,6 +57,8 @@ async def _score(runtime: HostRuntime, task: rollout_pb2.Task, **config: Any) ->
         run=runtime.run_process,
         scratch=runtime.real.tmpdir,
         scratch_visible=runtime.visible.tmpdir,
+        root=runtime.root,
+        workspace_host=runtime.real.workdir if pristine else None,
     )
     verdict = await make_verifier(spec).score(given)
     return verdict.reward, verdict.details
@@ -140,16 +145,24 @@ async def test_unfixed_repository_scores_zero_with_per_test_outcomes(tmp_path: P
     assert details["restored_files"] == ["tests/test_slugify.py"]
 
 
-async def test_the_fix_scores_one_and_edited_test_files_are_restored(tmp_path: Path, slugify: rollout_pb2.Task):
+@pytest.mark.parametrize("pristine", [True, False])
+async def test_the_fix_scores_one_and_edited_test_files_are_restored(
+    tmp_path: Path, slugify: rollout_pb2.Task, pristine: bool
+):
     runtime = await _session(tmp_path, slugify)
     _agent_applies(runtime, slugify.metadata["gold_patch"])
     # The agent also "fixes" the tests its own way: a syntax error that would fail every test if it stayed.
     (runtime.real.workdir / "tests" / "test_slugify.py").write_text("this is not python\n")
 
-    reward, details = await _score(runtime, slugify)
+    reward, details = await _score(runtime, slugify, pristine=pristine)
 
     assert reward == 1.0, details
     assert set(details["fail_to_pass"].values()) == set(details["pass_to_pass"].values()) == {"passed"}
+    if pristine:  # scored on a fresh checkout: the agent's edit of the test file was never carried over
+        assert details["scored_on"] == "pristine"
+        assert details["ignored_files"] == ["tests/test_slugify.py"]
+        assert details["changed_files"] == ["slugify/__init__.py"]
+        return
     test_file = (runtime.real.workdir / "tests" / "test_slugify.py").read_text()
     assert "def test_simple_word" in test_file
     assert "def test_collapses_and_strips_dashes" in test_file
@@ -194,10 +207,14 @@ async def test_an_agent_that_destroys_the_repository_scores_zero(tmp_path: Path,
     runtime = await _session(tmp_path, slugify)
     shutil.rmtree(runtime.real.workdir / ".git")
 
-    reward, details = await _score(runtime, slugify)
+    reward, details = await _score(runtime, slugify, pristine=False)
 
     assert reward == 0.0
     assert "no longer a git repository" in details["error"]
+    shutil.rmtree(runtime.real.workdir)
+    reward, details = await _score(runtime, slugify)
+    assert reward == 0.0
+    assert details["error"] == "the repository directory is gone"
 
 
 @pytest.mark.parametrize(
@@ -231,21 +248,26 @@ def _without_git(directory: Path) -> Path:
 
 
 async def test_a_runtime_without_git_is_infrastructure(tmp_path: Path, slugify: rollout_pb2.Task):
+    """In place (an in-image repository), git runs in the session's runtime; on a pristine tree the node's
+    git does the work, and the test run needs none."""
     runtime = await _session(tmp_path, slugify)
     no_git = _without_git(tmp_path / "bin-without-git")
 
     with pytest.raises(VerifierError, match="git is not installed"):
-        await _score(runtime, slugify, env={"PATH": str(no_git)})
+        await _score(runtime, slugify, pristine=False, env={"PATH": str(no_git)})
 
 
-async def test_a_test_patch_that_does_not_apply_is_infrastructure(tmp_path: Path, slugify: rollout_pb2.Task):
+@pytest.mark.parametrize("pristine", [True, False])
+async def test_a_test_patch_that_does_not_apply_is_infrastructure(
+    tmp_path: Path, slugify: rollout_pb2.Task, pristine: bool
+):
     task = rollout_pb2.Task()
     task.CopyFrom(slugify)
     task.repository.test_patch = task.repository.test_patch.replace("def test_simple_word", "def test_other_name")
     runtime = await _session(tmp_path, task)
 
     with pytest.raises(VerifierError, match="does not apply"):
-        await _score(runtime, task)
+        await _score(runtime, task, pristine=pristine)
 
 
 async def test_exit_code_parser(tmp_path: Path, slugify: rollout_pb2.Task):

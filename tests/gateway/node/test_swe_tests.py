@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.node.verifiers.swe_tests import command_argv, parse_outcomes, patch_files, report
+from lodestar.patches import patch_files, unsafe_paths
+from services.gateway.node.verifiers.swe_tests import command_argv, parse_outcomes, report
 
 PYTEST_RA = """\
 ============================= test session starts ==============================
@@ -98,3 +99,8 @@ def test_patch_files():
 )
 def test_test_argv(command: list[str], argv: list[str]):
     assert command_argv(command, ["t.py::a", "t.py::b c"]) == argv
+
+
+def test_unsafe_paths():
+    patch = "--- a/../../etc/passwd\n+++ b/../../etc/passwd\n--- /abs/x\n+++ /abs/x\n--- a/ok/..x\n+++ b/ok/..x\n"
+    assert unsafe_paths(patch_files(patch)) == ["../../etc/passwd", "/abs/x"]

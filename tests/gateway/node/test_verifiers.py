@@ -56,7 +56,7 @@ async def _score(runtime: SessionRuntime, kind: str, answer: str = "done", **con
     [
         ('test "$(cat out.txt)" = hi', 1.0),
         ('test "$(cat out.txt)" = bye', 0.0),
-        ("echo checking; echo '{\"reward\": 0.25}'; exit 1", 0.25),
+        ("echo checking; echo 0.25 > $LODESTAR_REWARD_FILE; exit 1", 0.25),
         ('test "$PWD" = /tmp/lodestar-session/work -a "$HOME" = /tmp/lodestar-session/home', 1.0),
         ('test "$LODESTAR_FINAL_ANSWER" = done -a "$LODESTAR_TASK_ID" = t1', 1.0),
     ],
@@ -64,7 +64,7 @@ async def _score(runtime: SessionRuntime, kind: str, answer: str = "done", **con
 async def test_command_verifier_rewards(runtime: SessionRuntime, command: str, reward: float):
     got, details = await _score(runtime, "command", command=command)
     assert got == reward, details
-    assert details["reward_from"] == ("stdout" if reward == 0.25 else "exit_code")
+    assert details["reward_from"] == ("file" if reward == 0.25 else "exit_code")
 
 
 async def test_command_verifier_gets_an_answer_with_nul_characters_without_them(runtime: SessionRuntime):

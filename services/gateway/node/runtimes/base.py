@@ -37,6 +37,9 @@ class SessionRuntime(Protocol):
     """One session attempt's environment, from INIT to its cleanup."""
 
     kind: str
+    root: Path
+    """The session's private root on the node (home, tmp and work are below it); made by the node, so the
+    session can change what is below it but not the root itself."""
     real: RunDirs
     """The session's directories as the node sees them (adapters write their config files here)."""
     visible: RunDirs

@@ -2,7 +2,9 @@
 
 `make_verifier(spec)` builds one from its config (InvalidArgumentError for an unknown kind or a bad
 config). A verifier's `score(input)` returns a `Verdict` or raises `VerifierError`: a crash or timeout is
-an infrastructure failure, never a reward of 0.
+an infrastructure failure, never a reward of 0. Every verdict is checked (`base.checked_verdict`): a reward
+that is not a finite number is a VerifierError, one outside the config's `reward_range` (default [0, 1]) is
+clamped into it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,15 @@ from typing import Any
 
 from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.verifiers.base import Verdict, Verifier, VerifierError, VerifierInput, config_dict
+from services.gateway.node.verifiers.base import (
+    Verdict,
+    Verifier,
+    VerifierError,
+    VerifierInput,
+    checked_verdict,
+    config_dict,
+    reward_range,
+)
 from services.gateway.node.verifiers.command import CommandVerifier
 from services.gateway.node.verifiers.exact_match import ExactMatchVerifier
 from services.gateway.node.verifiers.python import PythonVerifier
@@ -26,11 +36,24 @@ VERIFIERS: dict[str, Callable[[dict[str, Any]], Verifier]] = {
 }
 
 
+class BoundedVerifier:
+    """A verifier whose verdicts are checked against its declared reward range."""
+
+    def __init__(self, inner: Verifier, bounds: tuple[float, float]) -> None:
+        self.inner = inner
+        self.kind = inner.kind
+        self.bounds = bounds
+
+    async def score(self, given: VerifierInput) -> Verdict:
+        return checked_verdict(await self.inner.score(given), self.bounds, self.kind)
+
+
 def make_verifier(spec: rollout_pb2.VerifierSpec) -> Verifier:
     factory = VERIFIERS.get(spec.kind)
     if factory is None:
         raise InvalidArgumentError(f"unknown verifier kind {spec.kind!r}; one of {', '.join(VERIFIERS)}")
-    return factory(config_dict(spec.config))
+    config = config_dict(spec.config)
+    return BoundedVerifier(factory(config), reward_range(config, spec.kind))
 
 
 __all__ = ["VERIFIERS", "Verdict", "Verifier", "VerifierError", "VerifierInput", "make_verifier"]

@@ -1,9 +1,12 @@
 """What every verifier shares: its input (task, final answer, the session's workspace and a way to run a
-process there), its verdict, and the error that marks a verifier failure as infrastructure, never a reward.
+process there), its verdict, the error that marks a verifier failure as infrastructure, never a reward, and
+the declared reward range every verdict is checked against (`checked_verdict`: a non-finite reward is a
+verifier failure, one outside `reward_range` is clamped into it, and the details say so).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,9 +17,11 @@ from google.protobuf import json_format, struct_pb2
 from lodestar.errors import InvalidArgumentError, LodestarError
 from lodestar.v1 import rollout_pb2
 from services.gateway.node.harnesses import HarnessResult
+from services.gateway.node.safe_files import make_private_dir
 
 DEFAULT_TIMEOUT_S = 300.0
 TAIL_CHARS = 4000
+DEFAULT_REWARD_RANGE = (0.0, 1.0)
 
 
 class VerifierError(LodestarError):
@@ -46,6 +51,20 @@ class VerifierInput:
     """... and as the session's processes see it."""
     runtime_kind: str = "host"
     """The session's runtime (`RuntimeSpec.kind`: "host" or "docker")."""
+    root: Path | None = None
+    """The session's private root on the node (made by the node; the session can change what is below it,
+    never the root itself): node writes below it go through services/gateway/node/safe_files.py. None: the
+    scratch directory itself is the root (tests that build an input by hand)."""
+    workspace_host: Path | None = None
+    """The workspace as the node sees it (None: not known; the swe verifier then scores in place)."""
+
+    def private_dir(self, prefix: str) -> tuple[Path, Path]:
+        """A new directory in the scratch directory that no session process has seen (random name, 0700,
+        made without following links): (as the node sees it, as the session's processes see it)."""
+        root = self.root or self.scratch
+        relative = self.scratch.relative_to(root).as_posix() if self.scratch != root else "."
+        host = make_private_dir(root, relative, prefix)
+        return host, self.scratch_visible / host.name
 
 
 @dataclass(frozen=True)
@@ -69,6 +88,33 @@ def timeout_of(config: Mapping[str, Any], kind: str) -> float:
     if isinstance(raw, bool) or not isinstance(raw, int | float) or raw <= 0:
         raise InvalidArgumentError(f"{kind} verifier: timeout_s must be a positive number, got {raw!r}")
     return float(raw)
+
+
+def reward_range(config: Mapping[str, Any], kind: str) -> tuple[float, float]:
+    """The declared (low, high) of a verifier's rewards: config `reward_range` [low, high], default [0, 1]."""
+    raw = config.get("reward_range", list(DEFAULT_REWARD_RANGE))
+    valid = (
+        isinstance(raw, list)
+        and len(raw) == 2
+        and all(isinstance(value, int | float) and not isinstance(value, bool) for value in raw)
+        and all(math.isfinite(value) for value in raw)
+        and raw[0] < raw[1]
+    )
+    if not valid:
+        raise InvalidArgumentError(f"{kind} verifier: reward_range must be [low, high] with low < high, got {raw!r}")
+    return float(raw[0]), float(raw[1])
+
+
+def checked_verdict(verdict: Verdict, bounds: tuple[float, float], kind: str) -> Verdict:
+    """`verdict` with its reward in `bounds` (clamped, `details.reward_clamped_from` set); VerifierError for a
+    reward that is not a finite number (NaN would poison the whole group's advantages)."""
+    reward = verdict.reward
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        raise VerifierError(f"{kind} verifier gave a reward that is not a finite number: {reward!r}")
+    low, high = bounds
+    if low <= reward <= high:
+        return verdict
+    return Verdict(min(max(float(reward), low), high), {**verdict.details, "reward_clamped_from": reward})
 
 
 def task_metadata(task: rollout_pb2.Task) -> dict[str, Any]:

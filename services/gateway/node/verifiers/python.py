@@ -5,8 +5,12 @@ runs in a child process (the node's interpreter, `python_runner.py`) inside the 
 sees the same fixed paths as the harness and a hang or crash can be killed and reported: `workspace` is
 the workspace path, `task` the task as a dict (task_id, prompt, files, metadata), `final_answer` the text
 of the last assistant completion. The module is imported with PYTHONPATH = config.pythonpath (relative
-entries against the node's working directory), the node's working directory and the lodestar root. An
-exception, a non-number return, a timeout or a kill is a VerifierError (infrastructure), not 0.
+entries against the node's working directory) and the lodestar root, and nothing else: the interpreter runs
+isolated (`python -I`: no PYTHON* variables, no user site, neither the working directory nor the script's
+on sys.path), so no module the agent planted in the workspace can shadow the verifier's. Its input goes
+into a new private directory of the session's TMPDIR, created without following links. An exception, a
+non-number or non-finite return, a timeout or a kill is a VerifierError (infrastructure), not 0; a reward
+outside the config's `reward_range` (default [0, 1]) is clamped into it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from google.protobuf import json_format
 
 from lodestar.errors import InvalidArgumentError
 from services.gateway.node.harnesses.base import REPO_ROOT
+from services.gateway.node.safe_files import write_new_file
 from services.gateway.node.verifiers.base import (
     Verdict,
     VerifierError,
@@ -46,7 +51,7 @@ class PythonVerifier:
         extra = config.get("pythonpath", [])
         if not isinstance(extra, list) or not all(isinstance(item, str) for item in extra):
             raise InvalidArgumentError("python verifier: pythonpath must be a list of directories")
-        self.pythonpath = [str(Path(item).resolve()) for item in extra] + [os.getcwd(), str(REPO_ROOT)]
+        self.pythonpath = [str(Path(item).resolve()) for item in extra] + [str(REPO_ROOT)]
 
     async def score(self, given: VerifierInput) -> Verdict:
         document = {
@@ -54,9 +59,11 @@ class PythonVerifier:
             "task": json_format.MessageToDict(given.task, preserving_proto_field_name=True),
             "final_answer": given.final_answer,
         }
-        (given.scratch / INPUT_FILE).write_text(json.dumps(document), encoding="utf-8")
-        argv = [sys.executable, str(RUNNER), self.function, str(given.scratch_visible / INPUT_FILE)]
-        env = {"PYTHONPATH": os.pathsep.join(self.pythonpath), "PYTHONDONTWRITEBYTECODE": "1"}
+        private, visible = given.private_dir(".lodestar-verifier-")
+        write_new_file(private, INPUT_FILE, json.dumps(document).encode("utf-8"))
+        argv = [sys.executable, "-I", "-B", str(RUNNER), self.function, str(visible / INPUT_FILE),
+                os.pathsep.join(self.pythonpath)]  # fmt: skip
+        env: dict[str, str] = {}
         result = await given.run(argv, env, self.timeout_s)
         failure = process_failure(result, self.kind, self.timeout_s)
         if failure is not None:

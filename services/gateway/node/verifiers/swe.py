@@ -3,14 +3,24 @@
 Config (all optional): {"timeout_s": 300 (the test run), "parser": "auto" | "pytest" | "unittest" |
 "exit_code" (see `swe_tests.py`), "partial_credit": false, "env": {extra variables of the test run}}.
 
-The task must have `repository` (docs/swe.md). After the agent ran, in the session's runtime (the same
-container or namespace as the harness, via `VerifierInput.run`), in the repository directory:
+The task must have `repository` (docs/swe.md). After the agent ran, what is scored is a tree the agent never
+touched, carrying only its changes to the code (when the node holds the repository's `source`, the usual
+case):
 
-1. Restore the hidden tests' files: every file the `test_patch` touches is checked out at `base_commit`
-   (or removed when it does not exist there), so whatever the agent did to those files is undone. This is
-   what SWE-bench's evaluation does (`git checkout <base> <test files>`).
-2. Apply the `test_patch` with `git apply` (the agent never saw it).
-3. Run `test_command` (`{tests}` -> the FAIL_TO_PASS and PASS_TO_PASS ids) and parse per-test outcomes.
+1. The node checks `base_commit` out afresh into a new private directory of the session's TMPDIR, with its
+   own git (no hooks, no config of the agent's: repository.py), and carries the agent's working-tree changes
+   onto it file by file (`swe_tree.py`): never `.git` (the agent's config, hooks, filters and replace refs
+   are never read), never the files the test patch touches, never test infrastructure (`conftest.py`,
+   `pytest.py`, `pytest.ini`, `pyproject.toml`, `setup.cfg`, `*.pth`, bytecode, ...), never through a link.
+2. The node applies the `test_patch` there with `git apply` (the agent never saw it).
+3. `test_command` (`{tests}` -> the FAIL_TO_PASS and PASS_TO_PASS ids) runs in that tree, in the session's
+   runtime (the same container or namespaces as the harness, via `VerifierInput.run`); per-test outcomes
+   are parsed from its output.
+
+A repository that lives only in the task's image (no `source`, an absolute `path`) cannot be checked out by
+the node: it is scored in place as before (in the session's runtime, the test patch's files restored with
+`git checkout <base> <files>` as SWE-bench does, then the patch applied), which an agent that rewrites
+`.git` or plants test infrastructure can influence; use a `source` for untrusted agents.
 
 Reward 1.0 when every FAIL_TO_PASS test passes and no PASS_TO_PASS test breaks, else 0.0 (`partial_credit`:
 the passing fraction of FAIL_TO_PASS when no PASS_TO_PASS broke). `details` has each test's outcome.
@@ -28,6 +38,7 @@ replaces either.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from pathlib import Path
@@ -35,8 +46,10 @@ from typing import Any
 
 from lodestar.errors import InvalidArgumentError
 from lodestar.logging import get_logger
+from lodestar.patches import patch_files, unsafe_paths
 from services.gateway.node.harnesses.base import SYSTEM_PATH
-from services.gateway.node.repository import repository_dir
+from services.gateway.node.repository import checkout_base, git, repository_dir
+from services.gateway.node.safe_files import write_new_file
 from services.gateway.node.verifiers.base import (
     Verdict,
     VerifierError,
@@ -50,9 +63,9 @@ from services.gateway.node.verifiers.swe_tests import (
     command_argv,
     exit_code_outcomes,
     parse_outcomes,
-    patch_files,
     report,
 )
+from services.gateway.node.verifiers.swe_tree import TreeTooLargeError, carry_changes
 
 _log = get_logger("gateway.node.verifiers.swe")
 PATCH_FILE = "lodestar-test.patch"
@@ -113,17 +126,63 @@ class SweVerifier:
             raise VerifierError(f"swe: {error.message}") from error
         started = time.monotonic()
         restored = patch_files(repo.test_patch)
-        (given.scratch / PATCH_FILE).write_text(repo.test_patch, encoding="utf-8")
-        argv = ["bash", "-c", PREPARE, "swe-prepare", str(directory), repo.base_commit,
-                str(given.scratch_visible / PATCH_FILE), *restored]  # fmt: skip
+        if unsafe_paths(restored):
+            raise VerifierError(f"swe: the test patch of {task.task_id!r} names paths outside the repository")
         env = self.env
         if given.runtime_kind == "host":  # as for the `command` harness: `python` is the node's interpreter
             env = {"PATH": f"{Path(sys.executable).parent}:{SYSTEM_PATH}", **self.env}
+        details: dict[str, Any] = {"kind": self.kind, "restored_files": restored, "parser": self.parser}
+        agent_tree = repository_dir(repo, given.workspace_host) if given.workspace_host and repo.source else None
+        if agent_tree is not None:
+            scored = await self._pristine(given, agent_tree, restored, details)
+            if isinstance(scored, Verdict):
+                return scored
+            return await self._run_tests(given, scored, env, details, started)
+        return await self._in_place(given, directory, restored, env, details, started)
+
+    async def _pristine(
+        self, given: VerifierInput, agent_tree: Path, restored: list[str], details: dict[str, Any]
+    ) -> Path | Verdict:
+        """The pristine tree with the agent's changes and the test patch (its path as the session sees it),
+        or the verdict when the agent left nothing to score."""
+        repo = given.task.repository
+        if not await asyncio.to_thread(lambda: agent_tree.is_dir() and not agent_tree.is_symlink()):
+            return Verdict(0.0, {**details, "resolved": False, "error": "the repository directory is gone"})
+        private, visible = given.private_dir(".lodestar-swe-")
+        await checkout_base(repo, private / "repo")
+        try:
+            carried = await asyncio.to_thread(carry_changes, agent_tree, private / "repo", set(restored))
+        except TreeTooLargeError as error:
+            return Verdict(0.0, {**details, "resolved": False, "error": str(error)})
+        details.update(scored_on="pristine", changed_files=carried.changed[:200], deleted_files=carried.deleted[:200],
+                       ignored_files=carried.ignored[:200])  # fmt: skip
+        if repo.test_patch.strip():
+            try:
+                await git(private / "repo", "apply", "--whitespace=nowarn", "-", stdin=repo.test_patch.encode())
+            except InvalidArgumentError as error:
+                raise VerifierError(f"swe: the test patch does not apply to {given.task.task_id!r}: {error}") from error
+        return visible / "repo"
+
+    async def _in_place(
+        self,
+        given: VerifierInput,
+        directory: Path,
+        restored: list[str],
+        env: dict[str, str],
+        details: dict[str, Any],
+        started: float,
+    ) -> Verdict:
+        """Score in the agent's own repository (an in-image repository: the module docstring)."""
+        task, repo = given.task, given.task.repository
+        private, visible = given.private_dir(".lodestar-swe-")
+        write_new_file(private, PATCH_FILE, repo.test_patch.encode("utf-8"))
+        argv = ["bash", "-c", PREPARE, "swe-prepare", str(directory), repo.base_commit,
+                str(visible / PATCH_FILE), *restored]  # fmt: skip
         prepared = await given.run(argv, env, PREPARE_TIMEOUT_S)
         failure = process_failure(prepared, self.kind, PREPARE_TIMEOUT_S)
         if failure is not None:
             raise failure
-        details: dict[str, Any] = {"kind": self.kind, "restored_files": restored, "parser": self.parser}
+        details["scored_on"] = "in_place"
         if prepared.returncode in (_NO_DIRECTORY, _NOT_A_REPOSITORY, _NO_BASE_COMMIT):
             _log.info("repository destroyed by the agent", task_id=task.task_id, error=prepared.stderr.strip())
             return Verdict(0.0, {**details, "resolved": False, "error": tail(prepared.stderr.strip())})
@@ -132,7 +191,12 @@ class SweVerifier:
             raise VerifierError(f"swe: the test patch does not apply to {task.task_id!r}: {why}")
         if prepared.returncode != 0:
             raise VerifierError(f"swe: restoring the test files failed: {tail(prepared.stderr)[-800:]}")
+        return await self._run_tests(given, directory, env, details, started)
 
+    async def _run_tests(
+        self, given: VerifierInput, directory: Path, env: dict[str, str], details: dict[str, Any], started: float
+    ) -> Verdict:
+        repo = given.task.repository
         f2p, p2p = list(repo.fail_to_pass), list(repo.pass_to_pass)
         tests = list(dict.fromkeys([*f2p, *p2p]))
         command = command_argv(list(repo.test_command) or DEFAULT_TEST_COMMAND, tests)

@@ -1,5 +1,5 @@
-"""Pure helpers of the `swe` verifier: the files a test patch touches, the test command's argv, per-test
-outcomes parsed from a test runner's output, and the reward rule.
+"""Pure helpers of the `swe` verifier: the test command's argv, per-test outcomes parsed from a test runner's
+output, and the reward rule (the files a test patch touches: lodestar/patches.py).
 
 Outcome parsers (`parser` in the verifier config):
 
@@ -39,30 +39,6 @@ _PYTEST_SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) (.+)$"
 _PYTEST_VERBOSE = re.compile(r"^(\S.*?::.*?) (PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)(?: +\[ *\d+%\])?$")
 _UNITTEST = re.compile(r"^(\S.*?) \.\.\. (ok|FAIL|ERROR|skipped\b.*|expected failure|unexpected success)$")
 _UNITTEST_STATUS = {"ok": "passed", "FAIL": "failed", "ERROR": "error", "expected failure": "xfail"}
-_DIFF_GIT = re.compile(r'^diff --git ("?a/.+?"?) ("?b/.+"?)$')
-_DIFF_FILE = re.compile(r"^(?:---|\+\+\+) (.+?)(?:\t.*)?$")
-
-
-def patch_files(patch: str) -> list[str]:
-    """Paths (relative to the repository) that a unified diff touches, old and new names, in order."""
-    found: list[str] = []
-    for line in patch.splitlines():
-        git_header = _DIFF_GIT.match(line)
-        if git_header:
-            found.extend(_strip_prefix(name) for name in git_header.groups())
-            continue
-        file_header = _DIFF_FILE.match(line)
-        if file_header and file_header.group(1) != "/dev/null":
-            found.append(_strip_prefix(file_header.group(1)))
-    return [path for path in dict.fromkeys(found) if path]
-
-
-def _strip_prefix(name: str) -> str:
-    name = name.strip()
-    if len(name) >= 2 and name[0] == name[-1] == '"':
-        raw = name[1:-1].encode("utf-8", "backslashreplace").decode("unicode_escape")  # C-style, octal bytes
-        name = raw.encode("latin-1", "replace").decode("utf-8", "replace")
-    return name[2:] if name[:2] in ("a/", "b/") else name
 
 
 def command_argv(command: Sequence[str], tests: Sequence[str]) -> list[str]:
