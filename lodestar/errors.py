@@ -36,6 +36,11 @@ class UnauthenticatedError(LodestarError):
     """Missing or unknown credentials, e.g. an unknown session key (gRPC UNAUTHENTICATED, HTTP 401)."""
 
 
+class PermissionDeniedError(LodestarError):
+    """The caller is known but may not do this, e.g. a path outside the configured directories (gRPC
+    PERMISSION_DENIED, HTTP 403)."""
+
+
 class ResourceExhaustedError(LodestarError):
     """A quota or size limit was hit, e.g. an oversized body (gRPC RESOURCE_EXHAUSTED, HTTP 413/429)."""
 

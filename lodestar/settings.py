@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lodestar.errors import InvalidArgumentError
 
@@ -51,10 +51,17 @@ class ServiceSettings(BaseModel):
     """PEM CA that signs the deployment's certificates: mutual TLS (clients must present a certificate it
     signed) and the trust root for channels to other services."""
     auth_token: str | None = None
-    """Shared bearer token of the control plane (UpdateWeights, CreateRun, CancelRun, AcquireSessions,
-    CompleteSession, TrainerService): required by this server, sent by this process's clients."""
+    """Shared bearer token: required by this server on every lodestar RPC but generation, model info and
+    node counters (docs/security.md), sent by this process's clients."""
     auth_token_file: Path | None = None
     """File holding the auth token (a mounted secret; used when --auth-token is not given)."""
+    allow_insecure: bool = False
+    """Serve on an address beyond loopback (--host) with neither a token nor mutual TLS. Without it such a
+    server refuses to start: anyone who reaches the port could create runs (arbitrary commands on every
+    node), push weights or read sessions."""
+    max_receive_message_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024)
+    """Largest request message this server accepts (larger ones fail with RESOURCE_EXHAUSTED before any
+    handler runs). Each service sizes it to its largest legitimate request (docs/grpc.md); 4 MiB here."""
 
 
 S = TypeVar("S", bound=ServiceSettings)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Compose smoke test of the images (`make compose-test`, after `make images`): start etcd + rollout +
 # inference (scripted) + gateway from deploy/compose.yaml with every port published on 127.0.0.1 (free
-# host ports), check each gRPC server is SERVING through grpcurl from the host, open a gateway session
-# and send one OpenAI chat completion through the gateway container, then SIGTERM the stack and check
+# host ports) and a fresh control-plane token, check each gRPC server is SERVING through grpcurl from the
+# host, check OpenSession is refused without the token, open a gateway session with it and send one OpenAI
+# chat completion through the gateway container, then SIGTERM the stack and check
 # every container exited with code 0 (drained, not killed). Prints the duration of each step.
 set -euo pipefail
 
@@ -26,6 +27,8 @@ chmod -R a+rX build/compose
 export LODESTAR_ETCD_HOST_PORT=$(free_port) LODESTAR_ROLLOUT_HOST_PORT=$(free_port)
 export LODESTAR_INFERENCE_HOST_PORT=$(free_port) LODESTAR_GATEWAY_HOST_PORT=$(free_port)
 export LODESTAR_GATEWAY_HTTP_HOST_PORT=$(free_port)
+# The services bind 0.0.0.0 in their containers: they need the control-plane token (and refuse to start without).
+export LODESTAR_AUTH_TOKEN="$("$PY" -c 'import secrets; print(secrets.token_urlsafe(32))')"
 
 cleanup() {
   local code=$?
@@ -54,8 +57,14 @@ timeout 10 "$GRPCURL" -plaintext "127.0.0.1:$LODESTAR_ROLLOUT_HOST_PORT" list | 
 timeout 10 curl -fsS "http://127.0.0.1:$LODESTAR_ETCD_HOST_PORT/health" | grep -q '"health":"true"'
 log "etcd healthy; reflection lists RolloutService"
 
-session="$(timeout 10 "$GRPCURL" -plaintext -d '{"labels": {"purpose": "compose-smoke"}}' \
+if timeout 10 "$GRPCURL" -plaintext -d '{}' "127.0.0.1:$LODESTAR_GATEWAY_HOST_PORT" \
+  lodestar.v1.GatewayService/OpenSession >/dev/null 2>&1; then
+  log "OpenSession without the token was answered: the gateway must refuse it"; exit 1
+fi
+session="$(timeout 10 "$GRPCURL" -plaintext -H "authorization: Bearer $LODESTAR_AUTH_TOKEN" \
+  -d '{"labels": {"purpose": "compose-smoke"}}' \
   "127.0.0.1:$LODESTAR_GATEWAY_HOST_PORT" lodestar.v1.GatewayService/OpenSession)"
+log "OpenSession refused without the token, answered with it"
 key="$("$PY" -c 'import json,sys; print(json.load(sys.stdin)["session"]["sessionKey"])' <<<"$session")"
 reply="$(timeout 60 curl -fsS "http://127.0.0.1:$LODESTAR_GATEWAY_HTTP_HOST_PORT/v1/chat/completions" \
   -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \

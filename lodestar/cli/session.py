@@ -6,7 +6,8 @@
 SESSION_ID_OR_KEY` prints the session and a one-line summary of each captured call; `--calls` prints each
 call in detail (`session_view`: prompt tail, sampled text with per-token logprobs, finish reason, policy
 version, chain link; `--model DIR` decodes the token ids with the served model's tokenizer); `--json` prints
-the session and its CallRecords as proto JSON.
+the session and its CallRecords as proto JSON. Against a gateway with a token or TLS, give `--auth-token-file`
+(or $LODESTAR_AUTH_TOKEN) and the TLS flags as for `lodestar run`.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from typing import TypeVar
 import grpc
 from google.protobuf import json_format
 
-from lodestar.cli import session_view
+from lodestar.cli import client_security, session_view
 from lodestar.errors import InvalidArgumentError
 from lodestar.grpc.errors import error_from_rpc
+from lodestar.grpc.security import current
 from lodestar.v1 import gateway_pb2, gateway_pb2_grpc
 
 T = TypeVar("T")
@@ -41,7 +43,7 @@ def _labels(pairs: list[str]) -> dict[str, str]:
 
 def _call(args: argparse.Namespace, rpc: Callable[[gateway_pb2_grpc.GatewayServiceStub], T]) -> T:
     """Run one GatewayService call on a fresh channel to `--gateway`; a failed call raises its domain error."""
-    with grpc.insecure_channel(args.gateway) as channel:
+    with current().sync_channel(args.gateway) as channel:
         try:
             return rpc(gateway_pb2_grpc.GatewayServiceStub(channel))
         except grpc.RpcError as error:
@@ -112,3 +114,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     for command in (opener, closer, shower):
         command.add_argument("--gateway", required=True, metavar="HOST:PORT", help="GatewayService address")
         command.add_argument("--timeout", type=float, default=10.0)
+        client_security.add_arguments(command)
+        command.set_defaults(handler=client_security.secured(command.get_default("handler")))

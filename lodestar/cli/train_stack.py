@@ -1,14 +1,15 @@
 """The services `lodestar train` trains against: a running `lodestar up` stack, or its own.
 
-Attaching: `lodestar up` records its addresses and served model in `<data-dir>/addresses.json`
-(default `.lodestar/up/addresses.json`). With `attach = "auto"` (the default) `lodestar train` uses that
-stack when the file exists and its rollout answers SERVING; `attach = "never"` always starts its own;
-any other value names an addresses file that must be up. Its own stack is what `lodestar up` starts
-minus the idle trainer: etcd, inference (the tiny model unless `model` is set), rollout and one gateway
-node, under `data_dir`; the node starts only once the trainer serves (`start_node`), so no sessions pile up
-under the initial policy while the trainer imports torch. The trainer itself is always a process of its own
-(`lodestar trainer serve` with the run, the model and the config file's `[trainer]` table), so
-`lodestar up`'s idle trainer stays idle.
+Attaching: `lodestar up` records its addresses and served model in `<data-dir>/addresses.json` (default
+`.lodestar/up/addresses.json`). With `attach = "auto"` (the default) `lodestar train` uses that stack when the
+file exists and its rollout answers SERVING; `attach = "never"` always starts its own; any other value names
+an addresses file that must be up. A stack of `lodestar up --tls` is attached to with its `client` certificate
+and token, and the trainer started on it gets the `trainer` one. Its own stack is what `lodestar up` starts
+minus the idle trainer: etcd, inference (the tiny model unless `model` is set), rollout and one gateway node,
+under `data_dir`; the node starts only once the trainer serves (`start_node`), so no sessions pile up under
+the initial policy while the trainer imports torch. The trainer itself is always a process of its own
+(`lodestar trainer serve` with the run, the model and the config file's `[trainer]` table), so `lodestar up`'s
+idle trainer stays idle.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from pathlib import Path
 
 from rich.console import Console
 
+from lodestar.cli import up_tls
 from lodestar.cli.train_config import UP_ADDRESSES, TrainConfig
 from lodestar.errors import UnavailableError
+from lodestar.grpc import security
 from lodestar.local import LocalCluster, ServiceSpec, find_etcd, free_port, wait_serving
 
 
@@ -36,6 +39,8 @@ class Stack:
     """The gateway node of a stack this process starts, started by `start_node` once the trainer serves."""
     attached: Path | None = None
     """The addresses file of the `lodestar up` stack attached to."""
+    tls_dir: Path | None = None
+    """Where the attached `lodestar up --tls` stack keeps its CA, certificates and token."""
 
 
 def write_addresses(path: Path, addresses: dict[str, str]) -> None:
@@ -50,15 +55,24 @@ def _read_addresses(path: Path) -> dict[str, str]:
 
 
 async def _attach(path: Path) -> Stack | None:
+    """The stack recorded in `path` when it serves; a `lodestar up --tls` stack also makes this process a
+    client with its `client` identity and token (the process's security is left as it was otherwise)."""
     try:
         addresses = await asyncio.to_thread(_read_addresses, path)
-        stack = Stack(addresses["inference"], addresses["rollout"], Path(addresses["model"]), attached=path)
+        tls_dir = Path(addresses["tls"]) if addresses.get("tls") else None
+        stack = Stack(
+            addresses["inference"], addresses["rollout"], Path(addresses["model"]), attached=path, tls_dir=tls_dir
+        )
+        before = security.current()
+        if tls_dir is not None:
+            security.configure(await asyncio.to_thread(up_tls.client, tls_dir))
     except (OSError, ValueError, KeyError):
         return None
     try:
         await wait_serving(stack.rollout, timeout=3.0)
         await wait_serving(stack.inference, timeout=3.0)
     except UnavailableError:
+        security.configure(before)
         return None
     return stack
 
@@ -116,6 +130,8 @@ async def start_trainer(config: TrainConfig, stack: Stack, run_id: str) -> tuple
     args = ["--config", str(config.config_path), "--run", run_id, "--model", str(stack.model)]
     args += ["--run-dir", str(config.run_dir), "--steps", str(config.steps)]
     args += ["--rollout", stack.rollout, "--inference", stack.inference]
+    if stack.tls_dir is not None:  # an up --tls stack: the trainer serves and calls with its own identity
+        args += await asyncio.to_thread(up_tls.service_args, stack.tls_dir, "trainer")
     try:
         await cluster.start_services([ServiceSpec("trainer", port, args)], timeout=config.start_timeout_s)
     except BaseException:

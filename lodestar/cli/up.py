@@ -131,15 +131,17 @@ async def _up(args: argparse.Namespace) -> int:
         with _console.status("starting etcd"):
             await cluster.start_etcd(timeout=args.timeout)
         specs = _service_specs(args, data_dir, cluster.etcd_url)
+        secured: dict[str, str] = {}
         if args.tls:
             client, pki, token_file = up_tls.secure(specs, data_dir)
             security.configure(client)
             _console.print(f"TLS: CA {pki.ca}, client certificate {client.tls_cert}, token in {token_file}")
+            secured = {"tls": str(data_dir / "tls")}  # `lodestar train` attaches with the client identity
         with _console.status("starting inference, rollout, gateway, trainer"):
             await cluster.start_services(specs, timeout=args.timeout)
         _print_addresses(cluster)
         addresses = {spec.name: f"127.0.0.1:{spec.port}" for spec in cluster.specs}
-        addresses |= {"etcd": cluster.etcd_url, "model": str(args.model or data_dir / "tiny-model")}
+        addresses |= {"etcd": cluster.etcd_url, "model": str(args.model or data_dir / "tiny-model"), **secured}
         write_addresses(data_dir / "addresses.json", addresses)  # `lodestar train` attaches through it
         if args.check:
             _console.print("[green]self-check passed: every service is SERVING[/green]")

@@ -1,6 +1,8 @@
 """`lodestar up --tls`: a local CA, one certificate per service and a control-plane token, created under
 <data-dir>/tls on first use and reused afterwards; every service gets mutual TLS and the token, and `up`
-itself (health checks) and the printed client settings use the `client` certificate."""
+itself (health checks) and the printed client settings use the `client` certificate. `lodestar train`
+attaching to such a stack (its addresses file names the directory) uses the same `client` identity and
+starts its trainer with the `trainer` one (`client`, `service_args`)."""
 
 from __future__ import annotations
 
@@ -20,13 +22,25 @@ def _token(directory: Path) -> Path:
     return path
 
 
+def service_args(tls_dir: Path, service: str) -> list[str]:
+    """The TLS and token flags of `service` (its own certificate, the CA, the token file) in `tls_dir`."""
+    pki = ensure_local_pki(tls_dir)
+    identity = pki.identities[service]
+    args = ["--tls-cert", str(identity.cert), "--tls-key", str(identity.key), "--tls-ca", str(pki.ca)]
+    return [*args, "--auth-token-file", str(_token(tls_dir))]
+
+
+def client(tls_dir: Path) -> Security:
+    """The `client` identity, the CA and the token of the stack secured under `tls_dir`."""
+    pki = ensure_local_pki(tls_dir)
+    identity = pki.identities["client"]
+    return Security(identity.cert, identity.key, pki.ca, _token(tls_dir).read_text().strip())
+
+
 def secure(specs: list[ServiceSpec], data_dir: Path) -> tuple[Security, LocalPki, Path]:
     """Add TLS and token flags to every spec; returns the client's Security, the PKI and the token file."""
-    pki = ensure_local_pki(data_dir / "tls")
-    token_file = _token(data_dir / "tls")
+    tls_dir = data_dir / "tls"
+    pki = ensure_local_pki(tls_dir)
     for spec in specs:
-        identity = pki.identities[spec.name]
-        spec.args += ["--tls-cert", str(identity.cert), "--tls-key", str(identity.key), "--tls-ca", str(pki.ca)]
-        spec.args += ["--auth-token-file", str(token_file)]
-    client = pki.identities["client"]
-    return Security(client.cert, client.key, pki.ca, token_file.read_text().strip()), pki, token_file
+        spec.args += service_args(tls_dir, spec.name)
+    return client(tls_dir), pki, _token(tls_dir)

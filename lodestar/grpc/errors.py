@@ -26,6 +26,7 @@ STATUS_BY_ERROR: dict[type[errors.LodestarError], grpc.StatusCode] = {
     errors.AlreadyExistsError: grpc.StatusCode.ALREADY_EXISTS,
     errors.FailedPreconditionError: grpc.StatusCode.FAILED_PRECONDITION,
     errors.UnauthenticatedError: grpc.StatusCode.UNAUTHENTICATED,
+    errors.PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
     errors.ResourceExhaustedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.UnavailableError: grpc.StatusCode.UNAVAILABLE,
     errors.DeadlineExceededError: grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -39,7 +40,6 @@ ERROR_BY_STATUS: dict[grpc.StatusCode, type[errors.LodestarError]] = {
     grpc.StatusCode.DATA_LOSS: errors.InternalError,
     grpc.StatusCode.ABORTED: errors.UnavailableError,  # a concurrency conflict: retrying may succeed
     grpc.StatusCode.OUT_OF_RANGE: errors.InvalidArgumentError,
-    grpc.StatusCode.PERMISSION_DENIED: errors.UnauthenticatedError,
 }
 TRANSIENT_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}

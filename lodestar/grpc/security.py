@@ -8,8 +8,12 @@ state": every channel of a process talks to the same deployment with the same id
 one object through every client constructor of four services would touch dozens of call sites.)
 
 - Server: with a certificate it binds a TLS port; with a CA it also requires and verifies client
-  certificates (mutual TLS). With a token, the RPCs in `CONTROL_PLANE_METHODS` need the metadata
-  `authorization: Bearer <token>`; others (health, reflection, reads, generation) stay open.
+  certificates (mutual TLS). With a token, every lodestar RPC needs the metadata
+  `authorization: Bearer <token>` except the few in `OPEN_METHODS` (generation, model info, node
+  counters); health and reflection (not lodestar services) stay open. Deny by default: a new RPC is
+  protected unless it is listed as open.
+- Exposure (`check_exposure`): a server bound beyond loopback with neither a token nor mutual TLS refuses
+  to start unless its settings say `allow_insecure` (docs/security.md, "Secure defaults").
 - Client: with a CA or a certificate it opens a TLS channel (trusting the CA, presenting its own
   certificate when it has one); with a token it sends it on every call.
 """
@@ -17,6 +21,7 @@ one object through every client constructor of four services would touch dozens 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,30 +30,65 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from lodestar.errors import InvalidArgumentError
+from lodestar.errors import FailedPreconditionError, InvalidArgumentError
 
 AUTH_METADATA_KEY = "authorization"
 
-CONTROL_PLANE_METHODS = frozenset(
+PROTECTED_PREFIX = "/lodestar."
+"""Every method of a lodestar service needs the token (when one is configured), unless it is open."""
+OPEN_METHODS = frozenset(
     {
-        "/lodestar.v1.InferenceService/UpdateWeights",
-        "/lodestar.v1.RolloutService/CreateRun",
-        "/lodestar.v1.RolloutService/CancelRun",
-        "/lodestar.v1.RolloutService/AcquireSessions",
-        "/lodestar.v1.RolloutService/CompleteSession",
-        # Not in the original list: a forged policy version would hold back or drop every run's groups.
-        "/lodestar.v1.RolloutService/ReportPolicyVersion",
+        # Generation and what a client needs to format it: the data plane the gateway proxies. It reads no
+        # session, run, group, weights or checkpoint (the policy version is public), and a NetworkPolicy
+        # keeps it to the gateway and the trainer in a deployment.
+        "/lodestar.v1.InferenceService/Generate",
+        "/lodestar.v1.InferenceService/GenerateMany",
+        "/lodestar.v1.InferenceService/CountTokens",
+        "/lodestar.v1.InferenceService/GetModelInfo",
+        # Aggregate counters of a node (no session ids or keys): a status page.
+        "/lodestar.v1.GatewayService/GetNodeStatus",
     }
 )
-"""Methods that replace the policy, change runs, claim/complete sessions or move the policy version the
-rollout schedules against: they need the token."""
-CONTROL_PLANE_SERVICES = frozenset({"/lodestar.v1.TrainerService/"})
-"""Services every method of which needs the token."""
+"""The lodestar methods that stay open with a token configured. Everything else that reads or creates
+sessions (OpenSession, GetSession, CloseSession), runs (CreateRun, GetRun, CancelRun), sessions'
+assignments and results (AcquireSessions, CompleteSession), groups (StreamGroups), the policy version the
+rollout schedules against (ReportPolicyVersion), weights (UpdateWeights) or checkpoints (every
+TrainerService method) needs the token."""
 
 
 def needs_token(method: str) -> bool:
-    """Whether `method` ("/pkg.Service/Method") is part of the control plane."""
-    return method in CONTROL_PLANE_METHODS or any(method.startswith(prefix) for prefix in CONTROL_PLANE_SERVICES)
+    """Whether `method` ("/pkg.Service/Method") needs the token: every lodestar method but `OPEN_METHODS`;
+    health and reflection (grpc.*) never do."""
+    return method.startswith(PROTECTED_PREFIX) and method not in OPEN_METHODS
+
+
+_LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "ip6-loopback"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind address is only reachable from this machine ("127.0.0.1", "::1", "localhost"); any
+    other name may resolve to anything and "" means every interface, so they are not loopback. Used for the
+    gRPC ports here and for the gateway's HTTP port."""
+    if host.strip().lower() in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, security: Security, *, allow_insecure: bool, what: str) -> bool:
+    """Refuse (FailedPreconditionError) to serve `what` on `host` beyond loopback with neither a token nor
+    mutual TLS, unless `allow_insecure`; returns True when the server is exposed without either (allowed)."""
+    if is_loopback(host) or security.token or security.mutual_tls:
+        return False
+    if allow_insecure:
+        return True
+    raise FailedPreconditionError(
+        f"refusing to serve {what} on {host} (beyond loopback) without authentication: give a control-plane "
+        "token (--auth-token-file or --auth-token) or mutual TLS (--tls-cert, --tls-key and --tls-ca), bind "
+        "127.0.0.1, or pass --allow-insecure to serve it open to anyone who can reach it"
+    )
 
 
 def _read(path: Path, what: str) -> bytes:
@@ -80,6 +120,11 @@ class Security:
         if token is None and settings.auth_token_file is not None:
             token = _read(settings.auth_token_file, "auth token file").decode().strip()
         return cls(settings.tls_cert, settings.tls_key, settings.tls_ca, token)
+
+    @property
+    def mutual_tls(self) -> bool:
+        """Whether a server with these settings requires client certificates signed by the CA."""
+        return self.tls_cert is not None and self.tls_ca is not None
 
     @property
     def client_tls(self) -> bool:
@@ -160,7 +205,7 @@ def current() -> Security:
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses control-plane calls without `authorization: Bearer <token>` with UNAUTHENTICATED.
+    """Refuses calls of methods that `needs_token` without `authorization: Bearer <token>` with UNAUTHENTICATED.
 
     The check runs before the handler: a refused call never reaches the servicer, so it changes nothing.
     """

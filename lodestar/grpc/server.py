@@ -21,20 +21,27 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from lodestar.grpc.errors import RpcInterceptor
-from lodestar.grpc.security import Security, current
+from lodestar.grpc.security import Security, check_exposure, current
+from lodestar.settings import ServiceSettings
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-"""Weight chunks and long sessions are large; keep the limit well above a CallRecord of 128K tokens."""
+"""Largest message a server sends and a client channel receives (a group of long sessions, a session with
+its calls): the receiving side of a client trusts the servers it connected to."""
+DEFAULT_MAX_RECEIVE_BYTES = 4 * 1024 * 1024
+"""Largest request a server accepts unless its settings say otherwise (`max_receive_message_bytes`): what
+one caller may make the server buffer is sized per service, not left at the send limit."""
 
 LIVENESS_SERVICE = "liveness"
 """Health-check service name that is SERVING from start until shutdown, whatever the readiness (a standby
 or a loading model is alive but not ready): the target of liveness probes."""
 
-SERVER_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.so_reuseport", 0),
-]
+
+def server_options(max_receive_message_bytes: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", max_receive_message_bytes),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.so_reuseport", 0),
+    ]
 
 
 class _MethodAwarePool:
@@ -72,14 +79,19 @@ class GrpcServer:
         port: int = 0,
         drain_seconds: float = 10.0,
         security: Security | None = None,
+        allow_insecure: bool = False,
+        max_receive_message_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
     ) -> None:
-        """`security` (TLS, control-plane token) defaults to the process's `lodestar.grpc.security.current()`."""
+        """`security` (TLS, control-plane token) defaults to the process's `lodestar.grpc.security.current()`.
+        A server for an address beyond loopback with neither a token nor mutual TLS is refused here
+        (FailedPreconditionError, before anything is built or bound) unless `allow_insecure`."""
         self.name = name
         self._address = f"{host}:{port}"
         self._drain_seconds = drain_seconds
         self._security = current() if security is None else security
+        self._exposed = check_exposure(host, self._security, allow_insecure=allow_insecure, what=f"{name} gRPC")
         interceptors = [*self._security.server_interceptors(), RpcInterceptor(name)]
-        self._server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
+        self._server = grpc.aio.server(interceptors=interceptors, options=server_options(max_receive_message_bytes))
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self._services: list[str] = []
@@ -87,6 +99,19 @@ class GrpcServer:
         self._on_drain: list[Callable[[], None]] = []
         self._log = structlog.get_logger(component=name)
         self.port = 0
+
+    @classmethod
+    def for_settings(cls, name: str, settings: ServiceSettings, *, security: Security | None = None) -> GrpcServer:
+        """A server bound, drained, exposed and limited as a service's settings say."""
+        return cls(
+            name,
+            host=settings.host,
+            port=settings.port,
+            drain_seconds=settings.drain_seconds,
+            security=security,
+            allow_insecure=settings.allow_insecure,
+            max_receive_message_bytes=settings.max_receive_message_bytes,
+        )
 
     def add_service(self, register: Callable[[Any, grpc.aio.Server], None], servicer: Any, full_name: str) -> None:
         """Register a servicer (`add_XServicer_to_server`, the servicer, its full proto name)."""
@@ -104,6 +129,12 @@ class GrpcServer:
 
     async def start(self) -> int:
         """Bind and start serving (health NOT_SERVING); returns the bound port."""
+        if self._exposed:
+            self._log.warning(
+                "serving beyond loopback WITHOUT authentication (--allow-insecure): anyone who reaches this port "
+                "can use every RPC",
+                address=self._address,
+            )
         reflection.enable_server_reflection(
             [*self._services, health.SERVICE_NAME, reflection.SERVICE_NAME],
             self._server,

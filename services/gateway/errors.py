@@ -32,6 +32,7 @@ _STATUS: list[tuple[type[errors.LodestarError], int]] = [
     (errors.InvalidArgumentError, 400),
     (errors.FailedPreconditionError, 400),
     (errors.UnauthenticatedError, 401),
+    (errors.PermissionDeniedError, 403),
     (errors.NotFoundError, 404),
     (errors.AlreadyExistsError, 409),
     (errors.ResourceExhaustedError, 429),

@@ -8,23 +8,13 @@ loopback without TLS (the server logs it at start).
 
 from __future__ import annotations
 
-import ipaddress
 import ssl
 from pathlib import Path
 
 from lodestar.errors import InvalidArgumentError
+from lodestar.grpc.security import is_loopback
 
-_LOOPBACK_NAMES = {"localhost", "ip6-localhost", "ip6-loopback"}
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` (an interface to bind) is only reachable from this machine."""
-    if host.lower() in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a name or "" (all interfaces): assume reachable
+__all__ = ["exposure_warning", "is_loopback", "ssl_context"]
 
 
 def ssl_context(cert: Path | None, key: Path | None) -> ssl.SSLContext | None:

@@ -102,7 +102,7 @@ def _tagged(tag: int, outcome: Outcome) -> inference_pb2.TaggedGenerateResponse:
 
 
 def build_server(settings: InferenceSettings, service: InferenceService) -> GrpcServer:
-    server = GrpcServer("inference", host=settings.host, port=settings.port, drain_seconds=settings.drain_seconds)
+    server = GrpcServer.for_settings("inference", settings)
     servicer = InferenceServicer(service)
     server.add_service(
         inference_pb2_grpc.add_InferenceServiceServicer_to_server,

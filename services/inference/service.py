@@ -1,8 +1,9 @@
 """The inference service's domain object: engine, tokenizer, chat template and policy versions, together.
 
 `InferenceService` answers the four RPCs with protobuf messages in and out (no grpc import): Generate via
-`Generation`, CountTokens via the chat template, UpdateWeights (one at a time: read the update, validate
-its tensors against the engine, swap, publish the version), and GetModelInfo.
+`Generation`, CountTokens via the chat template, UpdateWeights (one at a time: read the update within its
+limits (a checkpoint_path under --checkpoint-dirs, a stream of at most --max-weights-bytes), validate its
+tensors against the engine, swap, publish the version), and GetModelInfo.
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ from services.inference.settings import InferenceSettings
 from services.inference.templates import ChatTemplate
 from services.inference.tokenizer import TextTokenizer
 from services.inference.toolcalls import format_for
-from services.inference.weights import default_spool_dir, read_checkpoint_meta, receive_update
+from services.inference.weights import (
+    UpdateLimits,
+    default_spool_dir,
+    read_checkpoint_meta,
+    receive_update,
+    upload_limit,
+)
 
 _log = get_logger("inference")
 
@@ -45,6 +52,11 @@ class InferenceService:
             messages_per_s=settings.stream_messages_per_s,
         )
         self._update_lock = asyncio.Lock()
+        self._spool_lock = asyncio.Lock()
+        self._limits = UpdateLimits(
+            checkpoint_dirs=tuple(settings.checkpoint_dirs),
+            max_bytes=upload_limit(settings.model, settings.max_weights_bytes),
+        )
         self._published_at = timestamp_pb2.Timestamp()
         self._ready = False
 
@@ -88,11 +100,12 @@ class InferenceService:
     ) -> inference_pb2.UpdateWeightsResponse:
         self._check_ready()
         spool = self._settings.weights_spool_dir or default_spool_dir()
-        path, requested, spooled = await receive_update(requests, spool)
+        async with self._spool_lock:  # one update spools at a time: at most max_bytes of the spool dir
+            path, requested, spooled = await receive_update(requests, spool, self._limits)
         try:
             async with self._update_lock:
                 started = time.perf_counter()
-                files, tensors = read_checkpoint_meta(path)
+                files, tensors = read_checkpoint_meta(path, None if spooled else self._limits.checkpoint_dirs)
                 self._engine.validate_weights(tensors)
                 current = self._engine.policy_version
                 version = requested or current + 1

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from pydantic import Field
+
 from lodestar.settings import ServiceSettings
 
 
@@ -45,6 +47,17 @@ class InferenceSettings(ServiceSettings):
     """How the model writes tool calls; auto reads it from the chat template (XML `<function=` or hermes)."""
     weights_spool_dir: Path | None = None
     """Where streamed weight updates are written before the swap (default: /dev/shm when writable, else TMPDIR)."""
+    max_weights_bytes: int = Field(default=0, ge=0)
+    """Largest streamed weight update (its header's total_bytes) accepted and spooled; larger ones are refused
+    with INVALID_ARGUMENT before a byte is written. 0: twice the size of the model's safetensors files plus
+    64 MiB (the trainer pushes fp32 master weights: twice a bf16 checkpoint)."""
+    checkpoint_dirs: list[Path] = Field(default_factory=list)
+    """Directories an UpdateWeights `checkpoint_path` may name (it must resolve, symlinks followed, to one of
+    them or below); empty (the default): every checkpoint_path update is refused with PERMISSION_DENIED and
+    only streamed updates are accepted (what the trainer sends)."""
+    max_receive_message_bytes: int = Field(default=64 * 1024 * 1024, ge=64 * 1024)
+    """Largest request message: a Generate request carries what a gateway accepted (its max_body_bytes, 32 MiB
+    by default) plus token ids; an UpdateWeights chunk is 4 MiB."""
 
 
 SETTINGS = InferenceSettings

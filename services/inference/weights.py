@@ -1,4 +1,5 @@
-"""Weight-update plumbing shared by the server and every engine: safetensors metadata and validation.
+"""Weight-update plumbing shared by the server and every engine: safetensors metadata and validation, and
+the limits of an update stream (`UpdateLimits`: where a checkpoint_path may point, how much may be spooled).
 
 `read_safetensors_meta` reads only the JSON header of a safetensors file (no tensor bytes, no torch), so
 an update can be validated before anything is loaded. `check_tensors` compares an update against the
@@ -12,9 +13,11 @@ import os
 import struct
 import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from lodestar.errors import InvalidArgumentError
+from lodestar.paths import confined
 from lodestar.v1 import inference_pb2
 from services.inference.engine import TensorMeta
 
@@ -22,6 +25,7 @@ FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
 """Dtypes an update may carry; they are cast to the serving dtype."""
 
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
+_UPLOAD_MARGIN_BYTES = 64 * 1024 * 1024
 
 
 def read_safetensors_meta(path: Path) -> list[TensorMeta]:
@@ -74,9 +78,12 @@ def safetensors_files(path: Path) -> list[Path]:
     raise InvalidArgumentError(f"checkpoint path {path} does not exist")
 
 
-def read_checkpoint_meta(path: Path) -> tuple[list[Path], list[TensorMeta]]:
-    """Files and tensor metadata of a safetensors file or checkpoint directory."""
+def read_checkpoint_meta(path: Path, roots: Sequence[Path] | None = None) -> tuple[list[Path], list[TensorMeta]]:
+    """Files and tensor metadata of a safetensors file or checkpoint directory; with `roots`, every file must
+    resolve under them before it is opened (a file of the directory may be a symlink out of it)."""
     files = safetensors_files(path)
+    if roots is not None:
+        files = [checkpoint_files(str(file), roots) for file in files]
     metas: list[TensorMeta] = []
     for file in files:
         metas.extend(read_safetensors_meta(file))
@@ -105,12 +112,37 @@ def check_tensors(expected: Mapping[str, TensorMeta], given: Sequence[TensorMeta
             )
 
 
+@dataclass(frozen=True)
+class UpdateLimits:
+    """What an UpdateWeights stream may ask of the server: the directories a `checkpoint_path` may name, and
+    the most bytes a streamed update may spool."""
+
+    checkpoint_dirs: tuple[Path, ...] = ()
+    max_bytes: int = 0
+
+
+def upload_limit(model: Path | None, configured: int) -> int:
+    """The largest streamed update accepted: `configured` when set, else twice the model's safetensors files
+    plus 64 MiB (fp32 master weights pushed over a bf16 checkpoint are twice its size)."""
+    if configured:
+        return configured
+    files = sorted(model.glob("*.safetensors")) if model is not None and model.is_dir() else []
+    return 2 * sum(file.stat().st_size for file in files) + _UPLOAD_MARGIN_BYTES
+
+
+def checkpoint_files(path: str, checkpoint_dirs: Sequence[Path]) -> Path:
+    """A `checkpoint_path` resolved and confined to `checkpoint_dirs` (PermissionDeniedError outside them,
+    InvalidArgumentError when relative): the files read are the ones under it, whatever a symlink says."""
+    return confined(path, checkpoint_dirs, "checkpoint_path", setting="--checkpoint-dirs")
+
+
 async def receive_update(
-    requests: AsyncIterator[inference_pb2.UpdateWeightsRequest], spool_dir: Path
+    requests: AsyncIterator[inference_pb2.UpdateWeightsRequest], spool_dir: Path, limits: UpdateLimits
 ) -> tuple[Path, int, bool]:
     """Read an UpdateWeights stream: (safetensors file or checkpoint path, requested version, spooled).
 
-    The stream is one `checkpoint_path`, or a `header` then `chunk`s adding up to `header.total_bytes`,
+    The stream is one `checkpoint_path` (confined to `limits.checkpoint_dirs`), or a `header` then `chunk`s
+    adding up to `header.total_bytes` (at most `limits.max_bytes`, refused before anything is written),
     which are written to a file in `spool_dir` (spooled=True: the caller deletes it after the swap).
     """
     first = await anext(aiter(requests), None)
@@ -118,12 +150,18 @@ async def receive_update(
         raise InvalidArgumentError("the weight update stream is empty")
     kind = first.WhichOneof("payload")
     if kind == "checkpoint_path":
+        path = checkpoint_files(first.checkpoint_path, limits.checkpoint_dirs)
         if await anext(aiter(requests), None) is not None:
             raise InvalidArgumentError("a checkpoint_path update must be the only message of the stream")
-        return Path(first.checkpoint_path), 0, False
+        return path, 0, False
     if kind != "header":
         raise InvalidArgumentError("a weight update stream starts with a header or a checkpoint_path")
     header = first.header
+    if header.total_bytes > limits.max_bytes:
+        raise InvalidArgumentError(
+            f"weight update of {header.total_bytes} bytes is above this server's limit of {limits.max_bytes} "
+            "bytes (--max-weights-bytes)"
+        )
     descriptor, name = tempfile.mkstemp(dir=spool_dir, prefix="lodestar-weights-", suffix=".safetensors")
     path = Path(name)
     received = 0

@@ -27,7 +27,7 @@ class RolloutServer:
 
     def __init__(self, settings: RolloutSettings) -> None:
         self.settings = settings
-        self.grpc = GrpcServer("rollout", host=settings.host, port=settings.port, drain_seconds=settings.drain_seconds)
+        self.grpc = GrpcServer.for_settings("rollout", settings)
         self.role = LeaderRole(settings, self.grpc.set_serving)
         servicer = RolloutServicer(lambda: self.role.core, lambda: self.role.leader_address)
         self.grpc.add_service(

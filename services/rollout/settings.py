@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from lodestar.settings import ServiceSettings
 
@@ -27,6 +27,9 @@ class RolloutSettings(ServiceSettings):
     """TTL of the leader's etcd lease: a standby takes over about this long after the leader dies."""
     advertise: str | None = None
     """Address clients are redirected to while this instance leads (default: host:bound-port)."""
+    max_receive_message_bytes: int = Field(default=128 * 1024 * 1024, ge=64 * 1024)
+    """Largest request message: CompleteSession carries a session's every call (tens of MB for hundreds of
+    calls with 100 KB requests, their token ids and logprobs) and CreateRun a run's tasks inline."""
     store_synchronous: str = "normal"
     """SQLite synchronous mode: normal (a committed write survives a crash of the process) or full (also
     power loss, slower)."""

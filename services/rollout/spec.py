@@ -51,6 +51,13 @@ DEFAULT_EARLY_STOP_FRACTION = 1.0
 DEFAULT_MAX_STALENESS = 4
 DEFAULT_MODEL = "lodestar"
 MAX_GROUP_SIZE = 1024
+MAX_SESSIONS_PER_RUN = 250_000
+"""Most sessions (tasks x group_size) one run may ask for: every session is a row in the store and an entry
+in the scheduler's memory from CreateRun on, so one request must not be able to ask for billions."""
+REFUSED_MOUNTS = ("/", "/proc", "/sys", "/dev", "/run", "/var/run", "/boot", "/etc", "/root")
+"""Host paths (and everything below them) no docker run may mount, whatever a node allows: the host's root,
+its kernel interfaces, the docker socket's directories, its configuration and root's home. Nodes allow
+mounts explicitly (--docker-mounts-allowed, docs/runtimes.md); this only refuses the obvious at CreateRun."""
 MAX_TASK_ID_LENGTH = 200
 
 
@@ -118,6 +125,11 @@ def validate_spec(spec: rollout_pb2.RunSpec) -> None:
         raise InvalidArgumentError(f"group_size {spec.group_size} is above the limit of {MAX_GROUP_SIZE}")
     if not spec.tasks:
         raise InvalidArgumentError("the run has no tasks")
+    if len(spec.tasks) * spec.group_size > MAX_SESSIONS_PER_RUN:
+        raise InvalidArgumentError(
+            f"the run asks for {len(spec.tasks)} tasks x {spec.group_size} = {len(spec.tasks) * spec.group_size} "
+            f"sessions, above the limit of {MAX_SESSIONS_PER_RUN} per run: split it into several runs"
+        )
     seen: set[str] = set()
     for index, task in enumerate(spec.tasks):
         if not task.task_id:
@@ -175,10 +187,28 @@ def validate_runtime(spec: rollout_pb2.RunSpec) -> None:
         )
         if not valid:
             raise InvalidArgumentError(f"docker runtime option {key!r} must be {DOCKER_OPTIONS[key]}, got {value!r}")
+        if key == "mounts":
+            for path in value:
+                check_mount(path)
     missing = [task.task_id for task in spec.tasks if not (task.image or runtime.image)]
     if missing:
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise InvalidArgumentError(f"runtime 'docker' needs an image: set runtime.image or task image ({shown})")
+
+
+def check_mount(path: str) -> None:
+    """InvalidArgumentError for a mount that is not a plain absolute path (`..`, `.`, empty segments), names a
+    socket, or is in or below `REFUSED_MOUNTS` (`/` itself included)."""
+    parts = path.split("/")[1:]
+    if path != "/" and any(part in ("", ".", "..") for part in parts):
+        raise InvalidArgumentError(
+            f"docker runtime mount {path!r} must be a normalized absolute path (no '..', '.' or '//')"
+        )
+    if path.endswith(".sock"):
+        raise InvalidArgumentError(f"docker runtime mount {path!r} is refused: no socket may be mounted into a session")
+    for refused in REFUSED_MOUNTS:
+        if path == refused or (refused != "/" and path.startswith(refused + "/")):
+            raise InvalidArgumentError(f"docker runtime mount {path!r} is refused: it exposes the host ({refused})")
 
 
 def with_defaults(spec: rollout_pb2.RunSpec) -> rollout_pb2.RunSpec:

@@ -2,25 +2,39 @@
 
 The training loop is synchronous torch; it runs in a daemon thread so the asyncio gRPC server stays
 responsive. `TrainerRunner` exposes status, step subscriptions (asyncio queues fed from the training
-thread), SaveCheckpoint (waits for the current step, then writes) and Stop (finishes the current step,
-optionally checkpoints, and waits for the thread with a deadline). Without a trainer (no --run/--model)
-the runner is idle: WAITING with the reason in `error`, and every control call is refused.
+thread), SaveCheckpoint (below the checkpoint directory only; waits for the current step, then writes)
+and Stop (finishes the current step, optionally checkpoints, and waits for the thread with a deadline).
+Without a trainer (no --run/--model) the runner is idle: WAITING with the reason in `error`, and every
+control call is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from lodestar.errors import DeadlineExceededError, FailedPreconditionError
+from lodestar.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError
+from lodestar.paths import confined
 from services.trainer.loop import Trainer
 from services.trainer.metrics import StepRecord
 from services.trainer.status import Phase, Status, StatusBoard, StopReason
 
 IDLE_REASON = "no run configured: start the trainer with --run RUN_ID --model DIR"
 _END = None
+
+
+def checkpoint_target(path: Path, checkpoint_dir: Path) -> Path:
+    """Where SaveCheckpoint(path) may write: a directory below the checkpoint directory (a relative path is
+    taken under it; symlinks are followed before the check), never the checkpoint directory itself (a save
+    replaces its target). PermissionDeniedError outside it, InvalidArgumentError for the directory itself."""
+    target = confined(path, [checkpoint_dir], "SaveCheckpoint path", setting="--checkpoint-dir",
+                      relative_to=checkpoint_dir)  # fmt: skip
+    if target == Path(os.path.realpath(checkpoint_dir)):
+        raise InvalidArgumentError("SaveCheckpoint path must name a directory below the checkpoint directory")
+    return target
 
 
 class TrainerRunner:
@@ -49,7 +63,10 @@ class TrainerRunner:
         return self.trainer
 
     async def save_checkpoint(self, path: Path | None) -> tuple[Path, int]:
-        return await asyncio.to_thread(self._require().save_now, path)
+        """Checkpoint now, into `path` (None: the next step directory of the checkpoint directory)."""
+        trainer = self._require()
+        target = None if path is None else checkpoint_target(path, trainer.config.checkpoint_dir)
+        return await asyncio.to_thread(trainer.save_now, target)
 
     async def stop(self, *, save_checkpoint: bool) -> Status:
         """Finish the current step (and checkpoint when asked), then stop; returns the final status."""

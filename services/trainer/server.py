@@ -20,7 +20,7 @@ _log = get_logger("trainer")
 
 
 def build_server(settings: TrainerSettings, runner: TrainerRunner | None = None) -> GrpcServer:
-    server = GrpcServer("trainer", host=settings.host, port=settings.port, drain_seconds=settings.drain_seconds)
+    server = GrpcServer.for_settings("trainer", settings)
     server.add_service(
         trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
         TrainerServicer(runner or TrainerRunner(None)),

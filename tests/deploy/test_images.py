@@ -1,7 +1,8 @@
 """Static checks of deploy/Dockerfile.* and deploy/compose.yaml (offline, no Docker daemon; the real
 build and smoke test are `make images` / `make compose-test`): base image as a build ARG, multi-stage
 with only the service's extra from the wheelhouse, non-root, `lodestar <svc> serve`, a gRPC health
-check on the served port, and LODESTAR_* environment that the service's settings accept."""
+check on the served port, LODESTAR_* environment that the service's settings accept, and a token wherever
+a service binds beyond loopback (an image alone refuses to serve; compose requires LODESTAR_AUTH_TOKEN)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ import pytest
 import yaml
 
 from lodestar.cli.services import REGISTRY
+from lodestar.errors import FailedPreconditionError
+from lodestar.grpc.security import Security
+from lodestar.grpc.server import GrpcServer
 from lodestar.settings import ENV_PREFIX, load_settings
 
 SETTINGS = {service.name: service.settings for service in REGISTRY}
@@ -138,3 +142,38 @@ def test_a_wrong_setting_is_caught() -> None:
         check_settings("rollout", {"LODESTAR_ROLLOUT_STOR": "/data/x"})
     with pytest.raises(Exception, match="port"):
         check_settings("rollout", {"LODESTAR_ROLLOUT_PORT": "not-a-port"})
+
+
+def _refuses_to_serve(service: str, env: dict[str, str]) -> bool:
+    """Whether `service` with these LODESTAR_* variables would refuse to start its gRPC server (bound beyond
+    loopback without a token or mutual TLS): the real check of `GrpcServer`, nothing bound (call it from a
+    running event loop: a grpc.aio server is built)."""
+    settings = load_settings(SETTINGS[service], env=env)
+    try:
+        GrpcServer.for_settings(service, settings, security=Security.from_settings(settings))
+    except FailedPreconditionError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("suffix", list(IMAGES))
+async def test_an_image_bound_to_every_interface_needs_a_token(suffix: str) -> None:
+    """The images bind 0.0.0.0, so run without a token they refuse to start; with one (the Secret in
+    Kubernetes, LODESTAR_AUTH_TOKEN in compose) they serve."""
+    service = IMAGES[suffix][0]
+    env = env_of(parse(DEPLOY / f"Dockerfile.{suffix}")[1][-1])
+    assert _refuses_to_serve(service, env)
+    assert not _refuses_to_serve(service, {**env, f"LODESTAR_{service.upper()}_AUTH_TOKEN": "t0ken"})
+
+
+async def test_the_compose_stack_carries_the_token() -> None:
+    """Every compose service gets the token from LODESTAR_AUTH_TOKEN, which compose requires (`:?`)."""
+    services = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+    for name in ("rollout", "inference", "gateway"):
+        value = str(services[name]["environment"][f"LODESTAR_{name.upper()}_AUTH_TOKEN"])
+        assert re.fullmatch(r"\$\{LODESTAR_AUTH_TOKEN:\?[^}]+\}", value), f"{name}: {value}"
+        env = env_of(parse(DEPLOY / f"Dockerfile.{name}")[1][-1])
+        compose_env = {key: str(v) for key, v in services[name]["environment"].items()}
+        assert not _refuses_to_serve(name, {**env, **compose_env, f"LODESTAR_{name.upper()}_AUTH_TOKEN": "t0ken"})
+        without = {key: v for key, v in compose_env.items() if not key.endswith("_AUTH_TOKEN")}
+        assert _refuses_to_serve(name, {**env, **without})

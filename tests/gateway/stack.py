@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from lodestar.grpc import security
 from lodestar.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.server import GatewayNode
 from services.gateway.settings import GatewaySettings
@@ -189,7 +190,7 @@ class GatewayStack:
 
     def stub(self) -> gateway_pb2_grpc.GatewayServiceStub:
         if self._channel is None:
-            self._channel = grpc.insecure_channel(self.grpc_address)
+            self._channel = security.current().sync_channel(self.grpc_address)  # the token, when one is set
         return gateway_pb2_grpc.GatewayServiceStub(self._channel)
 
     def open_session(self, sampling_policy: common_pb2.SamplingPolicy | None = None, **labels: str) -> OpenedSession:

@@ -134,7 +134,7 @@ def backend_server(
     request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     backend: str = request.param
-    extra = ["--max-new-tokens", str(SERVER_CAP)]
+    extra = ["--max-new-tokens", str(SERVER_CAP), "--checkpoint-dirs", str(tiny_model_dir)]
     if backend == "vllm":
         extra += ["--kv-cache-bytes", str(512 * 1024**2)]
     with serve_inference(backend, tiny_model_dir, tmp_path_factory.mktemp(f"logs-{backend}"), *extra) as server:

@@ -349,7 +349,7 @@ async def test_bad_weight_updates_are_refused_and_old_weights_serve(stub, origin
         await stub.UpdateWeights(
             _one(inference_pb2.UpdateWeightsRequest(checkpoint_path="/nonexistent/ckpt")), timeout=60
         )
-    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED  # outside --checkpoint-dirs
     assert (await stub.GetModelInfo(inference_pb2.GetModelInfoRequest())).policy_version.version == version
     after = (await collect(stub, greedy)).final
     assert list(after.completion_token_ids) == list(before.completion_token_ids)

@@ -139,7 +139,7 @@ async def test_crashes_and_unmapped_statuses_are_internal_not_transient(channel)
     assert isinstance(error_from_rpc(caught.value), errors.InternalError)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await method(channel, "Unary")(b"abort:who knows", timeout=5)
-    assert isinstance(error_from_rpc(caught.value), errors.UnauthenticatedError)  # PERMISSION_DENIED
+    assert isinstance(error_from_rpc(caught.value), errors.PermissionDeniedError)  # PERMISSION_DENIED
 
 
 async def test_context_overflow_keeps_its_numbers_across_the_wire() -> None:

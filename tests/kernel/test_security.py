@@ -1,8 +1,10 @@
 """TLS and the control-plane token on real servers: a rollout leader (real etcd, real SQLite) and a
-scripted inference process, both with mutual TLS and a bearer token (certificates from lodestar.tls).
+scripted inference process, both with mutual TLS and a bearer token (certificates from lodestar.tls), and
+a gateway node with a token.
 
-A client without a certificate fails the handshake; a control-plane call without the token is
-UNAUTHENTICATED and changes nothing; health and reflection stay open; with both the calls work."""
+A client without a certificate fails the handshake; a call without the token (a run, its groups, a
+session, a weight update) is UNAUTHENTICATED and changes nothing; health and reflection stay open; with
+both the calls work. The secure defaults around them are in test_secure_defaults.py."""
 
 from __future__ import annotations
 
@@ -24,7 +26,15 @@ from lodestar.grpc import security
 from lodestar.grpc.security import Security, needs_token
 from lodestar.local import free_port, wait_serving
 from lodestar.tls import LocalPki, ensure_local_pki
-from lodestar.v1 import inference_pb2, inference_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from lodestar.v1 import (
+    gateway_pb2,
+    gateway_pb2_grpc,
+    inference_pb2,
+    inference_pb2_grpc,
+    rollout_pb2,
+    rollout_pb2_grpc,
+    trainer_pb2,
+)
 from services.inference.tiny_model import TinyModelSpec, build
 from services.trainer.rpc import sync_channel
 from tests.rollout.helpers import Rollout, make_spec, settings, start_rollout
@@ -61,14 +71,33 @@ async def rollout(secured: Security, tmp_path: Path, etcd_endpoint: str, etcd_pr
         yield started
 
 
-def test_control_plane_methods() -> None:
-    assert needs_token("/lodestar.v1.InferenceService/UpdateWeights")
-    assert needs_token("/lodestar.v1.RolloutService/AcquireSessions")
-    assert needs_token("/lodestar.v1.TrainerService/GetStatus")
-    assert needs_token("/lodestar.v1.RolloutService/ReportPolicyVersion")
-    assert not needs_token("/lodestar.v1.RolloutService/GetRun")
-    assert not needs_token("/lodestar.v1.InferenceService/Generate")
+def test_every_lodestar_method_but_the_open_ones_needs_the_token() -> None:
+    """Deny by default: every method of every lodestar service needs the token but generation, model info and
+    node counters; health and reflection never do."""
+    open_methods = {
+        "/lodestar.v1.InferenceService/Generate",
+        "/lodestar.v1.InferenceService/GenerateMany",
+        "/lodestar.v1.InferenceService/CountTokens",
+        "/lodestar.v1.InferenceService/GetModelInfo",
+        "/lodestar.v1.GatewayService/GetNodeStatus",
+    }
+    every = {
+        f"/{service.full_name}/{rpc.name}"
+        for module in (gateway_pb2, inference_pb2, rollout_pb2, trainer_pb2)
+        for service in module.DESCRIPTOR.services_by_name.values()
+        for rpc in service.methods
+    }
+    assert open_methods < every
+    for method in every - open_methods:  # sessions, runs, groups, weights, checkpoints, policy versions
+        assert needs_token(method), method
+    for method in open_methods:
+        assert not needs_token(method), method
+    for method in ("/lodestar.v1.RolloutService/GetRun", "/lodestar.v1.RolloutService/StreamGroups",
+                   "/lodestar.v1.GatewayService/OpenSession", "/lodestar.v1.GatewayService/GetSession",
+                   "/lodestar.v1.TrainerService/SaveCheckpoint", "/lodestar.v2.RolloutService/Anything"):  # fmt: skip
+        assert needs_token(method), method
     assert not needs_token("/grpc.health.v1.Health/Check")
+    assert not needs_token("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")
 
 
 async def test_a_client_without_a_certificate_fails_the_handshake(rollout: Rollout, pki: LocalPki) -> None:
@@ -95,11 +124,16 @@ async def _refusals(rollout: Rollout, pki: LocalPki, lease_id: int) -> None:
             await anonymous.CreateRun(rollout_pb2.CreateRunRequest(spec=make_spec(tasks=1, group_size=2)))
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert rollout.core.scheduler.runs == {}
-        with pytest.raises(grpc.aio.AioRpcError) as missing:  # reads stay open: GetRun answers (NOT_FOUND)
-            await anonymous.GetRun(rollout_pb2.GetRunRequest(run_id="nope"))
-        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
 
         run_id = await rollout.create_run(make_spec(tasks=1, group_size=2))  # the token holder can
+        # Reads need the token too: a run carries its harness env (API keys) and tasks (gold patches).
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await anonymous.GetRun(rollout_pb2.GetRunRequest(run_id=run_id))
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for _ in anonymous.StreamGroups(rollout_pb2.StreamGroupsRequest(run_id=run_id)):
+                pass
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         for call in (
             anonymous.AcquireSessions(
                 rollout_pb2.AcquireSessionsRequest(node_id="thief", lease_id=lease_id, free_slots=4)
@@ -201,3 +235,54 @@ async def test_update_weights_without_the_token_leaves_the_policy(inference: str
         reply = await stub.UpdateWeights(iter(requests), timeout=10)
         assert reply.policy_version == 7
         assert (await stub.GetModelInfo(inference_pb2.GetModelInfoRequest(), timeout=10)).policy_version.version == 7
+
+
+class _NoInference:
+    """The gateway test below opens sessions only: no call reaches inference."""
+
+    def generate(self, request: object) -> object:
+        raise AssertionError("no generation expected")
+
+    async def count_tokens(self, request: object) -> int:
+        raise AssertionError("no token count expected")
+
+    async def model_info(self) -> object:
+        raise AssertionError("no model info expected")
+
+
+async def test_a_gateway_with_a_token_refuses_session_rpcs_without_it(tmp_path: Path) -> None:
+    """OpenSession hands out a key that spends inference and GetSession returns a session's calls (prompts,
+    completions): with a token configured, both need it (and CloseSession); the node's counters stay open."""
+    from services.gateway.server import GatewayNode
+    from services.gateway.settings import GatewaySettings
+
+    before = security.current()
+    security.configure(Security(token=TOKEN))
+    try:
+        node = GatewayNode(GatewaySettings(port=0, http_port=0, data_dir=tmp_path), inference=_NoInference())  # type: ignore[arg-type]
+        await node.start()
+    finally:
+        security.configure(before)
+    try:
+        async with Security().aio_channel(node.grpc_address) as channel:
+            anonymous = gateway_pb2_grpc.GatewayServiceStub(channel)
+            for call in (
+                anonymous.OpenSession(gateway_pb2.OpenSessionRequest(run_id="r"), timeout=10),
+                anonymous.GetSession(gateway_pb2.GetSessionRequest(session_id="ses_x"), timeout=10),
+                anonymous.CloseSession(gateway_pb2.CloseSessionRequest(session_id="ses_x"), timeout=10),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await call
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert node.sessions.open_count == 0
+            status = await anonymous.GetNodeStatus(gateway_pb2.GetNodeStatusRequest(), timeout=10)
+            assert status.open_sessions == 0
+        async with Security(token=TOKEN).aio_channel(node.grpc_address) as channel:
+            stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+            opened = await stub.OpenSession(gateway_pb2.OpenSessionRequest(run_id="r"), timeout=10)
+            shown = await stub.GetSession(gateway_pb2.GetSessionRequest(session_id=opened.session.session_id))
+            assert shown.session.session_id == opened.session.session_id
+            status = await stub.GetNodeStatus(gateway_pb2.GetNodeStatusRequest(), timeout=10)
+            assert status.open_sessions == 1
+    finally:
+        await node.stop(0)

@@ -1,5 +1,6 @@
 """RunSpec.runtime validation: an unknown kind, a docker run without an image for some task, bad docker
-options or a negative CPU limit are INVALID_ARGUMENT at CreateRun; the assignment carries the runtime."""
+options (a mount of `/`, the docker socket or another host system path included) or a negative CPU limit
+are INVALID_ARGUMENT at CreateRun; the assignment carries the runtime."""
 
 from __future__ import annotations
 
@@ -40,6 +41,15 @@ def test_host_docker_and_per_task_images_are_valid() -> None:
         (_docker(on_limit="ignore"), "on_limit"),
         (_docker(mounts=["relative/path"]), "mounts"),
         (_docker(network="host"), "unknown docker runtime option 'network'"),
+        (_docker(mounts=["/"]), "docker runtime mount '/' is refused"),
+        (_docker(mounts=["/var/run/docker.sock"]), "refused"),
+        (_docker(mounts=["/run/docker.sock"]), "refused"),
+        (_docker(mounts=["/srv/docker.sock"]), "no socket may be mounted"),
+        (_docker(mounts=["/var/run"]), "refused"),
+        (_docker(mounts=["/proc/1/root"]), "refused"),
+        (_docker(mounts=["/etc"]), "refused"),
+        (_docker(mounts=["/data/../etc"]), "normalized absolute path"),
+        (_docker(mounts=["/data//x"]), "normalized absolute path"),
     ],
 )
 def test_bad_runtimes_are_refused_naming_the_problem(runtime: rollout_pb2.RuntimeSpec, message: str) -> None:
@@ -55,7 +65,12 @@ def test_docker_without_an_image_names_the_tasks_that_lack_one() -> None:
 
 
 async def test_create_run_refuses_a_bad_runtime(rollout: Rollout) -> None:
-    for runtime in (rollout_pb2.RuntimeSpec(kind="vm"), rollout_pb2.RuntimeSpec(kind="docker")):
+    for runtime in (
+        rollout_pb2.RuntimeSpec(kind="vm"),
+        rollout_pb2.RuntimeSpec(kind="docker"),
+        _docker(mounts=["/"]),  # the host's root, or its docker socket: refused whatever a node allows
+        _docker(mounts=["/data/verifiers", "/var/run/docker.sock"]),
+    ):
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await rollout.create_run(make_spec(runtime=runtime))
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -140,3 +140,24 @@ async def _details(rollout: Rollout, spec: rollout_pb2.RunSpec) -> str:
     except grpc.aio.AioRpcError as error:
         return error.details() or ""
     return ""
+
+
+def test_a_run_of_more_sessions_than_the_cap_is_refused() -> None:
+    """tasks x group_size is capped (MAX_SESSIONS_PER_RUN): every session is a store row and a scheduler entry
+    from CreateRun on, so one request must not ask for billions."""
+    assert specs.MAX_SESSIONS_PER_RUN == 250_000
+    specs.validate_spec(make_spec(tasks=250, group_size=1000))  # exactly the cap
+    with pytest.raises(InvalidArgumentError, match="250 tasks x 1001 = 250250 sessions, above the limit of 250000"):
+        specs.validate_spec(make_spec(tasks=250, group_size=1001))
+    with pytest.raises(InvalidArgumentError, match="above the limit"):
+        specs.validate_spec(make_spec(tasks=specs.MAX_SESSIONS_PER_RUN // 1024 + 1, group_size=1024))
+
+
+async def test_create_run_refuses_a_run_above_the_session_cap(rollout: Rollout, tmp_path: Path) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await rollout.create_run(make_spec(tasks=245, group_size=1024))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "sessions, above the limit" in (caught.value.details() or "")
+    assert rollout.core.scheduler.runs == {}
+    with sqlite3.connect(tmp_path / "rollout.sqlite") as db:
+        assert db.execute("SELECT COUNT(*) FROM sessions").fetchone() == (0,)

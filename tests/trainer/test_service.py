@@ -104,9 +104,16 @@ async def test_real_run_pushes_checkpoints_stops_and_resumes(
             )
             assert (await asyncio.to_thread(generate, inference.address, request)).policy_version == 2
 
-            saved = await stub.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(path=str(tmp_path / "manual")))
-            assert (saved.path, saved.step) == (str(tmp_path / "manual"), 2)
-            assert (tmp_path / "manual" / "model.safetensors").is_file()
+            # SaveCheckpoint writes below the checkpoint directory only (a relative path is taken under it).
+            for outside in (str(tmp_path / "manual"), "../../manual", "/etc/lodestar"):
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(path=outside), timeout=60)
+                assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, outside
+            assert not (tmp_path / "manual").exists()
+            manual = (tmp_path / "run" / "checkpoints" / "manual").resolve()
+            saved = await stub.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(path="manual"))
+            assert (saved.path, saved.step) == (str(manual), 2)
+            assert (manual / "model.safetensors").is_file()
 
             stopped = await stub.Stop(trainer_pb2.StopRequest(save_checkpoint=True), timeout=60)
             assert stopped.state == trainer_pb2.TRAINER_STATE_STOPPED

@@ -111,6 +111,7 @@ def test_sigterm_of_a_node_kills_reports_and_removes_its_containers(
         sys.executable, "-m", "lodestar.cli.main", "gateway", "serve", "--port", "0", "--http-port", "0",
         "--inference", inference, "--rollout", standin.address, "--etcd", etcd_endpoint,
         "--etcd-prefix", etcd_prefix, "--data-dir", str(data_dir), "--poll-interval-s", "0.2", "--log-json",
+        "--docker-mounts-allowed", str(TESTS),  # the hanging harness is mounted from here (options.mounts)
     ]  # fmt: skip
     pids = "/tmp/lodestar-session/tmp/pids"  # inside the container; the node sees it in the private root
     log = (tmp_path / "node.log").open("wb")

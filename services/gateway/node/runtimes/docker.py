@@ -3,9 +3,11 @@
 INIT: the session's private root `<sessions_dir>/<name>/{home,tmp,work}` is staged on the node (task files
 in `work`; a tmpfs of `disk_bytes` when the run sets one) and a container is started from the image with
 that root bind-mounted on the fixed root (`/tmp/lodestar-session`), the node's harness install mounted
-read-only at its own paths (`node_install`), `--network none`, the RuntimeSpec's CPU, memory and pids
-limits, labels naming the node, its sessions directory and the session, and `sleep infinity` under
-`--init` as its only process. The session then waits in READY with its container running.
+read-only at its own paths (`node_install`) with the run's options.mounts when the node allows them
+(`allowed_mounts`: a mount outside the node's --docker-mounts-allowed fails the session), `--network
+none`, the RuntimeSpec's CPU, memory and pids limits, labels naming the node, its sessions directory and
+the session, and `sleep infinity` under `--init` as its only process. The session then waits in READY
+with its container running.
 
 RUN: `docker exec` of the translated harness. The container has no network but loopback: the node binds
 a listener on the gateway's loopback address and port *inside* the container's network namespace
@@ -34,7 +36,7 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,7 @@ from services.gateway.node.runtimes.docker_cli import DockerCli
 from services.gateway.node.runtimes.docker_spec import (
     LABEL,
     NODE_BIN,
+    allowed_mounts,
     cgroup_counters,
     container_path,
     disk_full,
@@ -232,8 +235,11 @@ class DockerBackend:
         bin_dir: Path | None = None,
         cli: DockerCli | None = None,
         reaper: bool = True,
+        mounts_allowed: Sequence[Path] = (),
     ) -> None:
+        """`mounts_allowed`: host paths a run's options.mounts may name (none: every mount is refused)."""
         self.sessions_dir = sessions_dir
+        self.mounts_allowed = tuple(mounts_allowed)
         self._owner = os.path.realpath(sessions_dir)
         self.node_id = node_id
         self.fixed_root = fixed_root
@@ -259,10 +265,11 @@ class DockerBackend:
         if not spec.image:
             raise InvalidArgumentError("docker runtime: no image (set the run's runtime.image or the task's image)")
         extra, on_limit = options_of(spec)
+        mounts = allowed_mounts(extra, self.mounts_allowed)
         root = self.sessions_dir / name
         await self._start_reaper()
         real = await asyncio.to_thread(stage_dirs, root, files, tmpfs_bytes=spec.disk_bytes)
-        mounted = node_install(self.bin_dir, extra)
+        mounted = node_install(self.bin_dir, mounts)
         container = f"{LABEL}-{name}-{secrets.token_hex(3)}"
         argv = run_argv(
             container, spec, root=root, fixed_root=self.fixed_root, mounted=mounted, node=node_binary(),

@@ -1,6 +1,7 @@
 """What a session container of the `docker` runtime is, as pure functions: its `docker run` arguments
-(isolation, limits, labels, mounts), the RuntimeSpec options it knows, the node install it mounts, the
-harness PATH inside it, and the counters that tell whether a session hit its limits.
+(isolation, limits, labels, mounts), the RuntimeSpec options it knows, the mounts a run may ask for (only
+host paths the node allows), the node install it mounts, the harness PATH inside it, and the counters that
+tell whether a session hit its limits.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
-from lodestar.errors import InvalidArgumentError
+from lodestar.errors import InvalidArgumentError, PermissionDeniedError
+from lodestar.paths import confined
 from lodestar.v1 import rollout_pb2
 from services.gateway.node.harnesses.base import DEFAULT_BIN_DIR, REPO_ROOT, SYSTEM_PATH
 
@@ -23,10 +25,11 @@ NODE_BIN = Path("/opt/lodestar/node/bin")
 ON_LIMIT = ("score", "infra")
 
 
-def node_install(bin_dir: Path | None = None, extra: Sequence[str] = ()) -> list[Path]:
+def node_install(bin_dir: Path | None = None, extra: Sequence[str | Path] = ()) -> list[Path]:
     """Host paths mounted read-only, at the same path, into every session container: the harness install
     (the package tree of `bin_dir`), the node's Python environment (for `{python}` and the python
-    verifier), lodestar's own code and example agent, and `extra` (RuntimeSpec.options.mounts)."""
+    verifier), lodestar's own code and example agent, and `extra` (RuntimeSpec.options.mounts, already
+    checked by `allowed_mounts`)."""
     bins = (bin_dir or DEFAULT_BIN_DIR).resolve()
     harnesses = bins.parent.parent if bins.parent.name == "node_modules" else bins
     code = [REPO_ROOT / "lodestar", REPO_ROOT / "services", REPO_ROOT / "examples" / "agent"]
@@ -37,6 +40,27 @@ def node_install(bin_dir: Path | None = None, extra: Sequence[str] = ()) -> list
     paths += [Path(item) for item in extra]
     existing = [path.resolve() for path in paths if path.exists()]
     return [path for path in dict.fromkeys(existing) if not any(path.is_relative_to(o) and path != o for o in existing)]
+
+
+DOCKER_SOCKETS = (Path("/var/run/docker.sock"), Path("/run/docker.sock"), Path("/run/containerd/containerd.sock"))
+"""Sockets that hand whoever can write them the container engine (root on the host): never mounted."""
+
+
+def allowed_mounts(mounts: Sequence[str], allowed: Sequence[Path]) -> list[Path]:
+    """RuntimeSpec.options.mounts resolved on this node, each one of the `allowed` host paths (the node's
+    `--docker-mounts-allowed`) or below one; PermissionDeniedError naming the first that is not (with none
+    allowed, every mount is refused), and for `/`, a socket or a directory holding the docker socket even
+    when allowed."""
+    resolved = [confined(mount, allowed, "docker mount", setting="--docker-mounts-allowed") for mount in mounts]
+    for mount, path in zip(mounts, resolved, strict=True):
+        if path == Path("/") or path.is_socket() or any(_holds(path, socket) for socket in DOCKER_SOCKETS):
+            raise PermissionDeniedError(f"docker mount {mount!r} is refused: it exposes the host's root or docker")
+    return resolved
+
+
+def _holds(directory: Path, socket: Path) -> bool:
+    real = Path(os.path.realpath(socket))
+    return any(candidate == directory or candidate.is_relative_to(directory) for candidate in (socket, real))
 
 
 def limits_argv(spec: rollout_pb2.RuntimeSpec) -> list[str]:
