@@ -29,6 +29,8 @@ setup: system-deps venv node-tools
 system-deps:
 	@command -v etcd >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq etcd-server etcd-client; }
 	@command -v unshare >/dev/null || { $(SUDO) apt-get install -y -qq util-linux; }
+	@# bubblewrap: the host runtime's session sandbox (docs/security.md).
+	@command -v bwrap >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bubblewrap; }
 	@# PostgreSQL server binaries for the rollout store tests (the tests start their own server).
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq postgresql; }
 

@@ -29,6 +29,7 @@ from services.gateway.http_tls import exposure_warning, ssl_context
 from services.gateway.inference_client import GrpcInference
 from services.gateway.membership import Membership, NodeRecord
 from services.gateway.node.harnesses import Launcher
+from services.gateway.node.harnesses.sandbox import node_sandbox
 from services.gateway.node.lifecycle import LifecycleConfig, NodeLifecycle
 from services.gateway.node.rollout_client import GrpcRollout, RetryPolicy, RolloutLink
 from services.gateway.node.runtimes import DockerBackend, HostBackend, Runtimes
@@ -65,7 +66,7 @@ class GatewayNode:
         self.store = CaptureStore(settings.data_dir / CAPTURE_FILE, synchronous=settings.capture_synchronous)
         self.sessions = SessionRegistry(self.store)
         self.proxy = Proxy(self.inference, self.store, unknown_fields=UnknownFields(strict=settings.strict_fields))
-        self.grpc = GrpcServer("gateway", host=settings.host, port=settings.port, drain_seconds=settings.drain_seconds)
+        self.grpc = GrpcServer.for_settings("gateway", settings)
         self.grpc.add_service(
             gateway_pb2_grpc.add_GatewayServiceServicer_to_server,
             GatewayServicer(self, self.sessions, self.store, self.proxy),
@@ -91,12 +92,18 @@ class GatewayNode:
 
     def _build_lifecycle(self, rollout: RolloutLink) -> NodeLifecycle:
         settings = self.settings
-        launcher = Launcher(isolate_network=settings.isolate_network, mount_namespaces=settings.mount_namespaces)
         sessions_dir = settings.sessions_dir or settings.data_dir / "sessions"
+        launcher = Launcher(
+            isolate_network=settings.isolate_network, mount_namespaces=settings.mount_namespaces,
+            sandbox=node_sandbox(settings.data_dir, sessions_dir, settings.sandbox_hidden)
+            if settings.host_sandbox == "bwrap" else None,
+        )  # fmt: skip
+        if launcher.sandbox is None:
+            _log.warning("host sessions run without the sandbox (host_sandbox = namespaces): not for untrusted agents")
         self.runtimes = Runtimes({
             "host": HostBackend(sessions_dir, launcher, fixed_root=settings.session_root),
             "docker": DockerBackend(sessions_dir, node_id=self.node_id, fixed_root=settings.session_root,
-                                    bin_dir=settings.harness_bin_dir),
+                                    bin_dir=settings.harness_bin_dir, mounts_allowed=settings.docker_mounts_allowed),
         })  # fmt: skip
         stages = SessionStages(
             sessions=self.sessions, store=self.store, proxy=self.proxy, launcher=launcher, runtimes=self.runtimes,

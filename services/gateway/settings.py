@@ -69,6 +69,18 @@ class GatewaySettings(ServiceSettings):
     """Run harnesses in a loopback-only network namespace that reaches only this gateway (when possible)."""
     mount_namespaces: bool = True
     """Give sessions fixed paths through mount namespaces (when possible)."""
+    host_sandbox: Literal["bwrap", "namespaces"] = "bwrap"
+    """How the host runtime contains a session: "bwrap" (default) runs every process of it under bubblewrap
+    (user, PID, network, IPC and UTS namespaces, the host read-only, the node's data hidden: docs/security.md)
+    and refuses sessions when bubblewrap cannot run; "namespaces" is the older, weaker isolation (network and
+    mount namespaces only, each falling back to none when unavailable): not for untrusted agents."""
+    sandbox_hidden: list[Path] = Field(default_factory=list)
+    """More host paths the sandbox hides from sessions (the node's data and sessions directories, the working
+    directory's `.lodestar`, the node user's HOME, /tmp, /var/tmp and /run always are)."""
+    docker_mounts_allowed: list[Path] = Field(default_factory=list)
+    """Host paths a docker run's `options.mounts` may name (each mount must resolve, symlinks followed, to one
+    of them or below; `/` and the docker socket never). Empty (the default): a run asking for any mount fails
+    its sessions on this node with PERMISSION_DENIED in the result."""
     harness_bin_dir: Path | None = None
     """Where the harness binaries are (default: <repo>/.harnesses/node_modules/.bin)."""
     default_model: str = "lodestar"

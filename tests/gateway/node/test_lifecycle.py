@@ -93,7 +93,8 @@ def test_same_task_same_first_prompt_ids_with_fixed_paths(node_factory: NodeFact
 
 
 def test_without_mount_namespaces_paths_differ_and_say_so(node_factory: NodeFactory, standin: RolloutStandIn):
-    node_factory({"replies": [{"text": "done"}]}, mount_namespaces=False)
+    """The weaker isolation (host_sandbox = namespaces) without mount namespaces: real, differing paths."""
+    node_factory({"replies": [{"text": "done"}]}, mount_namespaces=False, host_sandbox="namespaces")
     standin.offer(*(assignment(sid, command=AGENT) for sid in ("a", "b")))
     results = standin.wait_results(2)
     first, second = (result.calls[0] for result in results)
@@ -104,7 +105,9 @@ def test_without_mount_namespaces_paths_differ_and_say_so(node_factory: NodeFact
 def test_hanging_harness_times_out_keeps_calls_kills_group_removes_workspace(
     node_factory: NodeFactory, standin: RolloutStandIn, tmp_path: Path
 ):
-    stack = node_factory({"replies": [{"text": "first answer"}]})
+    # The weaker isolation: its harness can write the host's PIDFILE, so the kill of its group shows (the
+    # sandbox's PID namespace ends every process by construction: tests/gateway/node/test_sandbox.py).
+    stack = node_factory({"replies": [{"text": "first answer"}]}, host_sandbox="namespaces")
     pidfile = tmp_path / "pids"
     verifier = {"kind": "command", "config": {"command": "echo 0.25 > $LODESTAR_REWARD_FILE"}}
     standin.offer(
@@ -180,7 +183,7 @@ def test_crashing_verifier_is_an_infra_failure(node_factory: NodeFactory, standi
 def test_cancellation_from_rollout_kills_the_attempt(
     node_factory: NodeFactory, standin: RolloutStandIn, tmp_path: Path
 ):
-    stack = node_factory({"replies": [{"text": "first"}]})
+    stack = node_factory({"replies": [{"text": "first"}]}, host_sandbox="namespaces")  # PIDFILE: as above
     pidfile = tmp_path / "pids"
     standin.offer(assignment("c", command=HANG_AGENT, env={"PIDFILE": str(pidfile)}))
     try:

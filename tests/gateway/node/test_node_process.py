@@ -27,6 +27,7 @@ def test_sigterm_kills_reports_and_cleans_up_in_flight_sessions(
         sys.executable, "-m", "lodestar.cli.main", "gateway", "serve", "--port", "0", "--http-port", "0",
         "--inference", inference, "--rollout", standin.address, "--etcd", etcd_endpoint,
         "--etcd-prefix", etcd_prefix, "--data-dir", str(data_dir), "--poll-interval-s", "0.2", "--log-json",
+        "--host-sandbox", "namespaces",  # its harnesses write the host's PIDFILE (the sandbox would hide it)
     ]  # fmt: skip
     pidfile = tmp_path / "pids"
     log = (tmp_path / "node.log").open("wb")

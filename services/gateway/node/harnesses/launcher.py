@@ -2,6 +2,10 @@
 network isolation when available, optional bind mounts in a mount namespace of its own (fixed session
 paths), and a process-group kill on every exit path (normal exit, timeout, cancellation, error) so no tool
 process a harness started outlives its run.
+
+With a `Sandbox` (sandbox.py; what a gateway node uses by default) every run, harness or verifier, goes
+through bubblewrap instead: user, PID, network, IPC and UTS namespaces, a read-only host with the node's
+secrets hidden, the session's directories bound read-write; a sandbox that cannot run refuses the run.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from services.gateway.node.harnesses.netns import (
     receive_setup,
     wrap,
 )
+from services.gateway.node.harnesses.sandbox import Sandbox
 
 log = get_logger("gateway.harnesses.launcher")
 
@@ -49,6 +54,8 @@ class HarnessResult:
     """True when the run had a loopback-only network namespace."""
     mounted: bool = False
     """True when the run's bind mounts were applied in a mount namespace of its own."""
+    sandboxed: bool = False
+    """True when the run was in the session sandbox (sandbox.py)."""
 
     @property
     def ok(self) -> bool:
@@ -59,11 +66,22 @@ class Launcher:
     """Starts harness processes. One per node; it probes network isolation once."""
 
     def __init__(
-        self, *, isolate_network: bool = True, mount_namespaces: bool = True, max_output_bytes: int = 8 * 1024 * 1024
+        self,
+        *,
+        isolate_network: bool = True,
+        mount_namespaces: bool = True,
+        max_output_bytes: int = 8 * 1024 * 1024,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self.isolation = NetworkIsolation(enabled=isolate_network)
         self.mounts = MountIsolation(enabled=mount_namespaces)
         self.max_output_bytes = max_output_bytes
+        self.sandbox = sandbox
+        """When set, every run is sandboxed (or refused); the namespace settings above are then unused."""
+
+    async def fixed_paths(self) -> bool:
+        """Whether runs can see a session's directories at fixed paths (bind mounts)."""
+        return self.sandbox is not None or await self.mounts.available()
 
     async def run(
         self,
@@ -81,13 +99,21 @@ class Launcher:
         first. Raises FailedPreconditionError when the binary cannot start or the namespace set-up fails.
         """
         started = time.monotonic()
-        isolated = gateway_url is not None and await self.isolation.available()
-        if binds and not await self.mounts.available():
-            raise FailedPreconditionError(f"{invocation.harness}: bind mounts need mount namespaces (unavailable)")
+        sandboxed: list[str] | None = None
+        if self.sandbox is not None:
+            ready, reason = await self.sandbox.available()
+            if not ready:
+                raise FailedPreconditionError(f"{invocation.harness}: the session sandbox cannot run here: {reason}")
+            sandboxed = self.sandbox.argv(binds=binds, chdir=invocation.cwd)
+            isolated = gateway_url is not None
+        else:
+            isolated = gateway_url is not None and await self.isolation.available()
+            if binds and not await self.mounts.available():
+                raise FailedPreconditionError(f"{invocation.harness}: bind mounts need mount namespaces (unavailable)")
         host, port, addresses = gateway_address(gateway_url) if isolated and gateway_url else ("", 0, [])
         channel: socket.socket | None = None
         relay: GatewayRelay | None = None
-        if isolated or binds:
+        if isolated or binds or sandboxed:
             channel, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             with child_end:
                 argv = wrap(
@@ -96,10 +122,11 @@ class Launcher:
                     listen=(addresses, port) if isolated else None,
                     binds=list(binds),
                     chdir=invocation.cwd if binds else None,
+                    sandbox=sandboxed,
                 )
                 # Inside the namespace the helper changes into the (possibly mount-only) working directory.
                 proc = await self._spawn(
-                    invocation, argv, (child_end.fileno(),), channel, cwd=Path("/") if binds else None
+                    invocation, argv, (child_end.fileno(),), channel, cwd=Path("/") if binds or sandboxed else None
                 )
         else:
             proc = await self._spawn(invocation, invocation.argv, (), None)
@@ -114,7 +141,7 @@ class Launcher:
                     listeners = await receive_setup(channel, timeout_s=min(30.0, timeout_s))
                 except OSError as exc:
                     setup_error = exc
-                if binds and setup_error is None:
+                if binds and setup_error is None and sandboxed is None:  # bwrap's PID namespace ends them all
                     mount_ns, mount_ns_fd = _hold_mount_namespace(proc.pid)
                 if isolated and setup_error is None:
                     relay = GatewayRelay(listeners, host, port)
@@ -148,8 +175,9 @@ class Launcher:
             stderr=err.decode("utf-8", errors="replace"),
             timed_out=timed_out,
             duration_s=time.monotonic() - started,
-            isolated=isolated,
+            isolated=isolated or sandboxed is not None,
             mounted=bool(binds),
+            sandboxed=sandboxed is not None,
         )
         log.info(
             "harness run finished",
@@ -159,6 +187,7 @@ class Launcher:
             duration_s=round(result.duration_s, 3),
             isolated=isolated,
             mounted=result.mounted,
+            sandboxed=result.sandboxed,
             relayed_connections=relay.connections if relay else None,
         )
         return result

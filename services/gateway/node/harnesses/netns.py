@@ -104,9 +104,17 @@ def wrap(
     listen: tuple[list[str], int] | None = None,
     binds: list[tuple[Path, Path]] | None = None,
     chdir: Path | None = None,
+    sandbox: list[str] | None = None,
 ) -> list[str]:
     """The argv that runs `argv` inside new namespaces via netns_child.py: a network namespace when
-    `listen` (gateway addresses, port) is given, a mount namespace when `binds` are."""
+    `listen` (gateway addresses, port) is given, a mount namespace when `binds` are. With `sandbox` (a
+    `Sandbox.argv`, which does the binds, the directory change and every namespace itself) netns_child.py
+    runs inside bwrap and only opens the gateway listeners."""
+    if sandbox is not None:
+        child = [sys.executable, "-I", str(CHILD_SCRIPT), str(channel_fd)]
+        if listen is not None:
+            child += ["--listen", ",".join(listen[0]), str(listen[1])]
+        return [*sandbox, "--", *child, "--", *argv]
     flags = _user_flags()
     if listen is not None:
         flags.append("--net")

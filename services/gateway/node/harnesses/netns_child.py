@@ -46,15 +46,17 @@ PR_SET_PDEATHSIG = 1
 
 
 def loopback_up() -> None:
+    """Bring `lo` up unless it is (bwrap brings it up, and its sandbox has no capability to do it again)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         ifreq = struct.pack("16sh14x", b"lo", 0)
         flags = struct.unpack("16sh14x", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, ifreq))[1]
-        fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sh14x", b"lo", flags | IFF_UP))
+        if not flags & IFF_UP:
+            fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sh14x", b"lo", flags | IFF_UP))
 
 
 def listen_on(host: str, port: int) -> socket.socket:
     address = ipaddress.ip_address(host)
-    if not address.is_loopback:
+    if not (address.is_loopback or address.is_unspecified):
         # The gateway's address does not exist in the new namespace: give it to lo.
         subprocess.run(["ip", "addr", "add", f"{host}/{address.max_prefixlen}", "dev", "lo"], check=True)
     family = socket.AF_INET6 if address.version == 6 else socket.AF_INET

@@ -81,7 +81,7 @@ class HostBackend:
         """Fresh directories for `name` (any leftover of that name is removed first) with `files` written
         into the workspace. InvalidArgumentError for a file path outside the workspace."""
         root = self.sessions_dir / name
-        fixed = await self._launcher.mounts.available()
+        fixed = await self._launcher.fixed_paths()
         real = await asyncio.to_thread(stage_dirs, root, files)
         visible = RunDirs(self.fixed_root / "home", self.fixed_root / "tmp", self.fixed_root / "work")
         return HostRuntime(root, real, visible if fixed else real, fixed, self._launcher)

@@ -1,0 +1,189 @@
+"""The host runtime's sandbox against an evil agent: a script run as the harness of a real session (a real
+host runtime, bubblewrap, a real HTTP "gateway" it may reach and a second port it must not), next to a second
+session and a node data directory with a secret. Every attempt of the agent is checked twice: it succeeds
+without the sandbox (the control: the attack is real) and fails inside it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from services.gateway.node.harnesses import Invocation, Launcher
+from services.gateway.node.harnesses.base import clean_env
+from services.gateway.node.harnesses.sandbox import Sandbox
+from services.gateway.node.runtimes import HostBackend
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+
+EVIL = r"""
+import json, os, signal, socket, sys
+from pathlib import Path
+targets = json.loads(sys.argv[1])
+found = {}
+
+def attempt(name, action):
+    try:
+        found[name] = bool(action())
+    except Exception as error:
+        found[name] = False
+        found[name + "_error"] = type(error).__name__
+
+def read(path):
+    return Path(path).read_text() != ""
+
+def write(path):
+    Path(path).write_text("owned")
+    return True
+
+def connect(port):
+    with socket.create_connection(("127.0.0.1", port), timeout=2):
+        return True
+
+def signal_node():
+    os.kill(targets["node_pid"], 0)
+    return True
+
+attempt("read_other_session", lambda: read(targets["other_session_file"]))
+attempt("read_node_secret", lambda: read(targets["node_secret"]))
+attempt("write_host_file", lambda: write(targets["host_file"]))
+attempt("signal_node", signal_node)
+attempt("see_node_pid", lambda: Path(f"/proc/{targets['node_pid']}").exists())
+attempt("reach_other_port", lambda: connect(targets["other_port"]))
+attempt("reach_gateway", lambda: connect(targets["gateway_port"]))
+attempt("uid_0", lambda: os.getuid() == 0)
+attempt("write_own_workspace", lambda: write("own.txt"))
+found["processes_visible"] = sum(1 for entry in os.listdir("/proc") if entry.isdigit())
+print(json.dumps(found))
+"""
+
+
+@pytest.fixture
+async def gateway_port() -> AsyncIterator[int]:
+    async def hello(request: web.Request) -> web.Response:
+        return web.Response(text="gateway")
+
+    app = web.Application()
+    app.router.add_get("/", hello)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    await runner.cleanup()
+
+
+@pytest.fixture
+def other_port() -> AsyncIterator[int]:
+    """A service of the node's host that no session may reach (rollout, etcd, inference...)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    yield server.getsockname()[1]
+    server.close()
+
+
+async def _attack(tmp_path: Path, launcher: Launcher, gateway_port: int, other_port: int) -> dict[str, Any]:
+    data_dir = tmp_path / "node-data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "capture.sqlite").write_text("session keys")
+    sessions = tmp_path / "sessions"
+    backend = HostBackend(sessions, launcher)
+    other = await backend.create("other-a1", {"secret.txt": "the other session's work"})
+    mine = await backend.create("mine-a1", {})
+    host_file = Path.cwd() / f".sandbox-probe-{os.getpid()}"
+    targets = {
+        "other_session_file": str(other.real.workdir / "secret.txt"),
+        "node_secret": str(data_dir / "capture.sqlite"),
+        "host_file": str(host_file),
+        "node_pid": os.getpid(),
+        "other_port": other_port,
+        "gateway_port": gateway_port,
+    }
+    invocation = Invocation(
+        "evil", [sys.executable, "-c", EVIL, json.dumps(targets)], clean_env(mine.visible), mine.visible.workdir
+    )
+    try:
+        result = await mine.run_harness(mine.translate(invocation), f"http://127.0.0.1:{gateway_port}", 60)
+    finally:
+        wrote_host = host_file.exists()
+        host_file.unlink(missing_ok=True)
+    assert result.returncode == 0, result.stderr
+    found: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    found["host_file_exists"] = wrote_host
+    found["own_file_on_node"] = (mine.real.workdir / "own.txt").exists()
+    found["sandboxed"] = result.sandboxed
+    return found
+
+
+async def test_the_evil_agent_is_contained(tmp_path: Path, gateway_port: int, other_port: int) -> None:
+    data_dir = tmp_path / "node-data"
+    sandbox = Sandbox(hidden=[data_dir, tmp_path / "sessions", Path.cwd() / ".lodestar"])
+    inside = await _attack(tmp_path, Launcher(sandbox=sandbox), gateway_port, other_port)
+    outside = await _attack(tmp_path / "control", Launcher(isolate_network=False), gateway_port, other_port)
+
+    for attack in ("read_other_session", "read_node_secret", "write_host_file", "signal_node", "see_node_pid",
+                   "reach_other_port", "uid_0"):  # fmt: skip
+        assert outside[attack] or (attack == "uid_0" and os.getuid() != 0), f"control: {attack} works unsandboxed"
+        assert not inside[attack], f"{attack} succeeded inside the sandbox: {inside}"
+    assert inside["sandboxed"]
+    assert not inside["host_file_exists"]
+    assert inside["reach_gateway"], "the gateway stays reachable"
+    assert inside["write_own_workspace"], "the session's own files are writable"
+    assert inside["own_file_on_node"]
+    assert inside["processes_visible"] <= 4, inside  # bwrap's init, the helper-turned-harness, maybe its child
+    assert outside["processes_visible"] > inside["processes_visible"]
+
+
+async def test_a_sandbox_that_cannot_run_refuses_the_session(tmp_path: Path, gateway_port: int) -> None:
+    from lodestar.errors import FailedPreconditionError
+
+    launcher = Launcher(sandbox=Sandbox(binary="no-such-bwrap"))
+    runtime = await HostBackend(tmp_path / "sessions", launcher).create("s-a1", {})
+    invocation = Invocation("h", ["true"], clean_env(runtime.visible), runtime.visible.workdir)
+    with pytest.raises(FailedPreconditionError, match="sandbox cannot run here: no-such-bwrap is not installed"):
+        await runtime.run_harness(runtime.translate(invocation), f"http://127.0.0.1:{gateway_port}", 10)
+
+
+DAEMON = r"""
+import os, subprocess
+from pathlib import Path
+subprocess.Popen(["setsid", "sleep", "300"], start_new_session=True)  # leaves the process group
+Path("pidns").write_text(os.readlink("/proc/self/ns/pid"))
+"""
+
+
+def _in_namespace(namespace: str) -> list[int]:
+    """Live (not zombie) processes in PID namespace `namespace`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (
+                    os.readlink(entry / "ns" / "pid") == namespace
+                    and "\nState:\tZ" not in (entry / "status").read_text()
+                ):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+async def test_a_daemon_that_left_the_process_group_ends_with_the_sandbox(tmp_path: Path, gateway_port: int) -> None:
+    runtime = await HostBackend(tmp_path / "sessions", Launcher(sandbox=Sandbox())).create("s-a1", {})
+    invocation = Invocation(
+        "daemon", [sys.executable, "-c", DAEMON], clean_env(runtime.visible), runtime.visible.workdir
+    )
+    result = await runtime.run_harness(runtime.translate(invocation), f"http://127.0.0.1:{gateway_port}", 30)
+    assert result.returncode == 0, result.stderr
+    namespace = (runtime.real.workdir / "pidns").read_text()
+    assert namespace != os.readlink("/proc/self/ns/pid"), "the session had a PID namespace of its own"
+    assert _in_namespace(namespace) == [], "no process of the session outlives its run (zombies aside)"
