@@ -30,6 +30,7 @@ from services.gateway.errors import (
 )
 from services.gateway.models import anthropic_count, google_count, google_models, openai_models
 from services.gateway.proxy import Proxy
+from services.gateway.quotas import QuotaLimits, SessionQuotas
 from services.gateway.sessions import SessionEntry, SessionRegistry
 
 _log = get_logger("gateway.http")
@@ -74,10 +75,13 @@ def error_response(dialect: DialectAdapter, error: LodestarError) -> web.Respons
 class GatewayHttp:
     """Builds the aiohttp application of one gateway node."""
 
-    def __init__(self, proxy: Proxy, sessions: SessionRegistry, *, max_body_bytes: int) -> None:
+    def __init__(
+        self, proxy: Proxy, sessions: SessionRegistry, *, max_body_bytes: int, quotas: QuotaLimits | None = None
+    ) -> None:
         self._proxy = proxy
         self._sessions = sessions
         self._max_body = max_body_bytes
+        self._quotas = SessionQuotas(quotas or QuotaLimits())
 
     def application(self) -> web.Application:
         app = web.Application(client_max_size=self._max_body, middlewares=[self._errors])
@@ -191,15 +195,22 @@ class GatewayHttp:
             log.info("call", status=failed.status, error=error.message, duration_ms=_ms(started))
             return failed
         log = log.bind(session_id=session.session_id, stream=parsed.stream, parse_ms=_ms(started))
+        try:
+            admitted = self._quotas.admit(session, len(body))
+        except LodestarError as error:
+            refused = error_response(dialect, error)
+            log.warning("call refused", status=refused.status, error=error.message, duration_ms=_ms(started))
+            return refused
         response_id = new_id(_RESPONSE_PREFIX[dialect.name])
         events = self._proxy.call(session, parsed, body, response_id=response_id)
         response: web.StreamResponse
         failure: _Failure | None = None
-        async with contextlib.aclosing(events):
-            if parsed.stream:
-                response, result, failure = await self._stream(request, dialect, parsed, events, response_id)
-            else:
-                response, result = await self._collect(dialect, parsed, events)
+        with admitted:
+            async with contextlib.aclosing(events):
+                if parsed.stream:
+                    response, result, failure = await self._stream(request, dialect, parsed, events, response_id)
+                else:
+                    response, result = await self._collect(dialect, parsed, events)
         if failure is not None:  # one line: the harness got a 200 whose stream ends in the dialect's error event
             log.warning("call failed mid-stream", status=response.status, response_id=response_id, error=failure.error,
                         error_kind=failure.kind, events_sent=failure.events_sent, duration_ms=_ms(started))  # fmt: skip

@@ -33,8 +33,9 @@ from services.gateway.node.harnesses.sandbox import node_sandbox
 from services.gateway.node.lifecycle import LifecycleConfig, NodeLifecycle
 from services.gateway.node.rollout_client import GrpcRollout, RetryPolicy, RolloutLink
 from services.gateway.node.runtimes import DockerBackend, HostBackend, Runtimes
-from services.gateway.node.stages import SessionStages
+from services.gateway.node.stages import ATTEMPT_LABEL, SessionStages
 from services.gateway.proxy import InferenceBackend, Proxy
+from services.gateway.quotas import QuotaLimits
 from services.gateway.servicer import GatewayServicer
 from services.gateway.sessions import SessionRegistry
 from services.gateway.settings import GatewaySettings
@@ -132,7 +133,14 @@ class GatewayNode:
         """Open the store, bind both ports, report SERVING."""
         await self.store.open()
         await self.sessions.load()
-        http = GatewayHttp(self.proxy, self.sessions, max_body_bytes=self.settings.max_body_bytes)
+        orphans = await self.sessions.close_orphans(ATTEMPT_LABEL)
+        if orphans:  # their attempts died with the earlier process; rollout requeues them
+            _log.warning("closed sessions left open by an earlier process", count=len(orphans))
+        quotas = QuotaLimits(
+            max_calls=self.settings.session_max_calls, max_concurrent=self.settings.session_max_concurrent_calls,
+            max_request_bytes=self.settings.session_max_request_bytes,
+        )  # fmt: skip
+        http = GatewayHttp(self.proxy, self.sessions, max_body_bytes=self.settings.max_body_bytes, quotas=quotas)
         self._runner = web.AppRunner(http.application(), handler_cancellation=True, access_log=None)
         await self._runner.setup()
         tls = ssl_context(self.settings.http_tls_cert, self.settings.http_tls_key)

@@ -11,7 +11,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -24,11 +24,22 @@ KEY_PREFIX = "lsk-"
 
 
 @dataclass
+class SessionUsage:
+    """What a session has used of its quotas (services/gateway/quotas.py), in memory."""
+
+    calls: int = 0
+    """Model calls started (answered or not)."""
+    in_flight: int = 0
+    request_bytes: int = 0
+
+
+@dataclass
 class SessionEntry:
-    """A session and its capture counter."""
+    """A session, its capture counter and its quota usage."""
 
     session: gateway_pb2.Session
     next_sequence: int = 0
+    usage: SessionUsage = field(default_factory=SessionUsage)
 
     @property
     def session_id(self) -> str:
@@ -109,6 +120,14 @@ class SessionRegistry:
         entry = SessionEntry(session)
         self._index(entry)
         return entry
+
+    async def close_orphans(self, label: str) -> list[str]:
+        """Close every open session labelled `label` (sessions a node's lifecycle opened: after a restart their
+        attempts are gone, so their keys must stop working). Returns their ids."""
+        orphans = [entry.session_id for entry in list(self._by_id.values()) if label in entry.session.labels]
+        for session_id in orphans:
+            await self.close(session_id)
+        return orphans
 
     async def close(self, session_id: str) -> SessionEntry:
         entry = await self.find(session_id)

@@ -39,6 +39,13 @@ class GatewaySettings(ServiceSettings):
     """Where the capture database (SQLite, WAL) lives."""
     max_body_bytes: int = 32 * 1024 * 1024
     """Largest accepted HTTP request body; larger ones get 413 in the dialect's shape."""
+    session_max_calls: int = Field(default=5000, ge=0)
+    """Model calls one session may make (then 429 in the dialect's shape; 0: no limit). Real agent sessions make
+    tens to a few hundred; the bound stops an agent that loops on calls (services/gateway/quotas.py)."""
+    session_max_concurrent_calls: int = Field(default=16, ge=0)
+    """Model calls of one session in flight at once (0: no limit)."""
+    session_max_request_bytes: int = Field(default=8 * 1024**3, ge=0)
+    """Request body bytes one session may send in all (0: no limit)."""
     request_timeout_s: float = 600.0
     """Longest one model call may take end to end."""
     strict_fields: bool = False

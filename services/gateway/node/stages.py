@@ -48,6 +48,10 @@ def infra(error: str, **details: Any) -> Outcome:
     return Outcome(rollout_pb2.SESSION_OUTCOME_INFRA_FAILED, error=error, details=details or None)
 
 
+ATTEMPT_LABEL = "rollout_session_id"
+"""The label of every gateway session a node's lifecycle opens (the rollout session it samples)."""
+
+
 class SessionStages:
     """The stage implementations of one node (shared by all its attempts)."""
 
@@ -82,7 +86,7 @@ class SessionStages:
         entry = await self._sessions.open(
             run_id=assignment.run_id,
             labels={
-                "rollout_session_id": assignment.session_id,
+                ATTEMPT_LABEL: assignment.session_id,
                 "attempt": str(assignment.attempt),
                 "task_id": assignment.task.task_id,
                 "group_id": assignment.group_id,
