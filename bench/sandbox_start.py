@@ -1,0 +1,88 @@
+"""What the host runtime's session sandbox costs per process start: a `true` run through the launcher three ways.
+
+- `none`: the launcher with no isolation at all (a plain process group);
+- `namespaces`: `host_sandbox = namespaces` (unshare: mount + network namespaces, netns_child.py);
+- `bwrap`: the default sandbox (bubblewrap: user, PID, network, IPC, UTS namespaces, the read-only host
+  with hidden paths, then netns_child.py for the gateway relay).
+
+Each way runs `--runs` times in turn (interleaved, so a noisy host spreads over all three); the table gives
+the median and p90 wall time of one run (launch to exit, with the gateway relay set up). No CPU column: the
+processes inside a PID namespace are reaped by bwrap, not by us, so `os.times()` would miss them.
+
+    .venv/bin/python bench/sandbox_start.py [--runs 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from services.gateway.node.harnesses import Invocation, Launcher
+from services.gateway.node.harnesses.base import clean_env
+from services.gateway.node.harnesses.sandbox import Sandbox
+from services.gateway.node.runtimes import HostBackend
+
+
+async def _gateway() -> tuple[asyncio.Server, int]:
+    async def close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(close, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def _one(launcher: Launcher, root: Path, name: str, gateway: str) -> float:
+    runtime = await HostBackend(root, launcher).create(name, {})
+    invocation = Invocation("true", ["true"], clean_env(runtime.visible), runtime.visible.workdir)
+    started = time.perf_counter()
+    result = await runtime.run_harness(runtime.translate(invocation), gateway, 30)
+    wall = time.perf_counter() - started
+    await runtime.cleanup()
+    if result.returncode != 0:
+        raise SystemExit(f"{name}: exit {result.returncode}: {result.stderr}")
+    return wall
+
+
+async def main(runs: int) -> None:
+    server, port = await _gateway()
+    gateway = f"http://127.0.0.1:{port}"
+    ways = {
+        "none": Launcher(isolate_network=False, mount_namespaces=False),
+        "namespaces": Launcher(),
+        "bwrap": Launcher(sandbox=Sandbox()),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in ways}
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, launcher in ways.items():  # warm-up: probes, page cache
+            await _one(launcher, Path(scratch), f"warm-{name}", gateway)
+        for index in range(runs):
+            for name, launcher in ways.items():
+                samples[name].append(await _one(launcher, Path(scratch), f"{name}-{index}", gateway))
+    server.close()
+    table = Table(title=f"one sandboxed `true` per run, {runs} runs each (interleaved)")
+    for column in ("way", "wall median ms", "wall p90 ms", "median vs none", "median vs namespaces"):
+        table.add_column(column, justify="right")
+    medians = {name: statistics.median(walls) for name, walls in samples.items()}
+    for name, walls in samples.items():
+        ordered = sorted(walls)
+        table.add_row(
+            name,
+            f"{medians[name] * 1e3:.1f}",
+            f"{ordered[max(0, int(len(ordered) * 0.9) - 1)] * 1e3:.1f}",
+            f"{medians[name] / medians['none']:.2f}x",
+            f"{medians[name] / medians['namespaces']:.2f}x",
+        )
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=30)
+    asyncio.run(main(parser.parse_args().runs))
