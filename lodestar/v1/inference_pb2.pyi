@@ -508,7 +508,10 @@ class UpdateWeightsRequest(_message.Message):
     chunk: _builtins.bytes
     """The next bytes of the safetensors payload."""
     checkpoint_path: _builtins.str
-    """A safetensors file or a Hugging Face checkpoint directory readable by the server."""
+    """A safetensors file or a Hugging Face checkpoint directory on the server, under one of its configured
+    checkpoint directories (`--checkpoint-dirs`, default none): elsewhere PERMISSION_DENIED, a relative
+    path INVALID_ARGUMENT.
+    """
     @_builtins.property
     def header(self) -> Global___WeightsHeader: ...
     def __init__(

@@ -104,7 +104,8 @@ class InferenceServiceServicer:
         """Replace the served weights. The stream is either one `checkpoint_path` message, or a `header`
         followed by `chunk`s whose bytes concatenate to one safetensors file of named tensors. Names,
         shapes and dtypes are validated before the swap: a bad update is refused with INVALID_ARGUMENT and
-        the old weights keep serving. Requests in flight finish on the version they started with.
+        the old weights keep serving. Requests in flight finish on the version they started with. A streamed
+        update larger than the server's `--max-weights-bytes` is refused (INVALID_ARGUMENT) before it is spooled.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -57,7 +57,8 @@ class InferenceServiceStub:
     """Replace the served weights. The stream is either one `checkpoint_path` message, or a `header`
     followed by `chunk`s whose bytes concatenate to one safetensors file of named tensors. Names,
     shapes and dtypes are validated before the swap: a bad update is refused with INVALID_ARGUMENT and
-    the old weights keep serving. Requests in flight finish on the version they started with.
+    the old weights keep serving. Requests in flight finish on the version they started with. A streamed
+    update larger than the server's `--max-weights-bytes` is refused (INVALID_ARGUMENT) before it is spooled.
     """
     GetModelInfo: _grpc.UnaryUnaryMultiCallable[_inference_pb2.GetModelInfoRequest, _inference_pb2.GetModelInfoResponse]
     """Describe the served model: name, backend, context length, policy version, limits."""
@@ -91,7 +92,8 @@ class InferenceServiceAsyncStub(InferenceServiceStub):
     """Replace the served weights. The stream is either one `checkpoint_path` message, or a `header`
     followed by `chunk`s whose bytes concatenate to one safetensors file of named tensors. Names,
     shapes and dtypes are validated before the swap: a bad update is refused with INVALID_ARGUMENT and
-    the old weights keep serving. Requests in flight finish on the version they started with.
+    the old weights keep serving. Requests in flight finish on the version they started with. A streamed
+    update larger than the server's `--max-weights-bytes` is refused (INVALID_ARGUMENT) before it is spooled.
     """
     GetModelInfo: _aio.UnaryUnaryMultiCallable[_inference_pb2.GetModelInfoRequest, _inference_pb2.GetModelInfoResponse]  # type: ignore[assignment]
     """Describe the served model: name, backend, context length, policy version, limits."""
@@ -146,7 +148,8 @@ class InferenceServiceServicer(metaclass=_abc_1.ABCMeta):
         """Replace the served weights. The stream is either one `checkpoint_path` message, or a `header`
         followed by `chunk`s whose bytes concatenate to one safetensors file of named tensors. Names,
         shapes and dtypes are validated before the swap: a bad update is refused with INVALID_ARGUMENT and
-        the old weights keep serving. Requests in flight finish on the version they started with.
+        the old weights keep serving. Requests in flight finish on the version they started with. A streamed
+        update larger than the server's `--max-weights-bytes` is refused (INVALID_ARGUMENT) before it is spooled.
         """
 
     @_abc_1.abstractmethod

@@ -259,7 +259,9 @@ class SaveCheckpointRequest(_message.Message):
 
     PATH_FIELD_NUMBER: _builtins.int
     path: _builtins.str
-    """Directory to write into; empty means the configured checkpoint directory."""
+    """Directory to write into, below the trainer's checkpoint directory (a relative path is taken under it;
+    anything else is PERMISSION_DENIED); empty: `step-NNNNNN` (the current step) there.
+    """
     def __init__(
         self,
         *,
