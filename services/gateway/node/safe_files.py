@@ -34,6 +34,11 @@ def _parts(relative: str | PurePosixPath) -> list[str]:
     return list(path.parts)
 
 
+def _parent(parts: list[str]) -> PurePosixPath | str:
+    """The directory part of a path given as its components ("." for a bare name)."""
+    return PurePosixPath(*parts[:-1]) if len(parts) > 1 else "."
+
+
 @contextlib.contextmanager
 def directory_fd(root: Path, relative: str | PurePosixPath = ".") -> Iterator[int]:
     """An fd of the directory `root/relative`, reached without following links below `root`."""
@@ -54,7 +59,7 @@ def directory_fd(root: Path, relative: str | PurePosixPath = ".") -> Iterator[in
 def write_new_file(root: Path, relative: str | PurePosixPath, data: bytes, *, mode: int = 0o644) -> Path:
     """Create `root/relative` (which must not exist) with `data`; its directory is reached without links."""
     parts = _parts(relative)
-    with directory_fd(root, PurePosixPath(*parts[:-1]) if len(parts) > 1 else ".") as parent:
+    with directory_fd(root, _parent(parts)) as parent:
         try:
             fd = os.open(
                 parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=parent
@@ -83,7 +88,7 @@ def read_regular_file(root: Path, relative: str | PurePosixPath, *, limit: int) 
     """The bytes of the regular file `root/relative` (at most `limit`), None when there is none; a link or
     anything but a regular file at the end or on the way is SessionFileError."""
     parts = _parts(relative)
-    with directory_fd(root, PurePosixPath(*parts[:-1]) if len(parts) > 1 else ".") as parent:
+    with directory_fd(root, _parent(parts)) as parent:
         try:
             fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
         except FileNotFoundError:
