@@ -14,6 +14,13 @@ leaves this module.
 
 Keys are text; values are bytes (text is UTF-8 encoded). Every RPC runs under the client's
 `timeout`; blocking waits (watch iteration) take their own. Leader election lives in `lodestar.election`.
+
+Transport: `http://` endpoints get a plaintext channel (local etcd on loopback); `https://` endpoints a TLS
+channel (`EtcdTls`: the CA that signs etcd's certificate, and this client's certificate and key for
+etcd's `--client-cert-auth`, where etcd takes the user name from the certificate's CN: no password, no
+expiring token). `tls_from_settings` is the secure default of a service: plaintext to an etcd beyond
+loopback is refused unless its settings say `etcd_allow_insecure` (docs/security.md). `enable_auth`
+turns authentication on in a fresh etcd (`lodestar up --tls`, tests).
 """
 
 from __future__ import annotations
@@ -22,22 +29,28 @@ import asyncio
 import enum
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 from urllib.parse import urlsplit
 
 import aetcd
+import aetcd.rpc
+import aetcd.watcher
 import grpc
+import grpc.aio
 
 from lodestar import errors
+from lodestar.grpc.security import Security, is_loopback
 from lodestar.logging import get_logger
+from lodestar.settings import EtcdClientSettings
 
 DEFAULT_TIMEOUT_S = 5.0
 T = TypeVar("T")
 _log = get_logger("etcd")
-_CHANNEL_OPTIONS: dict[str, int] = {
+_CHANNEL_OPTIONS: dict[str, int | str] = {
     # Reconnect quickly after etcd restarts (gRPC's default backoff grows to two minutes).
     "grpc.initial_reconnect_backoff_ms": 200,
     "grpc.min_reconnect_backoff_ms": 200,
@@ -47,6 +60,8 @@ _CHANNEL_OPTIONS: dict[str, int] = {
     "grpc.keepalive_timeout_ms": 5_000,
     "grpc.http2.max_pings_without_data": 0,
 }
+_TLS_FAILURES = ("TSI_", "SSL", "andshake")
+"""What gRPC's UNAVAILABLE details contain when the TLS handshake with etcd failed."""
 _ERROR_BY_CODE: dict[grpc.StatusCode, type[errors.LodestarError]] = {
     grpc.StatusCode.NOT_FOUND: errors.NotFoundError,
     grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgumentError,
@@ -139,14 +154,55 @@ def _key_value(raw: Any) -> KeyValue:
     )
 
 
-def _parse_endpoint(endpoint: str) -> tuple[str, int]:
+@dataclass(frozen=True)
+class EtcdTls:
+    """TLS to etcd (`https://` endpoints): `ca` verifies etcd's server certificate (None: the system's
+    roots); `cert` and `key` are this client's certificate (mutual TLS; with etcd's `--client-cert-auth`
+    and auth enabled, its CN is the etcd user this client acts as)."""
+
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise errors.InvalidArgumentError("the etcd client certificate and key go together (etcd_tls_cert/key)")
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        if self.ca is None and self.cert is None:
+            return grpc.ssl_channel_credentials()
+        credentials = Security(tls_cert=self.cert, tls_key=self.key, tls_ca=self.ca).channel_credentials()
+        assert credentials is not None  # a CA or a certificate: TLS
+        return credentials
+
+
+@dataclass(frozen=True)
+class _Endpoint:
+    scheme: str
+    host: str
+    port: int
+
+
+def _parse_endpoint(endpoint: str) -> _Endpoint:
     parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-    if parts.scheme != "http" or not parts.hostname or parts.port is None:
-        raise errors.InvalidArgumentError(f"etcd endpoint must look like http://host:port, got {endpoint!r}")
-    return parts.hostname, parts.port
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+        raise errors.InvalidArgumentError(
+            f"etcd endpoint must look like http://host:port or https://host:port, got {endpoint!r}"
+        )
+    return _Endpoint(parts.scheme, parts.hostname, parts.port)
 
 
-def _channel_address(endpoints: str) -> tuple[str, int]:
+def _endpoints(endpoints: str) -> list[_Endpoint]:
+    """The comma-separated endpoints, all of one scheme."""
+    parsed = [_parse_endpoint(item.strip()) for item in endpoints.split(",") if item.strip()]
+    if not parsed:
+        raise errors.InvalidArgumentError("no etcd endpoint given")
+    if len({item.scheme for item in parsed}) > 1:
+        raise errors.InvalidArgumentError(f"etcd endpoints mix http:// and https://: {endpoints!r}")
+    return parsed
+
+
+def _channel_address(addresses: list[_Endpoint]) -> tuple[str, int]:
     """The (host, port) that aetcd joins into its gRPC target "host:port".
 
     One endpoint is used as is (a DNS name resolving to every member, such as a Kubernetes headless
@@ -154,32 +210,94 @@ def _channel_address(endpoints: str) -> tuple[str, int]:
     gRPC target over all their addresses, "ipv4:A:1,B:2,C:3" (names are resolved once, here): the channel
     connects to the first member that answers and moves to another when that one goes away.
     """
-    addresses = [_parse_endpoint(item.strip()) for item in endpoints.split(",") if item.strip()]
-    if not addresses:
-        raise errors.InvalidArgumentError("no etcd endpoint given")
     if len(addresses) == 1:
-        return addresses[0]
+        return addresses[0].host, addresses[0].port
     resolved = []
-    for host, port in addresses:
+    for address in addresses:
         try:
-            infos = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
+            infos = socket.getaddrinfo(address.host, address.port, socket.AF_INET, socket.SOCK_STREAM)
         except OSError as error:
-            raise errors.UnavailableError(f"cannot resolve etcd endpoint {host}: {error}") from error
-        resolved.append(f"{infos[0][4][0]}:{port}")
+            raise errors.UnavailableError(f"cannot resolve etcd endpoint {address.host}: {error}") from error
+        resolved.append(f"{infos[0][4][0]}:{address.port}")
     *first, last = resolved
     last_host, last_port = last.rsplit(":", 1)  # aetcd appends ":port" to the host
     return "ipv4:" + ",".join([*first, last_host]), int(last_port)
 
 
+def tls_from_settings(endpoint: str, settings: EtcdClientSettings) -> EtcdTls | None:
+    """The TLS of the etcd client a service builds from its settings (None: plaintext `http://`).
+
+    The secure default (docs/security.md): a plaintext `http://` endpoint beyond loopback is refused
+    (FailedPreconditionError, before the service starts) unless `etcd_allow_insecure`, and then logged
+    loudly: whoever reaches it could read every key and write node, ownership and leader keys. TLS files
+    with an `http://` endpoint are refused too (they would be silently unused).
+    """
+    addresses = _endpoints(endpoint)
+    given = (settings.etcd_tls_ca, settings.etcd_tls_cert, settings.etcd_tls_key)
+    if addresses[0].scheme == "https":
+        return EtcdTls(*given)
+    if any(item is not None for item in given):
+        raise errors.InvalidArgumentError(
+            f"etcd TLS files are given but the etcd endpoint {endpoint} is http://: use https://host:port"
+        )
+    exposed = [item.host for item in addresses if not is_loopback(item.host)]
+    if exposed and not settings.etcd_allow_insecure:
+        raise errors.FailedPreconditionError(
+            f"refusing plaintext etcd at {endpoint} (beyond loopback) without TLS: use https:// with "
+            "--etcd-tls-ca, --etcd-tls-cert and --etcd-tls-key (etcd with --client-cert-auth), or pass "
+            "--etcd-allow-insecure to send etcd traffic in the clear and unauthenticated"
+        )
+    if exposed:
+        _log.warning("etcd beyond loopback WITHOUT TLS or authentication (--etcd-allow-insecure)", endpoint=endpoint)
+    return None
+
+
+class _Client(aetcd.Client):  # type: ignore[misc]  # aetcd is untyped
+    """aetcd's client over a TLS channel when given credentials (aetcd itself only opens plaintext ones);
+    the same stubs, watcher and channel options as aetcd's own `connect`."""
+
+    def __init__(self, *, credentials: grpc.ChannelCredentials | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._credentials = credentials
+
+    async def connect(self) -> None:
+        if self._credentials is None:
+            await super().connect()
+            return
+        if self._connected.is_set():
+            return
+        # Nothing here awaits (channels connect lazily), so no other task can race this one.
+        target = f"{self._host}:{self._port}"
+        self.channel = grpc.aio.secure_channel(target, self._credentials, options=list(self._options.items()))
+        self.kvstub = aetcd.rpc.KVStub(self.channel)
+        self.clusterstub = aetcd.rpc.ClusterStub(self.channel)
+        self.leasestub = aetcd.rpc.LeaseStub(self.channel)
+        self.maintenancestub = aetcd.rpc.MaintenanceStub(self.channel)
+        self.auth_stub = aetcd.rpc.AuthStub(self.channel)
+        watch_stub = aetcd.rpc.WatchStub(self.channel)
+        self._watcher = aetcd.watcher.Watcher(watch_stub, timeout=self._timeout, metadata=self.metadata)
+        self._connected.set()
+
+
 class EtcdClient:
     """An async etcd client over one endpoint or a cluster's comma-separated endpoints ("http://a:2379,
-    http://b:2379,http://c:2379"); use as `async with EtcdClient(endpoint) as etcd`."""
+    http://b:2379,http://c:2379"); use as `async with EtcdClient(endpoint) as etcd`. `https://` endpoints
+    talk TLS (`tls`, default: the system's roots and no client certificate)."""
 
-    def __init__(self, endpoint: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        host, port = _channel_address(endpoint)
+    def __init__(self, endpoint: str, *, timeout: float = DEFAULT_TIMEOUT_S, tls: EtcdTls | None = None) -> None:
+        addresses = _endpoints(endpoint)
+        secure = addresses[0].scheme == "https"
+        if tls is not None and not secure:
+            raise errors.InvalidArgumentError(f"etcd TLS settings need an https:// endpoint, got {endpoint!r}")
+        host, port = _channel_address(addresses)
+        options = dict(_CHANNEL_OPTIONS)
+        if secure and len(addresses) > 1:  # the target names no host: verify etcd's certificate against the first
+            options["grpc.ssl_target_name_override"] = addresses[0].host
         self.endpoint = endpoint
         self.timeout = timeout
-        self._client = aetcd.Client(host=host, port=port, timeout=timeout, options=_CHANNEL_OPTIONS)
+        self._secure = secure
+        credentials = (tls or EtcdTls()).credentials() if secure else None
+        self._client = _Client(host=host, port=port, timeout=timeout, options=options, credentials=credentials)
         self._leases: set[Lease] = set()
 
     async def __aenter__(self) -> Self:
@@ -208,7 +326,13 @@ class EtcdClient:
         cause = error.__cause__ if isinstance(error, aetcd.ClientError) else error
         if isinstance(cause, grpc.aio.AioRpcError):
             klass = _ERROR_BY_CODE.get(cause.code(), errors.UnavailableError)
-            return klass(f"{where}: {cause.code().name}: {(cause.details() or '')[:200]}")
+            details = cause.details() or ""
+            hint = ""
+            if klass is errors.UnauthenticatedError:
+                hint = " (is this client's certificate CN an etcd user with a role on the key?)"
+            elif self._secure and any(sign in details for sign in _TLS_FAILURES):
+                hint = " (TLS handshake failed: check the etcd CA and this client's certificate and key)"
+            return klass(f"{where}: {cause.code().name}: {details[:200]}{hint}")
         return errors.UnavailableError(f"{where}: {type(error).__name__}: {str(error)[:200]}")
 
     async def _call(self, what: str, operation: Awaitable[T], timeout: float | None = None) -> T:
@@ -224,6 +348,37 @@ class EtcdClient:
         """The server's version; UnavailableError when etcd does not answer."""
         status = await self._call("status", self._client.status())
         return str(status.version)
+
+    async def enable_auth(self, *, role: str, prefix: str, users: list[str]) -> None:
+        """Turn authentication on in a fresh etcd (once, e.g. `lodestar up --tls`): a `root` user (etcd
+        requires one; no password, so only a client certificate with CN `root` acts as it), a `role` that
+        may read and write the keys under `prefix`, and password-less `users` granted it (with etcd's
+        `--client-cert-auth` a client is the user its certificate's CN names). Afterwards every request
+        needs such an identity: a certificate whose CN is no user is refused (UnauthenticatedError)."""
+        rpc = aetcd.rpc
+        await self._call("connect", self._client.connect())
+        stub = rpc.AuthStub(self._client.channel)
+        start = prefix.encode()
+        permission = rpc.Permission(permType=rpc.Permission.READWRITE, key=start, range_end=_prefix_end(start))
+        no_password = rpc.UserAddOptions(no_password=True)
+        steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+            ("add user root", lambda: stub.UserAdd(rpc.AuthUserAddRequest(name="root", options=no_password))),
+            ("grant root", lambda: stub.UserGrantRole(rpc.AuthUserGrantRoleRequest(user="root", role="root"))),
+            (f"add role {role}", lambda: stub.RoleAdd(rpc.AuthRoleAddRequest(name=role))),
+            (
+                f"grant {role} {prefix}",
+                lambda: stub.RoleGrantPermission(rpc.AuthRoleGrantPermissionRequest(name=role, perm=permission)),
+            ),
+        ]
+        for user in users:
+            add = rpc.AuthUserAddRequest(name=user, options=no_password)
+            grant = rpc.AuthUserGrantRoleRequest(user=user, role=role)
+            steps += [(f"add user {user}", lambda add=add: stub.UserAdd(add))]  # type: ignore[misc]
+            steps += [(f"grant {user}", lambda grant=grant: stub.UserGrantRole(grant))]  # type: ignore[misc]
+        steps.append(("enable auth", lambda: stub.AuthEnable(rpc.AuthEnableRequest())))
+        for what, step in steps:
+            await self._call(what, step())
+        _log.info("etcd auth enabled", endpoint=self.endpoint, role=role, prefix=prefix, users=users)
 
     # -- key/value ---------------------------------------------------------------------------------
 

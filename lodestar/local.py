@@ -1,9 +1,11 @@
 """Local processes for `lodestar up` and end-to-end tests: a throwaway etcd and supervised services.
 
 `LocalCluster` owns the child processes: it starts etcd on free loopback ports with its own data
-directory, starts each service as `python -m lodestar.cli.main <name> serve --port P ...`, waits for
-the gRPC health check to answer SERVING, restarts a service that dies (bounded), and stops everything
-in order: services first (SIGTERM, they drain), etcd last, SIGKILL after a grace period.
+directory (with `LocalEtcdTls`: over TLS, client certificates required and authentication on, so only
+the certificates named as users may use it), starts each service as `python -m lodestar.cli.main <name>
+serve --port P ...`, waits for the gRPC health check to answer SERVING, restarts a service that dies
+(bounded), and stops everything in order: services first (SIGTERM, they drain), etcd last, SIGKILL
+after a grace period.
 
 The services that compute with torch (inference, trainer) share the machine's cores: each gets
 `OMP_NUM_THREADS` = half of them (at least 1) unless the environment already sets it. Left to torch's
@@ -19,6 +21,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import sys
 import time
 import urllib.request
@@ -30,8 +33,10 @@ import grpc.aio
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from lodestar.errors import UnavailableError
+from lodestar.errors import LodestarError, UnavailableError
+from lodestar.etcd import EtcdClient, EtcdTls
 from lodestar.grpc.security import current
+from lodestar.tls import LocalPki, common_name
 
 TORCH_SERVICES = frozenset({"inference", "trainer"})
 """Services whose torch threads split the machine's cores (module docstring)."""
@@ -109,6 +114,34 @@ async def wait_serving(address: str, timeout: float, process: asyncio.subprocess
     raise UnavailableError(f"{address} did not report SERVING within {timeout:.0f} s")
 
 
+@dataclass(frozen=True)
+class LocalEtcdTls:
+    """TLS and authentication of a local etcd: it serves the PKI's `etcd` certificate, requires client
+    certificates signed by its CA (--client-cert-auth), and has auth enabled with the roles of `users`
+    (service names: their certificates' CNs become password-less etcd users allowed the keys under
+    `prefix`). The PKI's `client` identity makes the setup and health checks."""
+
+    pki: LocalPki
+    users: tuple[str, ...]
+    prefix: str = "/lodestar/"
+
+    def client(self, service: str = "client") -> EtcdTls:
+        identity = self.pki.identities[service]
+        return EtcdTls(ca=self.pki.ca, cert=identity.cert, key=identity.key)
+
+    def args(self) -> list[str]:
+        """The etcd server flags."""
+        server = self.pki.identities["etcd"]
+        files = [f"--cert-file={server.cert}", f"--key-file={server.key}", f"--trusted-ca-file={self.pki.ca}"]
+        return [*files, "--client-cert-auth"]
+
+    def ssl_context(self) -> ssl.SSLContext:
+        client = self.pki.identities["client"]
+        context = ssl.create_default_context(cafile=str(self.pki.ca))
+        context.load_cert_chain(client.cert, client.key)
+        return context
+
+
 class LocalCluster:
     """etcd plus lodestar services as child processes on loopback."""
 
@@ -120,15 +153,18 @@ class LocalCluster:
         self._etcd: asyncio.subprocess.Process | None = None
         self._processes: dict[str, asyncio.subprocess.Process] = {}
         self.etcd_url = ""
+        self._etcd_ssl: ssl.SSLContext | None = None
         self.etcd_log = data_dir / "logs" / "etcd.log"
         (data_dir / "logs").mkdir(parents=True, exist_ok=True)
 
     def log_path(self, spec: ServiceSpec) -> Path:
         return self.data_dir / "logs" / f"{spec.name}.log"
 
-    async def start_etcd(self, timeout: float = 30.0) -> None:
+    async def start_etcd(self, timeout: float = 30.0, *, tls: LocalEtcdTls | None = None) -> None:
+        """Start etcd and wait until healthy; with `tls`, then enable its authentication (`LocalEtcdTls`)."""
         client, peer = free_port(), free_port()
-        self.etcd_url = f"http://127.0.0.1:{client}"
+        self.etcd_url = f"{'http' if tls is None else 'https'}://127.0.0.1:{client}"
+        self._etcd_ssl = None if tls is None else tls.ssl_context()
         etcd_dir = self.data_dir / "etcd"
         shutil.rmtree(etcd_dir, ignore_errors=True)
         argv = [
@@ -147,6 +183,7 @@ class LocalCluster:
             f"http://127.0.0.1:{peer}",
             "--initial-cluster",
             f"lodestar-up=http://127.0.0.1:{peer}",
+            *([] if tls is None else tls.args()),
         ]
         self._etcd = await self._spawn(argv, self.etcd_log, child_env("etcd"))
         deadline = time.monotonic() + timeout
@@ -155,13 +192,23 @@ class LocalCluster:
                 raise UnavailableError(f"etcd exited with code {self._etcd.returncode} (see {self.etcd_log})")
             if await asyncio.to_thread(self._etcd_healthy):
                 _log.info("etcd healthy", url=self.etcd_url)
+                if tls is not None:
+                    await self._enable_etcd_auth(tls, max(deadline - time.monotonic(), 1.0))
                 return
             await asyncio.sleep(0.2)
         raise UnavailableError(f"etcd did not become healthy within {timeout:.0f} s (see {self.etcd_log})")
 
+    async def _enable_etcd_auth(self, tls: LocalEtcdTls, timeout: float) -> None:
+        users = [common_name(service) for service in tls.users]
+        try:
+            async with EtcdClient(self.etcd_url, timeout=timeout, tls=tls.client()) as etcd:
+                await etcd.enable_auth(role="lodestar", prefix=tls.prefix, users=users)
+        except LodestarError as error:
+            raise UnavailableError(f"enabling etcd auth failed: {error.message} (see {self.etcd_log})") from error
+
     def _etcd_healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.etcd_url}/health", timeout=1.0) as reply:
+            with urllib.request.urlopen(f"{self.etcd_url}/health", timeout=1.0, context=self._etcd_ssl) as reply:
                 return bool(json.loads(reply.read()).get("health") == "true")
         except (OSError, ValueError):
             return False

@@ -64,6 +64,22 @@ class ServiceSettings(BaseModel):
     handler runs). Each service sizes it to its largest legitimate request (docs/grpc.md); 4 MiB here."""
 
 
+class EtcdClientSettings(ServiceSettings):
+    """Settings of a service that talks to etcd (rollout, gateway): how its etcd client is secured
+    (docs/security.md, "etcd"). The endpoint itself is each service's `etcd` setting."""
+
+    etcd_tls_ca: Path | None = None
+    """PEM CA that signs etcd's server certificate (https:// etcd endpoints; default: the system's roots)."""
+    etcd_tls_cert: Path | None = None
+    """PEM client certificate presented to etcd (mutual TLS; with etcd's --client-cert-auth and auth enabled,
+    its CN is the etcd user this service acts as)."""
+    etcd_tls_key: Path | None = None
+    """PEM private key of --etcd-tls-cert."""
+    etcd_allow_insecure: bool = False
+    """Talk plaintext http:// to an etcd beyond loopback. Without it such an endpoint refuses to start: anyone
+    who reaches etcd could read every key and write node, session ownership and leader keys."""
+
+
 S = TypeVar("S", bound=ServiceSettings)
 
 

@@ -1,10 +1,11 @@
 """A local certificate authority for development deployments (`lodestar up --tls`, `lodestar tls init`).
 
 `ensure_local_pki(directory)` creates, on first use, a CA (`ca.pem`, `ca-key.pem`) and one certificate
-per service (`<name>.pem`, `<name>-key.pem`) signed by it, valid for both server and client use, with
-the names a local or containerised deployment dials (localhost, 127.0.0.1, ::1, the service name and
-its Kubernetes forms). Existing files are kept, so restarts reuse the same identities. Keys are ECDSA
-P-256, written 0600. Production deployments bring their own CA (cert-manager, a corporate PKI).
+per service and for etcd (`<name>.pem`, `<name>-key.pem`, CN `lodestar-<name>`) signed by it, valid for
+both server and client use, with the names a local or containerised deployment dials (localhost,
+127.0.0.1, ::1, the service name and its Kubernetes forms). Existing files are kept, so restarts reuse
+the same identities. Keys are ECDSA P-256, written 0600. Production deployments bring their own CA
+(cert-manager, a corporate PKI).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-SERVICES = ("inference", "gateway", "rollout", "trainer", "client")
+SERVICES = ("inference", "gateway", "rollout", "trainer", "client", "etcd")
 VALID_DAYS = 365
 _NAMESPACE = "lodestar"
 
@@ -53,6 +54,11 @@ def _load_key(path: Path) -> ec.EllipticCurvePrivateKey:
     if not isinstance(key, ec.EllipticCurvePrivateKey):
         raise TypeError(f"{path} is not an ECDSA key")
     return key
+
+
+def common_name(service: str) -> str:
+    """The CN of `service`'s certificate: with etcd's --client-cert-auth, the etcd user it acts as."""
+    return f"lodestar-{service}"
 
 
 def _names(service: str) -> list[x509.GeneralName]:
@@ -90,7 +96,7 @@ def issue(ca_cert: Path, ca_key: Path, service: str, cert_path: Path, key_path: 
     now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"lodestar-{service}")]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name(service))]))
         .issuer_name(authority.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())

@@ -128,8 +128,8 @@ async def _up(args: argparse.Namespace) -> int:
     try:
         if args.model is None:
             await _ensure_tiny_model(data_dir / "tiny-model")
-        with _console.status("starting etcd"):
-            await cluster.start_etcd(timeout=args.timeout)
+        with _console.status("starting etcd"):  # with --tls: TLS, client certificates and auth on
+            await cluster.start_etcd(timeout=args.timeout, tls=up_tls.etcd(data_dir) if args.tls else None)
         specs = _service_specs(args, data_dir, cluster.etcd_url)
         secured: dict[str, str] = {}
         if args.tls:
@@ -187,6 +187,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--max-restarts", type=int, default=3, help="restarts per crashed service")
     parser.add_argument("--check", action="store_true", help="exit after the self-check passes")
     parser.add_argument(
-        "--tls", action="store_true", help="mutual TLS + a control-plane token (local CA made in <data-dir>/tls)"
+        "--tls",
+        action="store_true",
+        help="mutual TLS + a control-plane token, etcd with TLS and auth (local CA made in <data-dir>/tls)",
     )
     parser.set_defaults(handler=_handle)

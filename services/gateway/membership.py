@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from lodestar import errors
-from lodestar.etcd import DEFAULT_TIMEOUT_S, EtcdClient, Lease
+from lodestar.etcd import DEFAULT_TIMEOUT_S, EtcdClient, EtcdTls, Lease
 from lodestar.logging import get_logger
 
 DEFAULT_PREFIX = "/lodestar/"
@@ -117,6 +117,7 @@ class Membership:
         prefix: str = DEFAULT_PREFIX,
         retry_initial_s: float = RETRY_INITIAL_S,
         retry_max_s: float = RETRY_MAX_S,
+        tls: EtcdTls | None = None,
     ) -> None:
         if ttl < 1:
             raise errors.InvalidArgumentError(f"etcd lease ttl must be at least 1 s, got {ttl}")
@@ -125,7 +126,7 @@ class Membership:
         self.ttl = ttl
         self._retry = (retry_initial_s, retry_max_s)
         # Answer within the TTL, or a keepalive round trip could outlive the lease it refreshes.
-        self._client = EtcdClient(endpoint, timeout=min(DEFAULT_TIMEOUT_S, float(ttl)))
+        self._client = EtcdClient(endpoint, timeout=min(DEFAULT_TIMEOUT_S, float(ttl)), tls=tls)
         self._connected = False
         self._lease: Lease | None = None
         self._registered = asyncio.Event()

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from aiohttp import web
 
 from lodestar.errors import InvalidArgumentError
+from lodestar.etcd import tls_from_settings
 from lodestar.grpc.server import GrpcServer, service_name
 from lodestar.heap import freeze_startup_heap
 from lodestar.logging import get_logger
@@ -58,6 +59,7 @@ class GatewayNode:
         if (settings.rollout or rollout is not None) and not settings.etcd:
             raise InvalidArgumentError("--rollout needs --etcd: session ownership is bound to the node's etcd lease")
         self.settings = settings
+        self._etcd_tls = tls_from_settings(settings.etcd, settings) if settings.etcd else None
         self.node_id = settings.node_id or f"{socket.gethostname()}-{os.getpid()}"
         self.inference_target = settings.inference
         self._own_inference = inference is None
@@ -158,7 +160,7 @@ class GatewayNode:
         if self.settings.etcd:
             self.membership = Membership(
                 self.settings.etcd, self.node_record(), ttl=self.settings.etcd_lease_ttl_s,
-                prefix=self.settings.etcd_prefix,
+                prefix=self.settings.etcd_prefix, tls=self._etcd_tls,
             )  # fmt: skip
             self.membership.start()
         if self._rollout is not None:

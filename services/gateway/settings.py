@@ -7,10 +7,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from lodestar.settings import ServiceSettings
+from lodestar.settings import EtcdClientSettings
 
 
-class GatewaySettings(ServiceSettings):
+class GatewaySettings(EtcdClientSettings):
     section = "gateway"
 
     port: int = 50052
@@ -28,7 +28,8 @@ class GatewaySettings(ServiceSettings):
     """RolloutService address: the node pulls sessions from it and runs them (needs --etcd); without it the
     node only proxies sessions opened by OpenSession."""
     etcd: str | None = None
-    """etcd endpoint (http://host:port) for node membership; without it the node is not registered."""
+    """etcd endpoint for node membership: https://host:port (TLS, --etcd-tls-*), or http://host:port on loopback
+    (beyond it only with --etcd-allow-insecure); without it the node is not registered."""
     etcd_prefix: str = "/lodestar/"
     """Root of lodestar's etcd keys; the node registers as <prefix>nodes/<node_id>."""
     etcd_lease_ttl_s: int = 10

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from lodestar import errors
 from lodestar.election import Election
-from lodestar.etcd import EtcdClient
+from lodestar.etcd import EtcdClient, tls_from_settings
 from lodestar.logging import get_logger
 from services.rollout.service import RolloutCore
 from services.rollout.settings import RolloutSettings
@@ -35,6 +35,7 @@ class LeaderRole:
 
     def __init__(self, settings: RolloutSettings, on_serving: Callable[[bool], Awaitable[None]]) -> None:
         self._settings = settings
+        self._etcd_tls = tls_from_settings(settings.etcd, settings)  # refuses plaintext beyond loopback
         self._on_serving = on_serving
         self.address = ""
         self.core: RolloutCore | None = None
@@ -46,7 +47,7 @@ class LeaderRole:
         delay = RETRY_INITIAL_S
         while True:
             try:
-                async with EtcdClient(self._settings.etcd) as etcd:
+                async with EtcdClient(self._settings.etcd, tls=self._etcd_tls) as etcd:
                     await etcd.ping()
                     delay = RETRY_INITIAL_S
                     await self._term(etcd)

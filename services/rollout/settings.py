@@ -6,15 +6,16 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from lodestar.settings import ServiceSettings
+from lodestar.settings import EtcdClientSettings
 
 
-class RolloutSettings(ServiceSettings):
+class RolloutSettings(EtcdClientSettings):
     section = "rollout"
 
     port: int = 50053
     etcd: str = "http://127.0.0.1:2379"
-    """etcd endpoint for node leases, session ownership and leader election."""
+    """etcd endpoint for node leases, session ownership and leader election: https://host:port (TLS,
+    --etcd-tls-*), or http://host:port on loopback (beyond it only with --etcd-allow-insecure)."""
     etcd_prefix: str = "/lodestar/"
     """Root of lodestar's etcd keys: ownership under <prefix>rollout/owners/, the leader at <prefix>rollout/leader."""
     store: str = ".lodestar/rollout.sqlite"

@@ -1,6 +1,7 @@
 """`lodestar up --tls`: a local CA, per-service certificates and a token are made on first use, every
-service serves mutual TLS with the control-plane token, the self-check passes over TLS, and `lodestar
-train` attaches to such a stack with its client identity."""
+service serves mutual TLS with the control-plane token, etcd runs with TLS, client certificates and auth
+(rollout and the gateway reach it with theirs), the self-check passes over TLS, and `lodestar train`
+attaches to such a stack with its client identity."""
 
 from __future__ import annotations
 
@@ -51,6 +52,13 @@ def test_up_with_tls_makes_a_ca_and_serves_mutual_tls(tmp_path: Path) -> None:
         assert started[-1]["tls"] is True
         assert started[-1]["mutual_tls"] is True
         assert started[-1]["control_plane_token"] is True
+    # etcd: TLS, client certificates and auth on; rollout led and the gateway registered through it, each
+    # as the etcd user its certificate names.
+    etcd_log = (data / "logs" / "etcd.log").read_text()
+    assert "client-cert-auth = true" in etcd_log
+    assert "Authentication enabled" in etcd_log
+    assert '"leading"' in (data / "logs" / "rollout.log").read_text()
+    assert '"node registered in etcd"' in (data / "logs" / "gateway.log").read_text()
 
 
 def test_the_local_pki_is_made_once_and_signed_by_its_ca(tmp_path: Path) -> None:

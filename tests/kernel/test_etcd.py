@@ -306,8 +306,8 @@ async def test_silent_etcd_is_unavailable_within_the_timeout() -> None:
 
 async def test_ping_and_endpoint_validation(etcd: EtcdClient) -> None:
     assert (await etcd.ping()).startswith("3.")
-    with pytest.raises(errors.InvalidArgumentError, match="http://host:port"):
-        EtcdClient("https://127.0.0.1:2379")
+    with pytest.raises(errors.InvalidArgumentError, match="http://host:port or https://host:port"):
+        EtcdClient("unix://127.0.0.1:2379")
     with pytest.raises(errors.InvalidArgumentError):
         EtcdClient("localhost")
     with pytest.raises(errors.InvalidArgumentError, match="at least 1"):

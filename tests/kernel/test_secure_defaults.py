@@ -3,6 +3,7 @@
 - a server bound beyond loopback with neither a token nor mutual TLS refuses to start (in-process and as a
   `lodestar ... serve` process, which exits 2 before binding) unless `--allow-insecure` says otherwise, and
   then it says so loudly; a token, or a CA that makes TLS mutual, is enough; loopback needs neither;
+- a gateway given a plaintext http:// etcd beyond loopback exits 2 unless `--etcd-allow-insecure`;
 - a rollout bound to 0.0.0.0 without a token does not start; with one, an unauthenticated CreateRun is refused
   and creates nothing;
 - each server accepts requests up to its own `max_receive_message_bytes` (a rollout takes a CompleteSession
@@ -141,6 +142,21 @@ async def test_a_service_process_bound_beyond_loopback_without_a_token_exits_bef
         finally:
             served.terminate()
             await asyncio.to_thread(served.communicate, timeout=30)
+
+
+async def test_a_gateway_with_plaintext_etcd_beyond_loopback_exits_before_serving(tmp_path: Path) -> None:
+    """etcd's secure default (tests/kernel/test_etcd_tls.py has the rest): http:// beyond loopback needs
+    --etcd-allow-insecure."""
+    refused = _serve(tmp_path, "--port", str(free_port()), "--etcd", "http://10.0.0.7:2379")
+    try:
+        _, stderr = await asyncio.to_thread(refused.communicate, timeout=60)
+    except subprocess.TimeoutExpired:
+        refused.kill()
+        refused.communicate()
+        pytest.fail("a gateway with a plaintext etcd beyond loopback kept serving")
+    assert refused.returncode == 2, stderr.decode()
+    assert "refusing plaintext etcd at http://10.0.0.7:2379" in stderr.decode()
+    assert "--etcd-allow-insecure" in stderr.decode()
 
 
 async def test_an_unauthenticated_create_run_on_a_non_loopback_bind_is_refused(
