@@ -102,6 +102,69 @@ SESSION_OUTCOME_CANCELLED: SessionOutcome.ValueType  # 4
 """Cancelled by rollout (early stop, cancelled run)."""
 Global___SessionOutcome: _TypeAlias = SessionOutcome  # noqa: Y015
 
+class _SessionStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SessionStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SessionStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SESSION_STATUS_UNSPECIFIED: _SessionStatus.ValueType  # 0
+    SESSION_STATUS_PENDING: _SessionStatus.ValueType  # 1
+    """Waiting to be handed out (never run, or requeued after a failed or lost attempt)."""
+    SESSION_STATUS_RUNNING: _SessionStatus.ValueType  # 2
+    """Handed to a node (the attempt named by `attempt`)."""
+    SESSION_STATUS_SCORED: _SessionStatus.ValueType  # 3
+    """Finished with a reward (outcome SCORED or TIMED_OUT)."""
+    SESSION_STATUS_FAILED: _SessionStatus.ValueType  # 4
+    """Given up after max_attempts failed attempts: no reward."""
+    SESSION_STATUS_CANCELLED: _SessionStatus.ValueType  # 5
+    """Not needed any more (its group completed early, or the run was cancelled)."""
+
+class SessionStatus(_SessionStatus, metaclass=_SessionStatusEnumTypeWrapper):
+    """Where a session stands in its run (rollout's view, not a node's)."""
+
+SESSION_STATUS_UNSPECIFIED: SessionStatus.ValueType  # 0
+SESSION_STATUS_PENDING: SessionStatus.ValueType  # 1
+"""Waiting to be handed out (never run, or requeued after a failed or lost attempt)."""
+SESSION_STATUS_RUNNING: SessionStatus.ValueType  # 2
+"""Handed to a node (the attempt named by `attempt`)."""
+SESSION_STATUS_SCORED: SessionStatus.ValueType  # 3
+"""Finished with a reward (outcome SCORED or TIMED_OUT)."""
+SESSION_STATUS_FAILED: SessionStatus.ValueType  # 4
+"""Given up after max_attempts failed attempts: no reward."""
+SESSION_STATUS_CANCELLED: SessionStatus.ValueType  # 5
+"""Not needed any more (its group completed early, or the run was cancelled)."""
+Global___SessionStatus: _TypeAlias = SessionStatus  # noqa: Y015
+
+class _GroupStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _GroupStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_GroupStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    GROUP_STATUS_UNSPECIFIED: _GroupStatus.ValueType  # 0
+    GROUP_STATUS_OPEN: _GroupStatus.ValueType  # 1
+    """Sessions still running or pending."""
+    GROUP_STATUS_COMPLETE: _GroupStatus.ValueType  # 2
+    """Enough sessions scored: deliverable to the trainer."""
+    GROUP_STATUS_FAILED: _GroupStatus.ValueType  # 3
+    """No session scored and none can any more."""
+    GROUP_STATUS_CANCELLED: _GroupStatus.ValueType  # 4
+    """The run was cancelled before the group completed."""
+
+class GroupStatus(_GroupStatus, metaclass=_GroupStatusEnumTypeWrapper): ...
+
+GROUP_STATUS_UNSPECIFIED: GroupStatus.ValueType  # 0
+GROUP_STATUS_OPEN: GroupStatus.ValueType  # 1
+"""Sessions still running or pending."""
+GROUP_STATUS_COMPLETE: GroupStatus.ValueType  # 2
+"""Enough sessions scored: deliverable to the trainer."""
+GROUP_STATUS_FAILED: GroupStatus.ValueType  # 3
+"""No session scored and none can any more."""
+GROUP_STATUS_CANCELLED: GroupStatus.ValueType  # 4
+"""The run was cancelled before the group completed."""
+Global___GroupStatus: _TypeAlias = GroupStatus  # noqa: Y015
+
 @_typing.final
 class Task(_message.Message):
     """One task of a dataset."""
@@ -1113,3 +1176,417 @@ class ReportPolicyVersionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReportPolicyVersionResponse: _TypeAlias = ReportPolicyVersionResponse  # noqa: Y015
+
+@_typing.final
+class ListRunsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMIT_FIELD_NUMBER: _builtins.int
+    limit: _builtins.int
+    """At most this many runs (0: all)."""
+    def __init__(
+        self,
+        *,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRunsRequest: _TypeAlias = ListRunsRequest  # noqa: Y015
+
+@_typing.final
+class ListRunsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Run]: ...
+    def __init__(
+        self,
+        *,
+        runs: _abc.Iterable[Global___Run] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["runs", b"runs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRunsResponse: _TypeAlias = ListRunsResponse  # noqa: Y015
+
+@_typing.final
+class SessionSummary(_message.Message):
+    """A session's state without its result."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    SAMPLE_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    FAILURES_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    STAGE_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    REWARD_FIELD_NUMBER: _builtins.int
+    MIN_POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    MAX_POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    group_id: _builtins.str
+    task_id: _builtins.str
+    sample: _builtins.int
+    """Sample index within the group."""
+    status: Global___SessionStatus.ValueType
+    attempt: _builtins.int
+    """The latest attempt handed out (0: never)."""
+    failures: _builtins.int
+    """Attempts that failed so far (infrastructure failures, lost nodes)."""
+    node_id: _builtins.str
+    """The node running or last running it."""
+    stage: Global___SessionStage.ValueType
+    """Lifecycle stage on its node while RUNNING."""
+    outcome: Global___SessionOutcome.ValueType
+    reward: _builtins.float
+    """Meaningful when status is SCORED."""
+    min_policy_version: _builtins.int
+    max_policy_version: _builtins.int
+    run_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        group_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        sample: _builtins.int = ...,
+        status: Global___SessionStatus.ValueType = ...,
+        attempt: _builtins.int = ...,
+        failures: _builtins.int = ...,
+        node_id: _builtins.str = ...,
+        stage: Global___SessionStage.ValueType = ...,
+        outcome: Global___SessionOutcome.ValueType = ...,
+        reward: _builtins.float = ...,
+        min_policy_version: _builtins.int = ...,
+        max_policy_version: _builtins.int = ...,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "failures", b"failures", "group_id", b"group_id", "max_policy_version", b"max_policy_version", "min_policy_version", b"min_policy_version", "node_id", b"node_id", "outcome", b"outcome", "reward", b"reward", "run_id", b"run_id", "sample", b"sample", "session_id", b"session_id", "stage", b"stage", "status", b"status", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionSummary: _TypeAlias = SessionSummary  # noqa: Y015
+
+@_typing.final
+class GroupSummary(_message.Message):
+    """A group (one task) and its sessions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    COMPLETION_SEQ_FIELD_NUMBER: _builtins.int
+    DELIVERY_SEQ_FIELD_NUMBER: _builtins.int
+    DROPPED_FIELD_NUMBER: _builtins.int
+    MIN_POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    MAX_POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    SESSIONS_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    task_id: _builtins.str
+    status: Global___GroupStatus.ValueType
+    completion_seq: _builtins.int
+    """1-based order of completion within the run (0 while open)."""
+    delivery_seq: _builtins.int
+    """1-based position in the run's group stream (0: not yet delivered or dropped)."""
+    dropped: _builtins.bool
+    """Dropped as staler than the run's max_staleness instead of delivered."""
+    min_policy_version: _builtins.int
+    max_policy_version: _builtins.int
+    @_builtins.property
+    def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionSummary]:
+        """Its sessions, by sample index."""
+
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        status: Global___GroupStatus.ValueType = ...,
+        completion_seq: _builtins.int = ...,
+        delivery_seq: _builtins.int = ...,
+        dropped: _builtins.bool = ...,
+        min_policy_version: _builtins.int = ...,
+        max_policy_version: _builtins.int = ...,
+        sessions: _abc.Iterable[Global___SessionSummary] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion_seq", b"completion_seq", "delivery_seq", b"delivery_seq", "dropped", b"dropped", "group_id", b"group_id", "max_policy_version", b"max_policy_version", "min_policy_version", b"min_policy_version", "sessions", b"sessions", "status", b"status", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GroupSummary: _TypeAlias = GroupSummary  # noqa: Y015
+
+@_typing.final
+class ListGroupsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListGroupsRequest: _TypeAlias = ListGroupsRequest  # noqa: Y015
+
+@_typing.final
+class ListGroupsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUPS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupSummary]:
+        """By task order."""
+
+    def __init__(
+        self,
+        *,
+        groups: _abc.Iterable[Global___GroupSummary] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListGroupsResponse: _TypeAlias = ListGroupsResponse  # noqa: Y015
+
+@_typing.final
+class AttemptSummary(_message.Message):
+    """One attempt of a session as rollout recorded it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class StageSecondsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    ACQUIRED_AT_FIELD_NUMBER: _builtins.int
+    ENDED_AT_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    STAGE_SECONDS_FIELD_NUMBER: _builtins.int
+    attempt: _builtins.int
+    node_id: _builtins.str
+    outcome: _builtins.str
+    """"" while running; "scored", "timed_out", "infra_failed", "cancelled" or "lost"."""
+    error: _builtins.str
+    """Why an attempt failed or was lost."""
+    @_builtins.property
+    def acquired_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def ended_at(self) -> _timestamp_pb2.Timestamp:
+        """Unset while the attempt runs."""
+
+    @_builtins.property
+    def stage_seconds(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Seconds per lifecycle stage ("init", "ready", "run", "post", "session")."""
+
+    def __init__(
+        self,
+        *,
+        attempt: _builtins.int = ...,
+        node_id: _builtins.str = ...,
+        acquired_at: _timestamp_pb2.Timestamp | None = ...,
+        ended_at: _timestamp_pb2.Timestamp | None = ...,
+        outcome: _builtins.str = ...,
+        error: _builtins.str = ...,
+        stage_seconds: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["acquired_at", b"acquired_at", "ended_at", b"ended_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acquired_at", b"acquired_at", "attempt", b"attempt", "ended_at", b"ended_at", "error", b"error", "node_id", b"node_id", "outcome", b"outcome", "stage_seconds", b"stage_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttemptSummary: _TypeAlias = AttemptSummary  # noqa: Y015
+
+@_typing.final
+class GetSessionDetailRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    CALL_OFFSET_FIELD_NUMBER: _builtins.int
+    CALL_LIMIT_FIELD_NUMBER: _builtins.int
+    CALLS_WITHOUT_BODIES_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    call_offset: _builtins.int
+    """The page of calls to return: calls [call_offset, call_offset + call_limit) in sequence order."""
+    call_limit: _builtins.int
+    """0: every call from call_offset on."""
+    calls_without_bodies: _builtins.bool
+    """Leave out each call's request body and canonical chat (as StreamGroupsRequest.tokens_only)."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        call_offset: _builtins.int = ...,
+        call_limit: _builtins.int = ...,
+        calls_without_bodies: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_limit", b"call_limit", "call_offset", b"call_offset", "calls_without_bodies", b"calls_without_bodies", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSessionDetailRequest: _TypeAlias = GetSessionDetailRequest  # noqa: Y015
+
+@_typing.final
+class GetSessionDetailResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    CALL_COUNT_FIELD_NUMBER: _builtins.int
+    call_count: _builtins.int
+    """Calls in the whole result (the page may hold fewer)."""
+    @_builtins.property
+    def session(self) -> Global___SessionSummary: ...
+    @_builtins.property
+    def attempts(self) -> _containers.RepeatedCompositeFieldContainer[Global___AttemptSummary]: ...
+    @_builtins.property
+    def result(self) -> Global___SessionResult:
+        """The node's report (the counted attempt's, else the latest attempt's) with only the requested page of
+        calls; unset while no attempt reported.
+        """
+
+    def __init__(
+        self,
+        *,
+        session: Global___SessionSummary | None = ...,
+        attempts: _abc.Iterable[Global___AttemptSummary] | None = ...,
+        result: Global___SessionResult | None = ...,
+        call_count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["result", b"result", "session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "call_count", b"call_count", "result", b"result", "session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSessionDetailResponse: _TypeAlias = GetSessionDetailResponse  # noqa: Y015
+
+@_typing.final
+class FailedAttempt(_message.Message):
+    """A failed attempt (INFRA_FAILED outcome, or lost with its node's lease)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    ENDED_AT_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    attempt: _builtins.int
+    node_id: _builtins.str
+    outcome: _builtins.str
+    """"infra_failed" or "lost"."""
+    error: _builtins.str
+    @_builtins.property
+    def ended_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        node_id: _builtins.str = ...,
+        outcome: _builtins.str = ...,
+        error: _builtins.str = ...,
+        ended_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "ended_at", b"ended_at", "error", b"error", "node_id", b"node_id", "outcome", b"outcome", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FailedAttempt: _TypeAlias = FailedAttempt  # noqa: Y015
+
+@_typing.final
+class ListFailedAttemptsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    limit: _builtins.int
+    """At most this many, newest first (0: all)."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListFailedAttemptsRequest: _TypeAlias = ListFailedAttemptsRequest  # noqa: Y015
+
+@_typing.final
+class ListFailedAttemptsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def attempts(self) -> _containers.RepeatedCompositeFieldContainer[Global___FailedAttempt]: ...
+    def __init__(
+        self,
+        *,
+        attempts: _abc.Iterable[Global___FailedAttempt] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListFailedAttemptsResponse: _TypeAlias = ListFailedAttemptsResponse  # noqa: Y015

@@ -73,6 +73,26 @@ class RolloutServiceStub:
                 request_serializer=lodestar_dot_v1_dot_rollout__pb2.ReportPolicyVersionRequest.SerializeToString,
                 response_deserializer=lodestar_dot_v1_dot_rollout__pb2.ReportPolicyVersionResponse.FromString,
                 _registered_method=True)
+        self.ListRuns = channel.unary_unary(
+                '/lodestar.v1.RolloutService/ListRuns',
+                request_serializer=lodestar_dot_v1_dot_rollout__pb2.ListRunsRequest.SerializeToString,
+                response_deserializer=lodestar_dot_v1_dot_rollout__pb2.ListRunsResponse.FromString,
+                _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/lodestar.v1.RolloutService/ListGroups',
+                request_serializer=lodestar_dot_v1_dot_rollout__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=lodestar_dot_v1_dot_rollout__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
+        self.GetSessionDetail = channel.unary_unary(
+                '/lodestar.v1.RolloutService/GetSessionDetail',
+                request_serializer=lodestar_dot_v1_dot_rollout__pb2.GetSessionDetailRequest.SerializeToString,
+                response_deserializer=lodestar_dot_v1_dot_rollout__pb2.GetSessionDetailResponse.FromString,
+                _registered_method=True)
+        self.ListFailedAttempts = channel.unary_unary(
+                '/lodestar.v1.RolloutService/ListFailedAttempts',
+                request_serializer=lodestar_dot_v1_dot_rollout__pb2.ListFailedAttemptsRequest.SerializeToString,
+                response_deserializer=lodestar_dot_v1_dot_rollout__pb2.ListFailedAttemptsResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -134,6 +154,37 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRuns(self, request, context):
+        """Read-only views for dashboards and tools (none of them changes state).
+
+        Every run with its progress counters, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGroups(self, request, context):
+        """A run's groups (one per task) with a summary of each of their sessions. NOT_FOUND for an unknown run.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSessionDetail(self, request, context):
+        """One session: its state, its attempts and the result a node reported (the counted one, else the
+        latest), with a page of its calls. NOT_FOUND for an unknown session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListFailedAttempts(self, request, context):
+        """A run's failed attempts (infrastructure failures and attempts lost with their node), newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -171,6 +222,26 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.ReportPolicyVersion,
                     request_deserializer=lodestar_dot_v1_dot_rollout__pb2.ReportPolicyVersionRequest.FromString,
                     response_serializer=lodestar_dot_v1_dot_rollout__pb2.ReportPolicyVersionResponse.SerializeToString,
+            ),
+            'ListRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRuns,
+                    request_deserializer=lodestar_dot_v1_dot_rollout__pb2.ListRunsRequest.FromString,
+                    response_serializer=lodestar_dot_v1_dot_rollout__pb2.ListRunsResponse.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=lodestar_dot_v1_dot_rollout__pb2.ListGroupsRequest.FromString,
+                    response_serializer=lodestar_dot_v1_dot_rollout__pb2.ListGroupsResponse.SerializeToString,
+            ),
+            'GetSessionDetail': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSessionDetail,
+                    request_deserializer=lodestar_dot_v1_dot_rollout__pb2.GetSessionDetailRequest.FromString,
+                    response_serializer=lodestar_dot_v1_dot_rollout__pb2.GetSessionDetailResponse.SerializeToString,
+            ),
+            'ListFailedAttempts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListFailedAttempts,
+                    request_deserializer=lodestar_dot_v1_dot_rollout__pb2.ListFailedAttemptsRequest.FromString,
+                    response_serializer=lodestar_dot_v1_dot_rollout__pb2.ListFailedAttemptsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -366,6 +437,114 @@ class RolloutService:
             '/lodestar.v1.RolloutService/ReportPolicyVersion',
             lodestar_dot_v1_dot_rollout__pb2.ReportPolicyVersionRequest.SerializeToString,
             lodestar_dot_v1_dot_rollout__pb2.ReportPolicyVersionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lodestar.v1.RolloutService/ListRuns',
+            lodestar_dot_v1_dot_rollout__pb2.ListRunsRequest.SerializeToString,
+            lodestar_dot_v1_dot_rollout__pb2.ListRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lodestar.v1.RolloutService/ListGroups',
+            lodestar_dot_v1_dot_rollout__pb2.ListGroupsRequest.SerializeToString,
+            lodestar_dot_v1_dot_rollout__pb2.ListGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSessionDetail(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lodestar.v1.RolloutService/GetSessionDetail',
+            lodestar_dot_v1_dot_rollout__pb2.GetSessionDetailRequest.SerializeToString,
+            lodestar_dot_v1_dot_rollout__pb2.GetSessionDetailResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListFailedAttempts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lodestar.v1.RolloutService/ListFailedAttempts',
+            lodestar_dot_v1_dot_rollout__pb2.ListFailedAttemptsRequest.SerializeToString,
+            lodestar_dot_v1_dot_rollout__pb2.ListFailedAttemptsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -57,6 +57,19 @@ class RolloutServiceStub:
     """
     ReportPolicyVersion: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.ReportPolicyVersionRequest, _rollout_pb2.ReportPolicyVersionResponse]
     """The trainer reports the policy version inference now serves."""
+    ListRuns: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.ListRunsRequest, _rollout_pb2.ListRunsResponse]
+    """Read-only views for dashboards and tools (none of them changes state).
+
+    Every run with its progress counters, newest first.
+    """
+    ListGroups: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.ListGroupsRequest, _rollout_pb2.ListGroupsResponse]
+    """A run's groups (one per task) with a summary of each of their sessions. NOT_FOUND for an unknown run."""
+    GetSessionDetail: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.GetSessionDetailRequest, _rollout_pb2.GetSessionDetailResponse]
+    """One session: its state, its attempts and the result a node reported (the counted one, else the
+    latest), with a page of its calls. NOT_FOUND for an unknown session.
+    """
+    ListFailedAttempts: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.ListFailedAttemptsRequest, _rollout_pb2.ListFailedAttemptsResponse]
+    """A run's failed attempts (infrastructure failures and attempts lost with their node), newest first."""
 
 @_typing.type_check_only
 class RolloutServiceAsyncStub(RolloutServiceStub):
@@ -87,6 +100,19 @@ class RolloutServiceAsyncStub(RolloutServiceStub):
     """
     ReportPolicyVersion: _aio.UnaryUnaryMultiCallable[_rollout_pb2.ReportPolicyVersionRequest, _rollout_pb2.ReportPolicyVersionResponse]  # type: ignore[assignment]
     """The trainer reports the policy version inference now serves."""
+    ListRuns: _aio.UnaryUnaryMultiCallable[_rollout_pb2.ListRunsRequest, _rollout_pb2.ListRunsResponse]  # type: ignore[assignment]
+    """Read-only views for dashboards and tools (none of them changes state).
+
+    Every run with its progress counters, newest first.
+    """
+    ListGroups: _aio.UnaryUnaryMultiCallable[_rollout_pb2.ListGroupsRequest, _rollout_pb2.ListGroupsResponse]  # type: ignore[assignment]
+    """A run's groups (one per task) with a summary of each of their sessions. NOT_FOUND for an unknown run."""
+    GetSessionDetail: _aio.UnaryUnaryMultiCallable[_rollout_pb2.GetSessionDetailRequest, _rollout_pb2.GetSessionDetailResponse]  # type: ignore[assignment]
+    """One session: its state, its attempts and the result a node reported (the counted one, else the
+    latest), with a page of its calls. NOT_FOUND for an unknown session.
+    """
+    ListFailedAttempts: _aio.UnaryUnaryMultiCallable[_rollout_pb2.ListFailedAttemptsRequest, _rollout_pb2.ListFailedAttemptsResponse]  # type: ignore[assignment]
+    """A run's failed attempts (infrastructure failures and attempts lost with their node), newest first."""
 
 class RolloutServiceServicer(metaclass=_abc_1.ABCMeta):
     """RolloutService schedules sessions (task x sample) over gateway nodes and collects their results
@@ -156,5 +182,42 @@ class RolloutServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_rollout_pb2.ReportPolicyVersionResponse, _abc.Awaitable[_rollout_pb2.ReportPolicyVersionResponse]]:
         """The trainer reports the policy version inference now serves."""
+
+    @_abc_1.abstractmethod
+    def ListRuns(
+        self,
+        request: _rollout_pb2.ListRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rollout_pb2.ListRunsResponse, _abc.Awaitable[_rollout_pb2.ListRunsResponse]]:
+        """Read-only views for dashboards and tools (none of them changes state).
+
+        Every run with its progress counters, newest first.
+        """
+
+    @_abc_1.abstractmethod
+    def ListGroups(
+        self,
+        request: _rollout_pb2.ListGroupsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rollout_pb2.ListGroupsResponse, _abc.Awaitable[_rollout_pb2.ListGroupsResponse]]:
+        """A run's groups (one per task) with a summary of each of their sessions. NOT_FOUND for an unknown run."""
+
+    @_abc_1.abstractmethod
+    def GetSessionDetail(
+        self,
+        request: _rollout_pb2.GetSessionDetailRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rollout_pb2.GetSessionDetailResponse, _abc.Awaitable[_rollout_pb2.GetSessionDetailResponse]]:
+        """One session: its state, its attempts and the result a node reported (the counted one, else the
+        latest), with a page of its calls. NOT_FOUND for an unknown session.
+        """
+
+    @_abc_1.abstractmethod
+    def ListFailedAttempts(
+        self,
+        request: _rollout_pb2.ListFailedAttemptsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rollout_pb2.ListFailedAttemptsResponse, _abc.Awaitable[_rollout_pb2.ListFailedAttemptsResponse]]:
+        """A run's failed attempts (infrastructure failures and attempts lost with their node), newest first."""
 
 def add_RolloutServiceServicer_to_server(servicer: RolloutServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -9,7 +9,6 @@ imports psycopg. Selected by a `postgresql://` URL in `--store` (see `stores.ope
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -19,8 +18,19 @@ import psycopg
 from lodestar import errors
 from lodestar.logging import get_logger
 from lodestar.v1 import rollout_pb2
-from services.rollout.model import AttemptRecord
-from services.rollout.store import _SCHEMA, Rows, StoredState, load_state, table_rows
+from services.rollout.model import AttemptRecord, StoredResult
+from services.rollout.store import (
+    _SCHEMA,
+    FAILED_ATTEMPTS_SQL,
+    NO_LIMIT,
+    SHOWN_RESULT_SQL,
+    Rows,
+    StoredState,
+    attempt_record,
+    load_state,
+    stored_result,
+    table_rows,
+)
 
 CONNECT_TIMEOUT_S = 10
 STATEMENT_TIMEOUT_MS = 60_000
@@ -120,7 +130,15 @@ class PostgresStore:
 
     def attempts(self, session_id: str) -> list[AttemptRecord]:
         rows = self._all("SELECT * FROM attempts WHERE session_id = %s ORDER BY attempt", (session_id,))
-        return [AttemptRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], json.loads(r[8])) for r in rows]
+        return [attempt_record(r) for r in rows]
+
+    def shown_result(self, session_id: str) -> StoredResult | None:
+        rows = self._all(SHOWN_RESULT_SQL.replace("?", "%s"), (session_id,))
+        return stored_result(rows[0] if rows else None)
+
+    def failed_attempts(self, run_id: str, limit: int) -> list[AttemptRecord]:
+        rows = self._all(FAILED_ATTEMPTS_SQL.replace("?", "%s"), (run_id, limit or NO_LIMIT))
+        return [attempt_record(r) for r in rows]
 
     def load(self) -> StoredState:
         return load_state(self._all)

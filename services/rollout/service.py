@@ -22,7 +22,7 @@ from lodestar import errors
 from lodestar.etcd import EtcdClient
 from lodestar.logging import get_logger
 from lodestar.v1 import rollout_pb2
-from services.rollout import groups, views
+from services.rollout import browse, groups, views
 from services.rollout.leases import Owners, Ownership, OwnershipWatch
 from services.rollout.model import Changes, Session
 from services.rollout.scheduler import Progress, Scheduler
@@ -159,6 +159,37 @@ class RolloutCore:
     async def cancel_run(self, run_id: str) -> rollout_pb2.Run:
         await self._persist(self.scheduler.cancel_run(run_id))
         return self.run_view(run_id)
+
+    # -- read-only views (dashboards) ------------------------------------------------------------
+
+    def list_runs(self, limit: int) -> list[rollout_pb2.Run]:
+        """Every run, newest first (at most `limit`; 0: all)."""
+        runs = sorted(self.scheduler.runs.values(), key=lambda run: run.ordinal, reverse=True)
+        return [self.run_view(run.run_id) for run in runs[: limit or None]]
+
+    def list_groups(self, run_id: str) -> list[rollout_pb2.GroupSummary]:
+        scheduler = self.scheduler
+        run = scheduler.run(run_id)
+        out = []
+        for group_id in run.group_ids:
+            group = scheduler.groups[group_id]
+            sessions = sorted((scheduler.sessions[sid] for sid in group.session_ids), key=lambda s: s.sample)
+            out.append(browse.group_summary(group, run, sessions))
+        return out
+
+    async def session_detail(
+        self, request: rollout_pb2.GetSessionDetailRequest
+    ) -> rollout_pb2.GetSessionDetailResponse:
+        session = self.scheduler.session(request.session_id)
+        summary = browse.session_summary(session, self.scheduler.runs[session.run_id])
+        attempts = await self.writer.read(self.store.attempts, session.session_id)
+        shown = await self.writer.read(self.store.shown_result, session.session_id)
+        return browse.session_detail(summary, attempts, shown, request)
+
+    async def failed_attempts(self, run_id: str, limit: int) -> list[rollout_pb2.FailedAttempt]:
+        self.scheduler.run(run_id)  # NOT_FOUND for an unknown run
+        records = await self.writer.read(self.store.failed_attempts, run_id, limit)
+        return [browse.failed_attempt(record) for record in records]
 
     async def report_policy_version(self, version: int) -> int:
         self.scheduler.report_policy_version(version)

@@ -84,3 +84,27 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         core = await self._leading(context)
         version = await core.report_policy_version(request.policy_version)
         return rollout_pb2.ReportPolicyVersionResponse(policy_version=version)
+
+    async def ListRuns(self, request: rollout_pb2.ListRunsRequest, context: Context) -> rollout_pb2.ListRunsResponse:
+        core = await self._leading(context)
+        return rollout_pb2.ListRunsResponse(runs=core.list_runs(request.limit))
+
+    async def ListGroups(
+        self, request: rollout_pb2.ListGroupsRequest, context: Context
+    ) -> rollout_pb2.ListGroupsResponse:
+        core = await self._leading(context)
+        return rollout_pb2.ListGroupsResponse(groups=core.list_groups(request.run_id))
+
+    async def GetSessionDetail(
+        self, request: rollout_pb2.GetSessionDetailRequest, context: Context
+    ) -> rollout_pb2.GetSessionDetailResponse:
+        core = await self._leading(context)
+        return await core.session_detail(request)
+
+    async def ListFailedAttempts(
+        self, request: rollout_pb2.ListFailedAttemptsRequest, context: Context
+    ) -> rollout_pb2.ListFailedAttemptsResponse:
+        core = await self._leading(context)
+        return rollout_pb2.ListFailedAttemptsResponse(
+            attempts=await core.failed_attempts(request.run_id, request.limit)
+        )

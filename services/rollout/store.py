@@ -89,6 +89,14 @@ class Store(Protocol):
 
     def attempts(self, session_id: str) -> list[AttemptRecord]: ...
 
+    def shown_result(self, session_id: str) -> StoredResult | None:
+        """The result to show for a session: the counted one, else the latest attempt's (None: no report)."""
+        ...
+
+    def failed_attempts(self, run_id: str, limit: int) -> list[AttemptRecord]:
+        """The run's infra_failed and lost attempts, newest first, at most `limit` (0: all)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -152,6 +160,27 @@ def rows_for(changes: Changes, runs: dict[str, Run], groups: dict[str, Group], s
             )
         )
     return rows
+
+
+SHOWN_RESULT_SQL = (
+    "SELECT result, counted FROM results WHERE session_id = ? ORDER BY counted DESC, attempt DESC LIMIT 1"
+)
+FAILED_ATTEMPTS_SQL = (
+    "SELECT a.* FROM attempts a JOIN sessions s ON s.session_id = a.session_id "
+    "WHERE s.run_id = ? AND a.outcome IN ('infra_failed', 'lost') ORDER BY a.ended_at DESC LIMIT ?"
+)
+"""Read-only queries of the dashboard views, in SQLite's `?` style (pgstore swaps in `%s`)."""
+NO_LIMIT = 1 << 62
+
+
+def attempt_record(row: Sequence[Any]) -> AttemptRecord:
+    """An `attempts` row (columns in schema order) as an AttemptRecord."""
+    return AttemptRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], json.loads(row[8]))
+
+
+def stored_result(row: Sequence[Any] | None) -> StoredResult | None:
+    """A (result blob, counted) row as a StoredResult."""
+    return None if row is None else StoredResult(rollout_pb2.SessionResult.FromString(row[0]), bool(row[1]))
 
 
 TABLES = ("run_specs", "runs", "groups", "sessions", "attempts", "results", "meta")
@@ -249,7 +278,14 @@ class SqliteStore:
         rows = self._db.execute(
             "SELECT * FROM attempts WHERE session_id = ? ORDER BY attempt", (session_id,)
         ).fetchall()
-        return [AttemptRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], json.loads(r[8])) for r in rows]
+        return [attempt_record(r) for r in rows]
+
+    def shown_result(self, session_id: str) -> StoredResult | None:
+        return stored_result(self._db.execute(SHOWN_RESULT_SQL, (session_id,)).fetchone())
+
+    def failed_attempts(self, run_id: str, limit: int) -> list[AttemptRecord]:
+        rows = self._db.execute(FAILED_ATTEMPTS_SQL, (run_id, limit or NO_LIMIT)).fetchall()
+        return [attempt_record(r) for r in rows]
 
     def load(self) -> StoredState:
         return load_state(lambda sql: self._db.execute(sql).fetchall())
