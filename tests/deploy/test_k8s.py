@@ -6,6 +6,7 @@ NetworkPolicies that admit only each service's callers."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -85,11 +86,15 @@ def test_services_have_grpc_probes_and_known_settings(overlay: str) -> None:
     for workload in workloads.values():
         for item in workload["spec"]["template"]["spec"]["containers"][0].get("env", []):
             env[item["name"]] = item.get("value", "")
+    _assert_settings_exist(env, overlay)
+
+
+def _assert_settings_exist(env: dict[str, str], where: str) -> None:
     for name in env:
         if not name.startswith(ENV_PREFIX):
             continue
         section, _, field = name.removeprefix(ENV_PREFIX).lower().partition("_")
-        assert field in SETTINGS[section].model_fields, f"{overlay}: {name} is not a {section} setting"
+        assert field in SETTINGS[section].model_fields, f"{where}: {name} is not a {section} setting"
 
 
 def test_the_gpu_overlay_asks_for_gpus_and_the_local_one_for_none() -> None:
@@ -177,3 +182,48 @@ def test_the_policy_check_can_fail() -> None:
     opened.append({"kind": "NetworkPolicy", "metadata": {"name": "inference"},
                    "spec": {"podSelector": {"matchLabels": {"app": "inference"}}, "ingress": [{}]}})  # fmt: skip
     assert ("etcd", "inference", 50051) in allowed_connections(opened) - EXPECTED_CONNECTIONS
+
+
+def test_the_etcd_tls_component_secures_etcd_and_its_clients(tmp_path: Path) -> None:
+    """The base runs etcd plaintext, which rollout and the gateway accept only because the ConfigMap says so;
+    components/etcd-tls (here on the gpu overlay) serves etcd on https:// to peers and clients, requires
+    client certificates, and gives rollout and the gateway theirs from Secrets."""
+    plain = _config_env(render("gpu"))
+    for service in ("ROLLOUT", "GATEWAY"):
+        assert plain[f"{ENV_PREFIX}{service}_ETCD"].startswith("http://")
+        assert plain[f"{ENV_PREFIX}{service}_ETCD_ALLOW_INSECURE"] == "true"
+
+    component = REPO / "deploy" / "k8s" / "components" / "etcd-tls"
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(OVERLAYS / "gpu", tmp_path)],
+        "components": [os.path.relpath(component, tmp_path)],
+    }
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    docs = render(str(tmp_path))  # an absolute path: OVERLAYS / it is it
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    workloads, env = _workloads(docs), _config_env(docs)
+    _assert_settings_exist(env, "etcd-tls")
+
+    etcd = workloads["etcd"]["spec"]["template"]["spec"]
+    flags = etcd["containers"][0]["command"]
+    assert {"--client-cert-auth", "--peer-client-cert-auth", "--trusted-ca-file=/etc/etcd/tls/ca.crt"} <= set(flags)
+    urls = [flag for flag in flags if "://" in flag and not flag.startswith("--listen-metrics-urls=")]
+    assert len(urls) == 5  # clients: listen, advertise; peers: listen, advertise, the initial cluster
+    assert all("http://" not in flag for flag in urls), urls
+    assert etcd["containers"][0]["readinessProbe"]["httpGet"]["port"] == 2381  # /health without a client cert
+    assert {"name": "tls", "secret": {"secretName": "lodestar-etcd-server", "defaultMode": 0o400}} in etcd["volumes"]
+
+    for service in ("rollout", "gateway"):
+        prefix = f"{ENV_PREFIX}{service.upper()}_ETCD"
+        assert env[prefix] == "https://etcd:2379"
+        assert env[f"{prefix}_ALLOW_INSECURE"] == "false"
+        pod = workloads[service]["spec"]["template"]["spec"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "etcd-tls"]
+        assert volume["secret"]["secretName"] == f"lodestar-etcd-{service}"
+        (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "etcd-tls"]
+        for kind in ("CA", "CERT", "KEY"):
+            assert Path(env[f"{prefix}_TLS_{kind}"]).parent == Path(mount["mountPath"])
+        assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]  # it can read them
