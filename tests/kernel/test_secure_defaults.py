@@ -118,18 +118,23 @@ def _serve(tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> su
     return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment)
 
 
+async def _refused(process: subprocess.Popen[bytes], what: str) -> str:
+    """The stderr of a `serve` process that must exit with code 2 (fails the test if it keeps serving)."""
+    try:
+        _, stderr = await asyncio.to_thread(process.communicate, timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        pytest.fail(f"{what} kept serving")
+    assert process.returncode == 2, stderr.decode()
+    return stderr.decode()
+
+
 async def test_a_service_process_bound_beyond_loopback_without_a_token_exits_before_binding(tmp_path: Path) -> None:
     port = free_port()
-    refused = _serve(tmp_path, "--host", "0.0.0.0", "--port", str(port))
-    try:
-        _, stderr = await asyncio.to_thread(refused.communicate, timeout=60)
-    except subprocess.TimeoutExpired:
-        refused.kill()
-        refused.communicate()
-        pytest.fail("a gateway bound to 0.0.0.0 without a token kept serving")
-    assert refused.returncode == 2, stderr.decode()
-    assert "refusing to serve gateway gRPC on 0.0.0.0" in stderr.decode()
-    assert "--allow-insecure" in stderr.decode()
+    stderr = await _refused(_serve(tmp_path, "--host", "0.0.0.0", "--port", str(port)), "a gateway on 0.0.0.0")
+    assert "refusing to serve gateway gRPC on 0.0.0.0" in stderr
+    assert "--allow-insecure" in stderr
 
     for flags, env in (
         (["--allow-insecure"], {}),
@@ -148,15 +153,9 @@ async def test_a_gateway_with_plaintext_etcd_beyond_loopback_exits_before_servin
     """etcd's secure default (tests/kernel/test_etcd_tls.py has the rest): http:// beyond loopback needs
     --etcd-allow-insecure."""
     refused = _serve(tmp_path, "--port", str(free_port()), "--etcd", "http://10.0.0.7:2379")
-    try:
-        _, stderr = await asyncio.to_thread(refused.communicate, timeout=60)
-    except subprocess.TimeoutExpired:
-        refused.kill()
-        refused.communicate()
-        pytest.fail("a gateway with a plaintext etcd beyond loopback kept serving")
-    assert refused.returncode == 2, stderr.decode()
-    assert "refusing plaintext etcd at http://10.0.0.7:2379" in stderr.decode()
-    assert "--etcd-allow-insecure" in stderr.decode()
+    stderr = await _refused(refused, "a gateway with a plaintext etcd beyond loopback")
+    assert "refusing plaintext etcd at http://10.0.0.7:2379" in stderr
+    assert "--etcd-allow-insecure" in stderr
 
 
 async def test_an_unauthenticated_create_run_on_a_non_loopback_bind_is_refused(
