@@ -235,7 +235,9 @@ def tls_from_settings(endpoint: str, settings: EtcdClientSettings) -> EtcdTls | 
     addresses = _endpoints(endpoint)
     given = (settings.etcd_tls_ca, settings.etcd_tls_cert, settings.etcd_tls_key)
     if addresses[0].scheme == "https":
-        return EtcdTls(*given)
+        tls = EtcdTls(*given)
+        tls.credentials()  # an unreadable file fails the start, not each reconnect
+        return tls
     if any(item is not None for item in given):
         raise errors.InvalidArgumentError(
             f"etcd TLS files are given but the etcd endpoint {endpoint} is http://: use https://host:port"

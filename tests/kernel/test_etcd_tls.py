@@ -146,6 +146,8 @@ def test_settings_refuse_plaintext_etcd_beyond_loopback(pki: LocalPki) -> None:
     assert tls_from_settings("https://etcd:2379", GatewaySettings()) == EtcdTls()  # the system's roots
     with pytest.raises(errors.InvalidArgumentError, match="http://"):
         tls_from_settings("http://127.0.0.1:2379", GatewaySettings(**files))
+    with pytest.raises(errors.InvalidArgumentError, match="cannot read"):
+        tls_from_settings("https://etcd:2379", GatewaySettings(etcd_tls_ca=pki.ca.with_name("missing.pem")))
     with pytest.raises(errors.InvalidArgumentError, match="go together"):
         tls_from_settings("https://etcd:2379", GatewaySettings(etcd_tls_cert=client.cert))
     with pytest.raises(errors.InvalidArgumentError, match="mix"):
