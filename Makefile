@@ -10,7 +10,7 @@ BUF := node_modules/.bin/buf
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 
-.PHONY: run up test test-training test-docker setup system-deps venv node-tools vllm-venv harnesses node-client proto proto-check lint typecheck pytest bench clean docker-deps images session-image compose-test
+.PHONY: run up test test-training test-docker setup system-deps venv node-tools vllm-venv harnesses node-client dashboard-assets proto proto-check lint typecheck pytest bench clean docker-deps images session-image compose-test
 
 ## run: set up, then train the bundled quickstart (examples/quickstart: local etcd + the four services, the tiny
 ## model, a live view) and exit with its summary (reward rise, plot, checkpoint). See docs/quickstart.md.
@@ -33,6 +33,8 @@ system-deps:
 	@command -v bwrap >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bubblewrap; }
 	@# PostgreSQL server binaries for the rollout store tests (the tests start their own server).
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq postgresql; }
+	@# Chromium for the dashboard's browser test (driven by Playwright for Python with this executable).
+	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
 
 # The CPU wheel of torch 2.13.0 lies on disk here; the exact pin keeps pip from fetching a CUDA build.
 $(VENV)/.installed: pyproject.toml
@@ -71,6 +73,10 @@ harnesses:
 ## it needs Python >= 3.12, which on Debian 12 means a Debian 13 root built with debootstrap (4.5-9 min, ~930 MB).
 harnesses-openhands:
 	bash scripts/install-openhands.sh
+
+## dashboard-assets: refresh the dashboard's vendored uPlot (lodestar/dashboard/static/vendor) from npm (package.json pin).
+dashboard-assets: node-tools
+	bash scripts/vendor-uplot.sh
 
 ## proto: regenerate lodestar/v1 from protos/ (committed output).
 proto: venv node-tools

@@ -12,11 +12,11 @@ import sys
 from collections.abc import Sequence
 
 from lodestar import __version__
+from lodestar.cli import dashboard, export, health, images, model, plot, run, services, session, train, up
 from lodestar.cli import eval as eval_cmd
-from lodestar.cli import export, health, images, model, plot, run, services, session, train, up
 from lodestar.errors import LodestarError
 
-COMMAND_GROUPS = (services, up, health, model, session, run, plot, export, eval_cmd, train, images)
+COMMAND_GROUPS = (services, up, health, model, session, run, plot, export, eval_cmd, train, images, dashboard)
 
 
 def build_parser() -> argparse.ArgumentParser:
