@@ -18,23 +18,21 @@ Keys are text; values are bytes (text is UTF-8 encoded). Every RPC runs under th
 Transport: `http://` endpoints get a plaintext channel (local etcd on loopback); `https://` endpoints a TLS
 channel (`EtcdTls`: the CA that signs etcd's certificate, and this client's certificate and key for
 etcd's `--client-cert-auth`, where etcd takes the user name from the certificate's CN: no password, no
-expiring token). `tls_from_settings` is the secure default of a service: plaintext to an etcd beyond
-loopback is refused unless its settings say `etcd_allow_insecure` (docs/security.md). `enable_auth`
-turns authentication on in a fresh etcd (`lodestar up --tls`, tests).
+expiring token). `tls_from_settings` (in `lodestar.etcd_transport`, with endpoint parsing) is the secure
+default of a service: plaintext to an etcd beyond loopback is refused unless its settings say
+`etcd_allow_insecure` (docs/security.md). `enable_auth` turns authentication on in a fresh etcd
+(`lodestar up --tls`, tests).
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
-from urllib.parse import urlsplit
 
 import aetcd
 import aetcd.rpc
@@ -43,9 +41,8 @@ import grpc
 import grpc.aio
 
 from lodestar import errors
-from lodestar.grpc.security import Security, is_loopback
+from lodestar.etcd_transport import EtcdTls, channel_address, endpoints_of, tls_from_settings
 from lodestar.logging import get_logger
-from lodestar.settings import EtcdClientSettings
 
 DEFAULT_TIMEOUT_S = 5.0
 T = TypeVar("T")
@@ -154,106 +151,6 @@ def _key_value(raw: Any) -> KeyValue:
     )
 
 
-@dataclass(frozen=True)
-class EtcdTls:
-    """TLS to etcd (`https://` endpoints): `ca` verifies etcd's server certificate (None: the system's
-    roots); `cert` and `key` are this client's certificate (mutual TLS; with etcd's `--client-cert-auth`
-    and auth enabled, its CN is the etcd user this client acts as)."""
-
-    ca: Path | None = None
-    cert: Path | None = None
-    key: Path | None = None
-
-    def __post_init__(self) -> None:
-        if (self.cert is None) != (self.key is None):
-            raise errors.InvalidArgumentError("the etcd client certificate and key go together (etcd_tls_cert/key)")
-
-    def credentials(self) -> grpc.ChannelCredentials:
-        if self.ca is None and self.cert is None:
-            return grpc.ssl_channel_credentials()
-        credentials = Security(tls_cert=self.cert, tls_key=self.key, tls_ca=self.ca).channel_credentials()
-        assert credentials is not None  # a CA or a certificate: TLS
-        return credentials
-
-
-@dataclass(frozen=True)
-class _Endpoint:
-    scheme: str
-    host: str
-    port: int
-
-
-def _parse_endpoint(endpoint: str) -> _Endpoint:
-    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
-        raise errors.InvalidArgumentError(
-            f"etcd endpoint must look like http://host:port or https://host:port, got {endpoint!r}"
-        )
-    return _Endpoint(parts.scheme, parts.hostname, parts.port)
-
-
-def _endpoints(endpoints: str) -> list[_Endpoint]:
-    """The comma-separated endpoints, all of one scheme."""
-    parsed = [_parse_endpoint(item.strip()) for item in endpoints.split(",") if item.strip()]
-    if not parsed:
-        raise errors.InvalidArgumentError("no etcd endpoint given")
-    if len({item.scheme for item in parsed}) > 1:
-        raise errors.InvalidArgumentError(f"etcd endpoints mix http:// and https://: {endpoints!r}")
-    return parsed
-
-
-def _channel_address(addresses: list[_Endpoint]) -> tuple[str, int]:
-    """The (host, port) that aetcd joins into its gRPC target "host:port".
-
-    One endpoint is used as is (a DNS name resolving to every member, such as a Kubernetes headless
-    service, already fails over). Several comma-separated endpoints (a cluster's members) become one
-    gRPC target over all their addresses, "ipv4:A:1,B:2,C:3" (names are resolved once, here): the channel
-    connects to the first member that answers and moves to another when that one goes away.
-    """
-    if len(addresses) == 1:
-        return addresses[0].host, addresses[0].port
-    resolved = []
-    for address in addresses:
-        try:
-            infos = socket.getaddrinfo(address.host, address.port, socket.AF_INET, socket.SOCK_STREAM)
-        except OSError as error:
-            raise errors.UnavailableError(f"cannot resolve etcd endpoint {address.host}: {error}") from error
-        resolved.append(f"{infos[0][4][0]}:{address.port}")
-    *first, last = resolved
-    last_host, last_port = last.rsplit(":", 1)  # aetcd appends ":port" to the host
-    return "ipv4:" + ",".join([*first, last_host]), int(last_port)
-
-
-def tls_from_settings(endpoint: str, settings: EtcdClientSettings) -> EtcdTls | None:
-    """The TLS of the etcd client a service builds from its settings (None: plaintext `http://`).
-
-    The secure default (docs/security.md): a plaintext `http://` endpoint beyond loopback is refused
-    (FailedPreconditionError, before the service starts) unless `etcd_allow_insecure`, and then logged
-    loudly: whoever reaches it could read every key and write node, ownership and leader keys. TLS files
-    with an `http://` endpoint are refused too (they would be silently unused).
-    """
-    addresses = _endpoints(endpoint)
-    given = (settings.etcd_tls_ca, settings.etcd_tls_cert, settings.etcd_tls_key)
-    if addresses[0].scheme == "https":
-        tls = EtcdTls(*given)
-        tls.credentials()  # an unreadable file fails the start, not each reconnect
-        return tls
-    if any(item is not None for item in given):
-        raise errors.InvalidArgumentError(
-            f"etcd TLS files are given but the etcd endpoint {endpoint} is http://: use https://host:port"
-        )
-    exposed = [item.host for item in addresses if not is_loopback(item.host)]
-    if exposed and not settings.etcd_allow_insecure:
-        raise errors.FailedPreconditionError(
-            f"refusing plaintext etcd at {endpoint} (beyond loopback) without TLS: use https:// with "
-            "--etcd-tls-ca, --etcd-tls-cert and --etcd-tls-key (etcd with --client-cert-auth), or pass "
-            "--etcd-allow-insecure to send etcd traffic in the clear and unauthenticated"
-        )
-    if exposed:
-        _log.warning("etcd beyond loopback WITHOUT TLS or authentication (--etcd-allow-insecure)", endpoint=endpoint)
-    return None
-
-
 class _Client(aetcd.Client):  # type: ignore[misc]  # aetcd is untyped
     """aetcd's client over a TLS channel when given credentials (aetcd itself only opens plaintext ones);
     the same stubs, watcher and channel options as aetcd's own `connect`."""
@@ -287,11 +184,11 @@ class EtcdClient:
     talk TLS (`tls`, default: the system's roots and no client certificate)."""
 
     def __init__(self, endpoint: str, *, timeout: float = DEFAULT_TIMEOUT_S, tls: EtcdTls | None = None) -> None:
-        addresses = _endpoints(endpoint)
+        addresses = endpoints_of(endpoint)
         secure = addresses[0].scheme == "https"
         if tls is not None and not secure:
             raise errors.InvalidArgumentError(f"etcd TLS settings need an https:// endpoint, got {endpoint!r}")
-        host, port = _channel_address(addresses)
+        host, port = channel_address(addresses)
         options = dict(_CHANNEL_OPTIONS)
         if secure and len(addresses) > 1:  # the target names no host: verify etcd's certificate against the first
             options["grpc.ssl_target_name_override"] = addresses[0].host
@@ -683,6 +580,7 @@ class Lease:
 
 __all__ = [
     "EtcdClient",
+    "EtcdTls",
     "EventKind",
     "KeyValue",
     "Lease",
@@ -691,4 +589,5 @@ __all__ = [
     "Watch",
     "WatchCompactedError",
     "WatchEvent",
+    "tls_from_settings",
 ]
