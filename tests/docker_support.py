@@ -4,13 +4,20 @@ and we are root: `dockerd` stays running afterwards, as a system daemon would) a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import shutil
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+
+import pytest
+
+from services.gateway.node.runtimes import DockerBackend
+from services.gateway.node.runtimes.base import remove_dir
 
 REPO = Path(__file__).resolve().parents[1]
 SESSION_IMAGE = "lodestar/session-base:dev"
@@ -66,3 +73,19 @@ def inspect(container: str) -> dict[str, object]:
     out = subprocess.run(["docker", "inspect", container], capture_output=True, text=True, timeout=30, check=True)
     data: list[dict[str, object]] = json.loads(out.stdout)
     return data[0]
+
+
+@contextlib.asynccontextmanager
+async def docker_backend(sessions_dir: Path, node_id: str) -> AsyncIterator[DockerBackend]:
+    """A DockerBackend for a test (skipped, naming the missing resource, where docker cannot run); on exit
+    its reaper stops and every container and session directory it made is removed."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    made = DockerBackend(sessions_dir, node_id=node_id)
+    try:
+        yield made
+    finally:
+        await made.close()
+        remove(containers(made.owner_label))
+        remove_dir(made.sessions_dir)  # a failed test must not leave a tmpfs mounted in pytest's tmp_path

@@ -71,17 +71,36 @@ def write_new_file(root: Path, relative: str | PurePosixPath, data: bytes, *, mo
     return root.joinpath(*parts)
 
 
-def make_private_dir(root: Path, relative_parent: str | PurePosixPath, prefix: str) -> Path:
-    """A new directory (mode 0700, a random name starting with `prefix`) in `root/relative_parent`."""
+def make_private_dir(
+    root: Path, relative_parent: str | PurePosixPath, prefix: str, *, owner: tuple[int, int] | None = None
+) -> Path:
+    """A new directory (mode 0700, a random name starting with `prefix`) in `root/relative_parent`, given to
+    `owner` (uid, gid) when set."""
     name = f"{prefix}{secrets.token_hex(8)}"
     with directory_fd(root, relative_parent) as parent:
         try:
             os.mkdir(name, 0o700, dir_fd=parent)
+            if owner is not None:
+                os.chown(name, *owner, dir_fd=parent, follow_symlinks=False)
         except OSError as error:
             raise SessionFileError(
                 f"cannot create a directory in {root}/{relative_parent}: {error.strerror}"
             ) from error
     return root / relative_parent / name
+
+
+def give_tree(top: Path, owner: tuple[int, int]) -> int:
+    """Give `top` and everything below it to `owner` (uid, gid); links are changed themselves, never
+    followed. Only for a tree no session process can change meanwhile (before the harness starts, or one
+    the node built while none runs). Returns the number of entries changed."""
+    if not stat.S_ISDIR(os.lstat(top).st_mode):
+        raise SessionFileError(f"{top} is not a directory")
+    count = 0
+    for directory, dirs, files in os.walk(top, followlinks=False):
+        for name in [".", *dirs, *files]:
+            os.chown(os.path.join(directory, name), *owner, follow_symlinks=False)
+            count += 1
+    return count
 
 
 def read_regular_file(root: Path, relative: str | PurePosixPath, *, limit: int) -> bytes | None:

@@ -156,6 +156,7 @@ class SessionStages:
                     runtime_kind=runtime.kind,
                     root=runtime.root,
                     workspace_host=runtime.real.workdir,
+                    owner=runtime.owner,
                 )
             )
         except VerifierError as error:

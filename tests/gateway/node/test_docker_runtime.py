@@ -24,8 +24,8 @@ import pytest
 from lodestar.v1 import rollout_pb2
 from services.gateway.node.harnesses import Command, GatewayEndpoint
 from services.gateway.node.runtimes import DockerBackend, DockerRuntime
-from services.gateway.node.runtimes.base import mounts_under, remove_dir
-from tests.docker_support import SESSION_IMAGE, containers, inspect, remove, skip_reason
+from services.gateway.node.runtimes.base import mounts_under
+from tests.docker_support import SESSION_IMAGE, containers, docker_backend, inspect, remove, skip_reason
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 PROBE = """
@@ -49,16 +49,8 @@ print(json.dumps(out))
 
 @pytest.fixture
 async def backend(tmp_path: Path) -> AsyncIterator[DockerBackend]:
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    made = DockerBackend(tmp_path / "sessions", node_id=f"test-{uuid.uuid4().hex[:6]}")
-    try:
+    async with docker_backend(tmp_path / "sessions", f"test-{uuid.uuid4().hex[:6]}") as made:
         yield made
-    finally:
-        await made.close()
-        remove(containers(made.owner_label))
-        remove_dir(made.sessions_dir)  # a failed test must not leave a tmpfs mounted in pytest's tmp_path
 
 
 def _spec(image: str = SESSION_IMAGE, **fields: Any) -> rollout_pb2.RuntimeSpec:

@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from google.protobuf import struct_pb2
@@ -16,17 +17,26 @@ from lodestar.errors import FailedPreconditionError, InvalidArgumentError
 from lodestar.v1 import rollout_pb2
 from services.gateway.node.harnesses import Command, GatewayEndpoint, Launcher, RunDirs
 from services.gateway.node.harnesses.base import DEFAULT_BIN_DIR, REPO_ROOT
-from services.gateway.node.runtimes import DockerRuntime, HostBackend, HostRuntime, Runtimes, resolved_spec
+from services.gateway.node.runtimes import (
+    DockerBackend,
+    DockerRuntime,
+    HostBackend,
+    HostRuntime,
+    Runtimes,
+    resolved_spec,
+)
 from services.gateway.node.runtimes.base import mounts_under, remove_dir, stage_dirs
 from services.gateway.node.runtimes.docker_cli import DockerCli
 from services.gateway.node.runtimes.docker_spec import (
     NODE_BIN,
+    SESSION_UID,
     cgroup_counters,
     container_path,
     limits_argv,
     node_install,
     options_of,
     run_argv,
+    session_user,
 )
 
 FIXED = Path("/tmp/lodestar-session")
@@ -101,6 +111,33 @@ def test_docker_run_argv_isolates_limits_labels_and_mounts_read_only():
         assert expected in joined
     assert argv[-4:] == ["--entrypoint", "sleep", "img:1", "infinity"]
     assert limits_argv(rollout_pb2.RuntimeSpec(kind="docker")) == [], "0 means no limit"
+
+
+def test_session_containers_never_run_as_root():
+    args: dict[str, Any] = {"root": Path("/s/a1"), "fixed_root": FIXED, "node": None, "labels": {}}
+    argv = run_argv("c", rollout_pb2.RuntimeSpec(kind="docker", image="i"), mounted=[], **args)
+    joined = " ".join(argv)
+    assert f"--user {SESSION_UID}:{SESSION_UID}" in joined
+    assert "--cap-drop ALL" in joined
+    assert "--security-opt no-new-privileges" in joined
+    assert "--user 1234:99" in " ".join(run_argv("c", rollout_pb2.RuntimeSpec(), mounted=[], user=(1234, 99), **args))
+    with pytest.raises(ValueError, match="never runs as root"):
+        run_argv("c", rollout_pb2.RuntimeSpec(), mounted=[], user=(0, 0), **args)
+    assert session_user(euid=0) == (SESSION_UID, SESSION_UID)
+    assert session_user(euid=1000) == (os.getuid(), os.getgid())
+    with pytest.raises(InvalidArgumentError, match="never run as root"):
+        DockerBackend(Path("/tmp/unused"), node_id="n", reaper=False, user=(0, 0))
+
+
+def test_a_node_install_below_root_gets_a_traversable_root():
+    args: dict[str, Any] = {"root": Path("/s/a1"), "fixed_root": FIXED, "node": None, "labels": {}}
+    pyenv = [Path("/root/.pyenv/versions/3.11.7"), Path("/opt/venv")]
+    masked = " ".join(run_argv("c", rollout_pb2.RuntimeSpec(), mounted=pyenv, root_mask=Path("/m"), **args))
+    assert "type=bind,source=/m,target=/root " in masked
+    plain = " ".join(
+        run_argv("c", rollout_pb2.RuntimeSpec(), mounted=[Path("/opt/venv")], root_mask=Path("/m"), **args)
+    )
+    assert "target=/root " not in plain
 
 
 def test_docker_options_are_checked():

@@ -5,90 +5,25 @@ without the sandbox (the control: the attack is real) and fails inside it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-import socket
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from services.gateway.node.harnesses import Invocation, Launcher
 from services.gateway.node.harnesses.base import clean_env
 from services.gateway.node.harnesses.sandbox import Sandbox
 from services.gateway.node.runtimes import HostBackend
+from tests.gateway.node.evil_agent import ESCAPES, EVIL, gateway_port, other_port
+
+__all__ = ["gateway_port", "other_port"]  # fixtures
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
-
-EVIL = r"""
-import json, os, signal, socket, sys
-from pathlib import Path
-targets = json.loads(sys.argv[1])
-found = {}
-
-def attempt(name, action):
-    try:
-        found[name] = bool(action())
-    except Exception as error:
-        found[name] = False
-        found[name + "_error"] = type(error).__name__
-
-def read(path):
-    return Path(path).read_text() != ""
-
-def write(path):
-    Path(path).write_text("owned")
-    return True
-
-def connect(port):
-    with socket.create_connection(("127.0.0.1", port), timeout=2):
-        return True
-
-def signal_node():
-    os.kill(targets["node_pid"], 0)
-    return True
-
-attempt("read_other_session", lambda: read(targets["other_session_file"]))
-attempt("read_node_secret", lambda: read(targets["node_secret"]))
-attempt("write_host_file", lambda: write(targets["host_file"]))
-attempt("signal_node", signal_node)
-attempt("see_node_pid", lambda: Path(f"/proc/{targets['node_pid']}").exists())
-attempt("reach_other_port", lambda: connect(targets["other_port"]))
-attempt("reach_gateway", lambda: connect(targets["gateway_port"]))
-attempt("uid_0", lambda: os.getuid() == 0)
-attempt("write_own_workspace", lambda: write("own.txt"))
-found["processes_visible"] = sum(1 for entry in os.listdir("/proc") if entry.isdigit())
-print(json.dumps(found))
-"""
-
-
-@pytest.fixture
-async def gateway_port() -> AsyncIterator[int]:
-    async def hello(request: web.Request) -> web.Response:
-        return web.Response(text="gateway")
-
-    app = web.Application()
-    app.router.add_get("/", hello)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    await runner.cleanup()
-
-
-@pytest.fixture
-def other_port() -> AsyncIterator[int]:
-    """A service of the node's host that no session may reach (rollout, etcd, inference...)."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    yield server.getsockname()[1]
-    server.close()
 
 
 async def _attack(tmp_path: Path, launcher: Launcher, gateway_port: int, other_port: int) -> dict[str, Any]:
@@ -107,6 +42,7 @@ async def _attack(tmp_path: Path, launcher: Launcher, gateway_port: int, other_p
         "node_pid": os.getpid(),
         "other_port": other_port,
         "gateway_port": gateway_port,
+        "node_install": sys.prefix,
     }
     invocation = Invocation(
         "evil", [sys.executable, "-c", EVIL, json.dumps(targets)], clean_env(mine.visible), mine.visible.workdir
@@ -116,6 +52,8 @@ async def _attack(tmp_path: Path, launcher: Launcher, gateway_port: int, other_p
     finally:
         wrote_host = host_file.exists()
         host_file.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(sys.prefix, "owned.txt"))  # the control's write into the node install
     assert result.returncode == 0, result.stderr
     found: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     found["host_file_exists"] = wrote_host
@@ -130,9 +68,9 @@ async def test_the_evil_agent_is_contained(tmp_path: Path, gateway_port: int, ot
     inside = await _attack(tmp_path, Launcher(sandbox=sandbox), gateway_port, other_port)
     outside = await _attack(tmp_path / "control", Launcher(isolate_network=False), gateway_port, other_port)
 
-    for attack in ("read_other_session", "read_node_secret", "write_host_file", "signal_node", "see_node_pid",
-                   "reach_other_port", "uid_0"):  # fmt: skip
-        assert outside[attack] or (attack == "uid_0" and os.getuid() != 0), f"control: {attack} works unsandboxed"
+    for attack in ESCAPES:
+        if attack not in ("uid_0", "capabilities", "write_node_install") or os.getuid() == 0:
+            assert outside[attack], f"control: {attack} works unsandboxed"
         assert not inside[attack], f"{attack} succeeded inside the sandbox: {inside}"
     assert inside["sandboxed"]
     assert not inside["host_file_exists"]

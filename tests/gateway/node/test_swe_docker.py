@@ -52,10 +52,16 @@ def _task(task_id: str) -> rollout_pb2.Task:
     raise AssertionError(task_id)
 
 
-async def _score(runtime: DockerRuntime, task: rollout_pb2.Task) -> tuple[float, dict[str, Any]]:
+async def _score(
+    runtime: DockerRuntime, task: rollout_pb2.Task, *, pristine: bool = False
+) -> tuple[float, dict[str, Any]]:
+    """The swe verdict as the node gives it: on a pristine checkout with the agent's changes carried over
+    (`pristine`, the node's path for repositories it checked out), else in the agent's own tree."""
     given = VerifierInput(task=task, final_answer="done", workspace=runtime.visible.workdir, timed_out=False,
                           run=runtime.run_process, scratch=runtime.real.tmpdir,
-                          scratch_visible=runtime.visible.tmpdir, runtime_kind=runtime.kind)  # fmt: skip
+                          scratch_visible=runtime.visible.tmpdir, runtime_kind=runtime.kind, root=runtime.root,
+                          workspace_host=runtime.real.workdir if pristine else None,
+                          owner=runtime.owner)  # fmt: skip
     verdict = await make_verifier(rollout_pb2.VerifierSpec(kind="swe")).score(given)
     return verdict.reward, verdict.details
 
@@ -103,6 +109,41 @@ async def test_a_repository_already_in_the_image(backend: DockerBackend, task_im
         fix = ["git", "-C", task.repository.path, "apply", str(runtime.visible.tmpdir / "fix.patch")]
         assert (await runtime.run_process(fix, {}, 30)).returncode == 0
         reward, details = await _score(runtime, task)
+        assert reward == 1.0, details["output_tail"]
+    finally:
+        await runtime.cleanup()
+
+
+PLANT_FAKE_PYTEST = r"""
+from pathlib import Path
+Path("pytest.py").write_text('import sys\nfor arg in sys.argv[1:]:\n    print("PASSED " + arg)\n')
+Path("conftest.py").write_text(
+    "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+    "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n"
+)
+"""
+
+
+async def test_planted_test_infrastructure_scores_nothing_in_a_container(backend: DockerBackend, task_image: str):
+    """The agent (the session's user, in its container) plants a fake `pytest.py` and a conftest forcing every
+    test to pass: in its own tree that fools the tests (the control), the node's pristine scoring is not
+    fooled, and the real fix still scores 1.0 there."""
+    task = _task("swe-mini-roman")
+    runtime = await backend.create("s3-a1", {}, rollout_pb2.RuntimeSpec(kind="docker", image=task_image))
+    try:
+        await prepare_repository(task.repository, runtime.real.workdir)
+        planted = await runtime.run_process(["python3", "-c", PLANT_FAKE_PYTEST], {}, 30)
+        assert planted.returncode == 0, planted.stderr
+
+        assert (await _score(runtime, task))[0] == 1.0, "the control: the agent's own tree is fooled"
+        honest, details = await _score(runtime, task, pristine=True)
+        assert honest == 0.0, details
+        assert {"pytest.py", "conftest.py"} <= set(details["ignored_files"])
+
+        (runtime.real.tmpdir / "fix.patch").write_text(task.metadata["gold_patch"])
+        fixed = await runtime.run_process(["git", "apply", str(runtime.visible.tmpdir / "fix.patch")], {}, 30)
+        assert fixed.returncode == 0, fixed.stderr
+        reward, details = await _score(runtime, task, pristine=True)
         assert reward == 1.0, details["output_tail"]
     finally:
         await runtime.cleanup()

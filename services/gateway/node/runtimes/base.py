@@ -46,6 +46,10 @@ class SessionRuntime(Protocol):
     """The same directories as the session's processes see them."""
     fixed_paths: bool
     """True when `visible` is the node's fixed root (identical paths for every session)."""
+    owner: tuple[int, int] | None
+    """The (uid, gid) the session's processes run as on the node's filesystem when it is not the node's own:
+    the node gives the session's files to it before the harness runs, and the verifier's private
+    directories (`verifiers/base.py`). None: the node's own uid (the host runtime's sandbox maps to it)."""
     limit_failure: str | None
     """Set by `run_harness` when the run hit a resource limit and the run asked for that to be an
     infrastructure failure (RuntimeSpec.options.on_limit = "infra")."""

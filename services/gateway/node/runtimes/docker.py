@@ -2,21 +2,26 @@
 
 INIT: the session's private root `<sessions_dir>/<name>/{home,tmp,work}` is staged on the node (task files
 in `work`; a tmpfs of `disk_bytes` when the run sets one) and a container is started from the image with
-that root bind-mounted on the fixed root (`/tmp/lodestar-session`), the node's harness install mounted
+that root bind-mounted on the fixed root (`/tmp/lodestar-session`), running as an unprivileged user (uid
+65532 on a root node, the node's own uid otherwise; never root, every capability dropped), the node's
+harness install mounted
 read-only at its own paths (`node_install`) with the run's options.mounts when the node allows them
 (`allowed_mounts`: a mount outside the node's --docker-mounts-allowed fails the session), `--network
 none`, the RuntimeSpec's CPU, memory and pids limits, labels naming the node, its sessions directory and
 the session, and `sleep infinity` under `--init` as its only process. The session then waits in READY
 with its container running.
 
-RUN: `docker exec` of the translated harness. The container has no network but loopback: the node binds
+RUN: the node gives the session's private root (task files, repository, harness config) to the session's
+user (before any session process could plant a link in it), then `docker exec`s the translated harness,
+as that user. The container has no network but loopback: the node binds
 a listener on the gateway's loopback address and port *inside* the container's network namespace
 (`nsenter --net` + `harnesses/netns_child.py`) and relays each connection to the real gateway
 (`GatewayRelay`), so the harness sees its usual base URL and nothing else is reachable. When the harness
 exits or its time is up, the container is killed (every process in it, background tools included) and the
 cgroup counters tell whether a limit was hit.
 
-POST: the verifier's processes `docker exec` in the same container (restarted: same files, no processes).
+POST: the verifier's processes `docker exec` in the same container (restarted: same files, no processes),
+as the same user; the directories the node makes for them are given to that user.
 Cleanup (every exit path): `docker rm -f`, then the private root. A node killed with SIGKILL loses its
 containers at once (a reaper child with PR_SET_PDEATHSIG removes every container labelled with the node's
 sessions directory), and a node that starts removes any such container left behind.
@@ -60,7 +65,9 @@ from services.gateway.node.runtimes.docker_spec import (
     node_install,
     options_of,
     run_argv,
+    session_user,
 )
+from services.gateway.node.safe_files import give_tree
 
 _log = get_logger("gateway.node.runtimes.docker")
 KILL_GRACE_S = 5.0
@@ -84,11 +91,14 @@ class DockerRuntime:
     cli: DockerCli
     pid: int
     """Host pid of the container's init while it runs (0 when stopped)."""
+    owner: tuple[int, int] | None = None
+    """The session's (uid, gid) when the node must give it the session's files (a root node)."""
     kind: str = "docker"
     fixed_paths: bool = True
     limit_failure: str | None = None
     limits_hit: list[str] = field(default_factory=list)
     _removed: bool = False
+    _handed_over: bool = False
 
     def translate(self, invocation: Invocation) -> Invocation:
         translated = translate_paths(invocation, self.root, self.visible.home.parent)
@@ -100,6 +110,7 @@ class DockerRuntime:
         return Invocation(translated.harness, argv, env, translated.cwd, translated.config_files)
 
     async def run_harness(self, invocation: Invocation, gateway_url: str, timeout_s: float) -> HarnessResult:
+        await self._hand_over()
         await self._ensure_running()
         relay = await self._relay(gateway_url)
         try:
@@ -113,6 +124,7 @@ class DockerRuntime:
 
     async def run_process(self, argv: list[str], env: Mapping[str, str], timeout_s: float) -> HarnessResult:
         prepared = Invocation("verifier", argv, clean_env(self.visible, extra=env), self.visible.workdir)
+        await self._hand_over()
         await self._ensure_running()
         return await self._exec(self.translate(prepared), timeout_s, stop_after=False)
 
@@ -132,6 +144,16 @@ class DockerRuntime:
         await asyncio.to_thread(remove_dir, self.root)
 
     # Internals -----------------------------------------------------------------------------------------
+
+    async def _hand_over(self) -> None:
+        """Before the session's first process: give home, tmp and work (task files, repository, harness
+        config, all written by the node) to the session's user. Nothing of the session has run yet, so no
+        link in them is the agent's; the private root itself stays the node's."""
+        if self.owner is None or self._handed_over:
+            return
+        for tree in (self.real.home, self.real.tmpdir, self.real.workdir):
+            await asyncio.to_thread(give_tree, tree, self.owner)
+        self._handed_over = True
 
     async def _ensure_running(self) -> None:
         if self.pid:
@@ -236,8 +258,13 @@ class DockerBackend:
         cli: DockerCli | None = None,
         reaper: bool = True,
         mounts_allowed: Sequence[Path] = (),
+        user: tuple[int, int] | None = None,
     ) -> None:
-        """`mounts_allowed`: host paths a run's options.mounts may name (none: every mount is refused)."""
+        """`mounts_allowed`: host paths a run's options.mounts may name (none: every mount is refused);
+        `user`: the (uid, gid) of session processes (default `session_user()`; never 0)."""
+        self.user = user or session_user()
+        if self.user[0] == 0:
+            raise InvalidArgumentError("docker runtime: sessions never run as root (uid 0)")
         self.sessions_dir = sessions_dir
         self.mounts_allowed = tuple(mounts_allowed)
         self._owner = os.path.realpath(sessions_dir)
@@ -273,7 +300,8 @@ class DockerBackend:
         container = f"{LABEL}-{name}-{secrets.token_hex(3)}"
         argv = run_argv(
             container, spec, root=root, fixed_root=self.fixed_root, mounted=mounted, node=node_binary(),
-            labels={"sessions-dir": self._owner, "node": self.node_id, **(labels or {})},
+            labels={"sessions-dir": self._owner, "node": self.node_id, **(labels or {})}, user=self.user,
+            root_mask=await asyncio.to_thread(self._root_mask),
         )  # fmt: skip
         started = time.monotonic()
         try:
@@ -288,8 +316,9 @@ class DockerBackend:
         _log.info("session container started", container=container, image=spec.image,
                   seconds=round(time.monotonic() - started, 3))  # fmt: skip
         visible = RunDirs(self.fixed_root / "home", self.fixed_root / "tmp", self.fixed_root / "work")
+        owner = self.user if self.user != (os.getuid(), os.getgid()) else None
         return DockerRuntime(
-            root, real, visible, container, spec.image, spec, mounted, image_path, on_limit, self.cli, pid
+            root, real, visible, container, spec.image, spec, mounted, image_path, on_limit, self.cli, pid, owner
         )
 
     async def remove_leftovers(self) -> int:
@@ -313,6 +342,14 @@ class DockerBackend:
             reaper.terminate()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(reaper.wait(), timeout=30)
+
+    def _root_mask(self) -> Path:
+        """The empty directory mounted over a container's /root (`run_argv`); docker makes the mount points of
+        the node install below it."""
+        mask = self.sessions_dir.parent / f".{self.sessions_dir.name}-root-mask"
+        mask.mkdir(mode=0o711, parents=True, exist_ok=True)
+        mask.chmod(0o711)
+        return mask
 
     async def _image_path(self, container: str) -> str:
         out = await self.cli("inspect", "--format", "{{json .Config.Env}}", container)

@@ -1,7 +1,7 @@
 """What a session container of the `docker` runtime is, as pure functions: its `docker run` arguments
-(isolation, limits, labels, mounts), the RuntimeSpec options it knows, the mounts a run may ask for (only
-host paths the node allows), the node install it mounts, the harness PATH inside it, and the counters that
-tell whether a session hit its limits.
+(isolation, limits, labels, mounts), the user its processes run as, the RuntimeSpec options it knows, the
+mounts a run may ask for (only host paths the node allows), the node install it mounts, the harness PATH
+inside it, and the counters that tell whether a session hit its limits.
 """
 
 from __future__ import annotations
@@ -23,6 +23,18 @@ LABEL = "lodestar"
 NODE_BIN = Path("/opt/lodestar/node/bin")
 """Where the node's Node.js binary is mounted in every container (first on PATH after the harness dirs)."""
 ON_LIMIT = ("score", "infra")
+ROOT_HOME = Path("/root")
+SESSION_UID = 65532
+"""The uid and gid of every session process when the node runs as root: never root, no capability, and
+(unlike 1000) no human user of a typical host. lodestar/session-base names it `agent`."""
+
+
+def session_user(euid: int | None = None) -> tuple[int, int]:
+    """(uid, gid) that session containers run as: SESSION_UID on a root node; the node's own uid and gid
+    otherwise (it cannot give its files to another uid, and is not root anyway)."""
+    if (os.geteuid() if euid is None else euid) == 0:
+        return SESSION_UID, SESSION_UID
+    return os.getuid(), os.getgid()
 
 
 def node_install(bin_dir: Path | None = None, extra: Sequence[str | Path] = ()) -> list[Path]:
@@ -106,15 +118,28 @@ def run_argv(
     mounted: Sequence[Path],
     node: Path | None,
     labels: Mapping[str, str],
+    user: tuple[int, int] = (SESSION_UID, SESSION_UID),
+    root_mask: Path | None = None,
 ) -> list[str]:
     """`docker run` arguments of a session container: detached, `--init` (reaps orphans, forwards
-    signals), never pulls, no network, no new privileges, root inside, the limits, `lodestar.*` labels,
-    the session root on the fixed root, the node install read-only, `sleep infinity` as its process."""
+    signals), never pulls, no network, no new privileges, every capability dropped, `user` (never root:
+    ValueError for uid 0), the limits, `lodestar.*` labels, the session root on the fixed root, the node
+    install read-only, `sleep infinity` as its process.
+
+    `root_mask`: an empty node directory (mode 0711) mounted over the image's /root when part of the node
+    install lies below /root (a pyenv interpreter): the image's /root is 0700, which the session's user
+    could not pass through to reach it."""
+    if user[0] == 0:
+        raise ValueError("a session container never runs as root")
     argv = ["run", "--detach", "--init", "--pull", "never", "--name", container, "--hostname", "lodestar-session"]
-    argv += ["--network", "none", "--security-opt", "no-new-privileges", "--user", "0:0", *limits_argv(spec)]
+    argv += ["--network", "none", "--security-opt", "no-new-privileges", "--cap-drop", "ALL"]
+    argv += ["--user", f"{user[0]}:{user[1]}", *limits_argv(spec)]
     for key, value in labels.items():
         argv += ["--label", f"{LABEL}.{key}={value}"]
     argv += ["--mount", f"type=bind,source={root},target={fixed_root}"]
+    below_root = [path for path in [*mounted, *([node] if node else [])] if path.is_relative_to(ROOT_HOME)]
+    if root_mask is not None and below_root:
+        argv += ["--mount", f"type=bind,source={root_mask},target={ROOT_HOME}"]
     for path in mounted:
         argv += ["--mount", f"type=bind,source={path},target={path},readonly"]
     if node is not None:

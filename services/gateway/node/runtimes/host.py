@@ -33,6 +33,7 @@ class HostRuntime:
     fixed_paths: bool
     launcher: Launcher
     kind: str = "host"
+    owner: tuple[int, int] | None = None
     limit_failure: str | None = None
 
     @property

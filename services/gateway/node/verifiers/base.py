@@ -17,7 +17,7 @@ from google.protobuf import json_format, struct_pb2
 from lodestar.errors import InvalidArgumentError, LodestarError
 from lodestar.v1 import rollout_pb2
 from services.gateway.node.harnesses import HarnessResult
-from services.gateway.node.safe_files import make_private_dir
+from services.gateway.node.safe_files import give_tree, make_private_dir
 
 DEFAULT_TIMEOUT_S = 300.0
 TAIL_CHARS = 4000
@@ -57,14 +57,24 @@ class VerifierInput:
     scratch directory itself is the root (tests that build an input by hand)."""
     workspace_host: Path | None = None
     """The workspace as the node sees it (None: not known; the swe verifier then scores in place)."""
+    owner: tuple[int, int] | None = None
+    """The (uid, gid) the session's processes (the verifier's included) run as when not the node's own
+    (`SessionRuntime.owner`): private directories and trees the node builds for them are given to it."""
 
     def private_dir(self, prefix: str) -> tuple[Path, Path]:
         """A new directory in the scratch directory that no session process has seen (random name, 0700,
-        made without following links): (as the node sees it, as the session's processes see it)."""
+        made without following links, owned by the session's user): (as the node sees it, as the session's
+        processes see it)."""
         root = self.root or self.scratch
         relative = self.scratch.relative_to(root).as_posix() if self.scratch != root else "."
-        host = make_private_dir(root, relative, prefix)
+        host = make_private_dir(root, relative, prefix, owner=self.owner)
         return host, self.scratch_visible / host.name
+
+    def hand_over(self, tree: Path) -> None:
+        """Give a tree the node built in a private directory to the session's user (its tests may write
+        there); nothing to do when that is the node's own uid."""
+        if self.owner is not None:
+            give_tree(tree, self.owner)
 
 
 @dataclass(frozen=True)

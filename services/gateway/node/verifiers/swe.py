@@ -161,6 +161,7 @@ class SweVerifier:
                 await git(private / "repo", "apply", "--whitespace=nowarn", "-", stdin=repo.test_patch.encode())
             except InvalidArgumentError as error:
                 raise VerifierError(f"swe: the test patch does not apply to {given.task.task_id!r}: {error}") from error
+        await asyncio.to_thread(given.hand_over, private / "repo")
         return visible / "repo"
 
     async def _in_place(
