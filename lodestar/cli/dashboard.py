@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 
 from lodestar.cli import client_security
 from lodestar.cli.run import DEFAULT_ROLLOUT
-from lodestar.errors import InvalidArgumentError
+from lodestar.errors import InvalidArgumentError, LodestarError
+from lodestar.logging import get_logger
 
 if TYPE_CHECKING:  # aiohttp is imported only when serving
     from lodestar.dashboard.server import Dashboard, DashboardSettings
@@ -34,6 +35,7 @@ DEFAULT_RUNS_DIR = Path("runs/train")
 """`lodestar train`'s default run_dir: its runs are `<run_dir>/<run id>`."""
 TOKEN_ENV = "LODESTAR_DASHBOARD_TOKEN"
 _TOKEN_BYTES_MAX = 4096
+_log = get_logger("cli.dashboard")
 
 
 def token_texts(model_dir: Path) -> TokenTexts:
@@ -99,7 +101,11 @@ async def start_local(rollout: str, runs_dir: Path | None, model: Path | None = 
     """A loopback dashboard for `lodestar up` / `lodestar train --dashboard` (port 8090 or a free one)."""
     from lodestar.local import port_or_free
 
-    settings = settings_for(rollout, runs_dir, port=port_or_free(DEFAULT_PORT), model=model)
+    try:
+        settings = settings_for(rollout, runs_dir, port=port_or_free(DEFAULT_PORT), model=model)
+    except LodestarError as error:  # a model without a usable tokenizer: show token ids
+        _log.warning("dashboard shows token ids only", model=str(model), reason=error.message)
+        settings = settings_for(rollout, runs_dir, port=port_or_free(DEFAULT_PORT))
     dashboard: Dashboard = await _server().start(settings)
     return dashboard
 

@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.live import Live
 
 from lodestar.cli import train_stack, train_view
+from lodestar.cli.dashboard import start_local
 from lodestar.cli.run import _call
 from lodestar.cli.train_config import TrainConfig, load_train_config
 from lodestar.errors import DeadlineExceededError, UnavailableError
@@ -140,7 +141,7 @@ def _ended_early(progress: train_view.Progress, steps_done: int, groups_trained:
     )
 
 
-async def _train(config: TrainConfig, console: Console) -> int:
+async def _train(config: TrainConfig, console: Console, *, dashboard: bool = False) -> int:
     from services.rollout.spec import load_spec_file  # the spec checks: only when running
 
     spec = load_spec_file(config.spec)
@@ -153,9 +154,12 @@ async def _train(config: TrainConfig, console: Console) -> int:
     stack = await train_stack.open_stack(config, console)
     trainer_cluster = None
     error, checkpoint = "", ""
+    board = await start_local(stack.rollout, config.run_dir, stack.model) if dashboard else None
     try:
         reply = await _call(stack.rollout, lambda s: s.CreateRun(rollout_pb2.CreateRunRequest(spec=spec), timeout=60.0))
         run_id = reply.run.run_id
+        if board is not None:
+            console.print(f"dashboard: {board.url}runs/{run_id}")
         config = dataclasses.replace(config, run_dir=config.run_dir / run_id)
         console.print(
             f"run {run_id} created ({len(spec.tasks)} tasks x {spec.group_size}); training {config.steps} steps"
@@ -186,6 +190,8 @@ async def _train(config: TrainConfig, console: Console) -> int:
         cancel = rollout_pb2.CancelRunRequest(run_id=run_id)
         await _call(stack.rollout, lambda s: s.CancelRun(cancel, timeout=30.0))
     finally:
+        if board is not None:
+            await board.close()
         with console.status("stopping the trainer" + ("" if stack.cluster is None else " and the stack")):
             await train_stack.close(trainer_cluster, stack.cluster)
     interrupted = stop.is_set()
@@ -239,7 +245,7 @@ def _handle(args: argparse.Namespace) -> int:
     if args.run_dir is not None:
         overrides["run_dir"] = args.run_dir.resolve()
     config = dataclasses.replace(config, **overrides)  # type: ignore[arg-type]
-    return asyncio.run(_train(config, Console()))
+    return asyncio.run(_train(config, Console(), dashboard=args.dashboard))
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -251,4 +257,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--attach", default=None, metavar="auto|never|FILE", help="override [train] attach (lodestar up's addresses)"
     )
     command.add_argument("--run-dir", type=Path, default=None, help="override [train] run_dir")
+    command.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="serve the run dashboard on loopback while training (docs/dashboard.md)",
+    )
     command.set_defaults(handler=_handle)

@@ -17,15 +17,20 @@ import asyncio
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 from lodestar.cli import up_tls
+from lodestar.cli.dashboard import DEFAULT_RUNS_DIR, start_local
 from lodestar.cli.train_stack import write_addresses
 from lodestar.errors import UnavailableError
 from lodestar.grpc import security
 from lodestar.local import LocalCluster, ServiceSpec, find_etcd, port_or_free
+
+if TYPE_CHECKING:
+    from lodestar.dashboard.server import Dashboard
 
 _console = Console(stderr=True)
 DEFAULT_PORTS = {"inference": 50051, "gateway": 50052, "rollout": 50053, "trainer": 50054}
@@ -125,6 +130,7 @@ async def _up(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    dashboard: Dashboard | None = None
     try:
         if args.model is None:
             await _ensure_tiny_model(data_dir / "tiny-model")
@@ -143,6 +149,10 @@ async def _up(args: argparse.Namespace) -> int:
         addresses = {spec.name: f"127.0.0.1:{spec.port}" for spec in cluster.specs}
         addresses |= {"etcd": cluster.etcd_url, "model": str(args.model or data_dir / "tiny-model"), **secured}
         write_addresses(data_dir / "addresses.json", addresses)  # `lodestar train` attaches through it
+        if args.dashboard:
+            model = Path(addresses["model"])
+            dashboard = await start_local(addresses["rollout"], DEFAULT_RUNS_DIR.resolve(), model)
+            _console.print(f"dashboard: {dashboard.url}  (runs of `lodestar train` under {DEFAULT_RUNS_DIR})")
         if args.check:
             _console.print("[green]self-check passed: every service is SERVING[/green]")
             return 0
@@ -159,6 +169,8 @@ async def _up(args: argparse.Namespace) -> int:
         _console.print(f"[red]lodestar up failed: {error.message}[/red]")
         return 1
     finally:
+        if dashboard is not None:
+            await dashboard.close()
         (data_dir / "addresses.json").unlink(missing_ok=True)
         with _console.status("stopping (services drain, then etcd)"):
             await cluster.stop()
@@ -190,5 +202,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--tls",
         action="store_true",
         help="mutual TLS + a control-plane token, etcd with TLS and auth (local CA made in <data-dir>/tls)",
+    )
+    parser.add_argument(
+        "--dashboard", action="store_true", help="also serve the run dashboard on loopback (docs/dashboard.md)"
     )
     parser.set_defaults(handler=_handle)

@@ -46,12 +46,14 @@ async def test_browse_a_run(rollout: Rollout, etcd: EtcdClient) -> None:
         detail = await rollout.stub.GetSessionDetail(request)
         assert detail.call_count == 5
         assert [call.sequence for call in detail.result.calls] == [1, 2]
-        assert not detail.result.calls[0].original_request_json and not detail.result.calls[0].messages
+        assert not detail.result.calls[0].original_request_json
+        assert not detail.result.calls[0].messages
         assert list(detail.result.calls[0].completion_logprobs) == [-0.5, -0.25]
         assert detail.result.stdout_tail == "out"
         assert [(a.attempt, a.outcome) for a in detail.attempts] == [(1, "scored")]
         whole = await rollout.stub.GetSessionDetail(rollout_pb2.GetSessionDetailRequest(session_id=first.session_id))
-        assert len(whole.result.calls) == 5 and whole.result.calls[0].messages
+        assert len(whole.result.calls) == 5
+        assert whole.result.calls[0].messages
 
         failed = await rollout.stub.GetSessionDetail(rollout_pb2.GetSessionDetailRequest(session_id=second.session_id))
         assert failed.result.error == "runtime exploded"  # no counted result: the latest attempt's report
@@ -98,7 +100,9 @@ def test_store_shown_result_and_failed_attempts(store_location: str) -> None:
         ]
         store.write([rows])
         shown = store.shown_result("s1")
-        assert shown is not None and shown.counted and shown.result.attempt == 3
+        assert shown is not None
+        assert shown.counted
+        assert shown.result.attempt == 3
         assert store.shown_result("unknown") is None
         assert [(a.attempt, a.outcome) for a in store.failed_attempts("run-1", 0)] == [(2, "lost"), (1, "infra_failed")]
         assert len(store.failed_attempts("run-1", 1)) == 1
