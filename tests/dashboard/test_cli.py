@@ -9,13 +9,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.dashboard.stack import DashboardStack
+from tests.e2e.test_up import _read_until
 
 URL = re.compile(r"dashboard: (http://127\.0\.0\.1:\d+/)")
 
@@ -33,18 +33,14 @@ def _lodestar(*args: str) -> subprocess.Popen[str]:
 
 
 def _address(process: subprocess.Popen[str], timeout: float) -> str:
-    assert process.stdout is not None
-    output = ""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        output += line
-        if match := URL.search(line):
-            return match.group(1)
-    process.kill()
-    raise AssertionError(f"no dashboard address within {timeout} s; output:\n{output}")
+    try:
+        output = _read_until(process, "dashboard: http", timeout)
+    except AssertionError:
+        process.kill()
+        raise
+    match = URL.search(output)
+    assert match is not None, output
+    return match.group(1)
 
 
 def _get(url: str) -> object:
