@@ -118,6 +118,7 @@ class GatewayNode:
             default_session_timeout_s=settings.default_session_timeout_s,
             default_agent_timeout_s=settings.default_agent_timeout_s,
             report=RetryPolicy(attempts=settings.complete_attempts), shutdown_timeout_s=settings.shutdown_timeout_s,
+            drain_grace_s=settings.drain_grace_s,
         )  # fmt: skip
         membership = self.membership
         return NodeLifecycle(self.node_id, rollout, stages, lambda: membership.lease_id if membership else None, config)

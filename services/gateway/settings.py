@@ -100,7 +100,12 @@ class GatewaySettings(EtcdClientSettings):
     complete_attempts: int = Field(default=8, ge=1)
     """CompleteSession tries per result (exponential backoff 0.5 s .. 8 s) before it is given up."""
     shutdown_timeout_s: float = Field(default=15.0, gt=0)
-    """On SIGTERM, how long killing and reporting in-flight sessions may take."""
+    """On SIGTERM, how long killing and reporting in-flight sessions may take (after the drain grace)."""
+    drain_grace_s: float = Field(default=0.0, ge=0)
+    """On SIGTERM, how long sessions whose harness or verifier is running may go on before the node hands
+    them back (requeued elsewhere without spending an attempt); sessions not started yet go back at once.
+    Keep drain_grace_s + shutdown_timeout_s below the orchestrator's kill deadline (Kubernetes:
+    terminationGracePeriodSeconds)."""
 
 
 SETTINGS = GatewaySettings

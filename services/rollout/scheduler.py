@@ -7,7 +7,7 @@ hand-out is a new attempt. `complete` is fenced: only the current attempt, repor
 holds it, counts. SCORED and TIMED_OUT count toward the group; INFRA_FAILED and a lost attempt (the
 node's lease ended, or the node stopped listing it in `in_flight` for `MISSED_POLLS_LIMIT` polls) requeue
 the session as a new attempt until `max_attempts` failures, after which the session FAILS (never a
-reward). A session a node reports CANCELLED on its own (node shutting down) is requeued without counting
+reward). A session a node reports CANCELLED on its own (the node drains on SIGTERM) is requeued without counting
 a failure. Group completion and the group stream live in `groups`.
 
 Every operation returns `Changes` for the store; the caller persists them and deletes released keys.
@@ -293,7 +293,7 @@ class Scheduler:
         elif result.outcome == rollout_pb2.SESSION_OUTCOME_INFRA_FAILED:
             run.infra_failures += 1
             self._fail_attempt(session, run, changes)
-        else:  # the node cancelled it on its own (e.g. shutting down): run it again elsewhere
+        else:  # the node handed it back (a drain): run it again elsewhere, no attempt spent
             self._requeue(session)
         changes.results.append(StoredResult(result, counted))
         changes.merge(groups.settle(self, session.group_id))

@@ -218,6 +218,41 @@ def test_sigkill_of_a_node_requeues_its_sessions_counted_once(stack: NodeStack):
         assert list((stack.root / f"node-{index}" / "sessions").iterdir()) == []
 
 
+def test_a_rolling_restart_of_every_node_costs_no_session_an_attempt(stack: NodeStack):
+    """maxAttempts 1: a session that lost an attempt would fail for good. Each node in turn gets SIGTERM while it
+    runs sessions and comes back; its sessions are handed back (CANCELLED, "node draining") and run elsewhere."""
+    slow = {"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 3; echo hi > out.txt"}}]}
+    stack.set_script({"replies": [slow, {"text": "done"}]})
+    tasks = [{"taskId": f"r{i}", "prompt": "Write hi into out.txt.", "metadata": {"answer": "done"}} for i in range(2)]
+    run_id = stack.create_run(_spec("rolling", tasks, 4, maxAttempts=1), name="rolling.yaml")
+    drained = 0
+    for index in range(len(stack.nodes)):
+        node = stack.nodes[index]
+        deadline = time.monotonic() + 30
+        while stack.node_status(node).stage_counts["RUN"] < 1:
+            assert time.monotonic() < deadline, f"node-{index} never ran a session"
+            time.sleep(0.1)
+        assert node.stop(signal.SIGTERM) == 0
+        drained += 1
+        stack.nodes[index] = stack.restart_node(index)
+
+    run = stack.wait_run(run_id)
+
+    assert run.state == rollout_pb2.RUN_STATE_COMPLETED
+    assert (run.sessions_succeeded, run.sessions_total) == (8, 8), "no session failed"
+    handed_back = stack.store_rows(
+        "SELECT a.node_id, a.error FROM attempts a JOIN sessions s ON s.session_id = a.session_id "
+        "WHERE s.run_id = ? AND a.outcome = 'cancelled'",
+        run_id,
+    )
+    assert {node for node, _ in handed_back} == {f"node-{i}" for i in range(drained)}, handed_back
+    assert all(error.startswith("node draining") for _, error in handed_back), handed_back
+    failed = stack.store_rows(
+        "SELECT COUNT(*) FROM sessions WHERE run_id = ? AND (failures > 0 OR status = 'failed')", run_id
+    )
+    assert failed == [(0,)]
+
+
 def test_hanging_harness_is_timed_out_killed_and_cleaned_up(stack: NodeStack, tmp_path: Path):
     stack.set_script(SCRIPT)
     pidfile = tmp_path / "pids"

@@ -14,11 +14,15 @@ limit keeps its captured calls and is scored by the verifier (TIMED_OUT). Result
 bounded retries (`rollout_client.complete_with_retries`); a fenced result is dropped.
 
 Stopping. A cancellation from rollout kills the attempt (process group), and it is reported CANCELLED.
-`stop()` (SIGTERM of the node) stops polling, kills every attempt and reports each as INFRA_FAILED
-("node shutting down", with the calls captured so far) within `shutdown_timeout_s`, so rollout retries them
-at once instead of after the lease TTL; if rollout cannot be reached, the lease revoke that follows (the
-node leaving etcd) or its expiry requeues them. Every exit path closes the gateway session, kills the
-harness's process group and removes the workspace.
+`stop()` (SIGTERM of the node) is a drain, not a failure: the node takes no new work (it keeps polling, so
+rollout still sees its attempts and can cancel them), hands back at once every attempt whose harness has
+not started (INIT, READY), lets running and verifying ones finish for up to `drain_grace_s`, then kills
+what is left; every attempt it did not finish is reported CANCELLED ("node draining", with the calls
+captured so far), which rollout requeues at once without spending one of the session's `max_attempts`, so
+a rolling restart of every node costs no session an attempt. Reports are bounded by
+`shutdown_timeout_s`; if rollout cannot be reached, the lease revoke that follows (the node leaving etcd)
+or its expiry requeues them (then as lost attempts, which count). Every exit path closes the gateway
+session, kills the harness's process group and removes the workspace.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ _log = get_logger("gateway.node.lifecycle")
 LOG_TAIL_CHARS = 1500
 """How much of a harness's stdout and of its stderr the log line of an infrastructure failure keeps."""
 _RUN_STAGES = (rollout_pb2.SESSION_STAGE_INIT, rollout_pb2.SESSION_STAGE_READY, rollout_pb2.SESSION_STAGE_RUN)
+_NOT_STARTED = (rollout_pb2.SESSION_STAGE_UNSPECIFIED, rollout_pb2.SESSION_STAGE_INIT, rollout_pb2.SESSION_STAGE_READY)
+DRAINING = "node draining"
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,9 @@ class LifecycleConfig:
     default_agent_timeout_s: float = 1800.0
     report: RetryPolicy = field(default_factory=RetryPolicy)
     shutdown_timeout_s: float = 15.0
+    drain_grace_s: float = 0.0
+    """On stop, how long attempts whose harness runs or whose verifier scores may go on before they are
+    handed back (0: hand every attempt back at once)."""
 
 
 class NodeLifecycle:
@@ -78,6 +87,7 @@ class NodeLifecycle:
         self._wake = asyncio.Event()
         self._poller: asyncio.Task[None] | None = None
         self._stopping = False
+        self._polling = True
         self.outcomes: dict[str, int] = {}
         """How attempts ended here, by outcome name (for status and tests)."""
 
@@ -110,7 +120,7 @@ class NodeLifecycle:
 
     async def _poll_loop(self) -> None:
         failures = 0
-        while not self._stopping:
+        while self._polling:  # through the drain too: its polls report the attempts still running
             lease = self._lease_id()
             if lease is not None:
                 try:
@@ -250,14 +260,24 @@ class NodeLifecycle:
     # Shutdown ------------------------------------------------------------------------------------------
 
     async def stop(self) -> None:
-        """Stop polling, kill every attempt, report them INFRA_FAILED (bounded), remove their workspaces."""
+        """Drain (the module docstring): take no new work, hand back what has not started, let the rest
+        finish within `drain_grace_s`, hand back what is left, report (bounded), remove the workspaces."""
         self._stopping = True
+        self._wake.set()
+        for key, attempt in list(self._attempts.items()):
+            if attempt.stage in _NOT_STARTED:
+                self.cancel(key, DRAINING)
+        started = list(self._tasks.values())
+        if started and self.config.drain_grace_s > 0:
+            _log.info("draining", attempts=len(started), grace_s=self.config.drain_grace_s)
+            await asyncio.wait(started, timeout=self.config.drain_grace_s)
+        self._polling = False  # a cancelled RPC may surface as an error the loop survives: the flag ends it
         poller, self._poller = self._poller, None
         if poller is not None:
             poller.cancel()
             await asyncio.gather(poller, return_exceptions=True)
         for key in list(self._attempts):
-            self.cancel(key, "node shutting down", rollout_pb2.SESSION_OUTCOME_INFRA_FAILED)
+            self.cancel(key, f"{DRAINING}: not finished within the drain grace ({self.config.drain_grace_s:g} s)")
         tasks = list(self._tasks.values())
         if not tasks:
             return

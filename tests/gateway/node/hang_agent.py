@@ -1,5 +1,6 @@
 """A test harness that makes `CALLS` model calls (official openai SDK), then starts a background `sleep`
-in its process group, appends "<own pid> <sleep pid>" to $PIDFILE and hangs."""
+in its process group, appends "<own pid> <sleep pid>" to $PIDFILE and hangs (when $RELEASE names a file: until
+that file exists, then it exits 0)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,13 @@ def main() -> None:
     with open(os.environ["PIDFILE"], "a") as out:
         out.write(f"{os.getpid()} {sleeper.pid}\n")
     print("hanging", flush=True)
-    time.sleep(300)
+    release = os.environ.get("RELEASE")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if release and os.path.exists(release):
+            sleeper.kill()
+            return
+        time.sleep(0.1)
 
 
 if __name__ == "__main__":

@@ -102,7 +102,7 @@ def test_fork_bomb_and_disk_filler_hit_their_limits_and_the_node_stays_healthy(
     assert containers(f"lodestar.sessions-dir={sessions_dir(stack).resolve()}") == []
 
 
-def test_sigterm_of_a_node_kills_reports_and_removes_its_containers(
+def test_sigterm_of_a_node_hands_back_kills_and_removes_its_containers(
     gateway_stack_factory: StackFactory, standin: RolloutStandIn, etcd_endpoint: str, etcd_prefix: str, tmp_path: Path
 ):
     inference = gateway_stack_factory({"replies": [{"text": "first"}]}).inference_address
@@ -132,8 +132,8 @@ def test_sigterm_of_a_node_kills_reports_and_removes_its_containers(
         assert node.wait(timeout=60) == 0
         results = standin.wait_results(2, timeout=5)
         for result in results:
-            assert result.outcome == rollout_pb2.SESSION_OUTCOME_INFRA_FAILED, standin.describe(result)
-            assert result.error == "node shutting down"
+            assert result.outcome == rollout_pb2.SESSION_OUTCOME_CANCELLED, standin.describe(result)
+            assert result.error == "node draining: not finished within the drain grace (0 s)"
             assert len(result.calls) == 1
         assert containers(owner) == [], "every container is removed"
         assert list((data_dir / "sessions").iterdir()) == [], "every workspace is removed"

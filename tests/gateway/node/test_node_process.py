@@ -1,4 +1,6 @@
-"""`lodestar gateway serve --rollout ...` as a real process: SIGTERM kills and reports its sessions."""
+"""`lodestar gateway serve --rollout ...` as a real process: SIGTERM drains it. Its sessions go back to
+rollout as CANCELLED ("node draining": requeued without spending an attempt), killed and cleaned up; with a
+drain grace, a session that ends within it is scored."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -18,20 +21,25 @@ from tests.gateway.node.standin import RolloutStandIn, assignment
 pytestmark = pytest.mark.slow
 
 
-def test_sigterm_kills_reports_and_cleans_up_in_flight_sessions(
-    gateway_stack_factory: StackFactory, standin: RolloutStandIn, etcd_endpoint: str, etcd_prefix: str, tmp_path: Path
-):
-    inference = gateway_stack_factory({"replies": [{"text": "first"}]}).inference_address
-    data_dir = tmp_path / "node"
+def _node(stack: StackFactory, standin: RolloutStandIn, etcd: tuple[str, str], data_dir: Path, log: IO[bytes],
+          *flags: str) -> subprocess.Popen[bytes]:  # fmt: skip
+    inference = stack({"replies": [{"text": "first"}]}).inference_address
     argv = [
         sys.executable, "-m", "lodestar.cli.main", "gateway", "serve", "--port", "0", "--http-port", "0",
-        "--inference", inference, "--rollout", standin.address, "--etcd", etcd_endpoint,
-        "--etcd-prefix", etcd_prefix, "--data-dir", str(data_dir), "--poll-interval-s", "0.2", "--log-json",
+        "--inference", inference, "--rollout", standin.address, "--etcd", etcd[0], "--etcd-prefix", etcd[1],
+        "--data-dir", str(data_dir), "--poll-interval-s", "0.2", "--log-json",
         "--host-sandbox", "namespaces",  # its harnesses write the host's PIDFILE (the sandbox would hide it)
+        *flags,
     ]  # fmt: skip
-    pidfile = tmp_path / "pids"
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env={**os.environ})
+
+
+def test_sigterm_hands_back_kills_and_cleans_up_in_flight_sessions(
+    gateway_stack_factory: StackFactory, standin: RolloutStandIn, etcd_endpoint: str, etcd_prefix: str, tmp_path: Path
+):
+    data_dir, pidfile = tmp_path / "node", tmp_path / "pids"
     log = (tmp_path / "node.log").open("wb")
-    node = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env={**os.environ})
+    node = _node(gateway_stack_factory, standin, (etcd_endpoint, etcd_prefix), data_dir, log)
     try:
         standin.offer(*(assignment(f"s{i}", command=HANG_AGENT, env={"PIDFILE": str(pidfile)}) for i in range(2)))
         standin.wait_for(lambda: len(read_pids(pidfile)) == 4, 60, "both harnesses to hang")
@@ -39,11 +47,48 @@ def test_sigterm_kills_reports_and_cleans_up_in_flight_sessions(
         assert node.wait(timeout=30) == 0
         results = standin.wait_results(2, timeout=5)
         for result in results:
-            assert result.outcome == rollout_pb2.SESSION_OUTCOME_INFRA_FAILED, standin.describe(result)
-            assert result.error == "node shutting down"
+            assert result.outcome == rollout_pb2.SESSION_OUTCOME_CANCELLED, standin.describe(result)
+            assert result.error == "node draining: not finished within the drain grace (0 s)"
             assert len(result.calls) == 1
         assert wait_dead(read_pids(pidfile)), "every harness process is gone"
         assert list((data_dir / "sessions").iterdir()) == [], "every workspace is removed"
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+        kill_pids(read_pids(pidfile))
+        log.close()
+
+
+def test_a_drain_grace_lets_running_sessions_finish_and_hands_back_the_rest(
+    gateway_stack_factory: StackFactory, standin: RolloutStandIn, etcd_endpoint: str, etcd_prefix: str, tmp_path: Path
+):
+    """Two run slots: `done` ends within the grace (scored), `hang` does not (handed back after it), `waiting`
+    never got a slot (handed back at once)."""
+    data_dir, pidfile, release = tmp_path / "node", tmp_path / "pids", tmp_path / "release"
+    log = (tmp_path / "node.log").open("wb")
+    flags = ("--slots", "2", "--drain-grace-s", "8")
+    node = _node(gateway_stack_factory, standin, (etcd_endpoint, etcd_prefix), data_dir, log, *flags)
+    try:
+        env = {"PIDFILE": str(pidfile)}
+        standin.offer(assignment("done", command=HANG_AGENT, env={**env, "RELEASE": str(release)}),
+                      assignment("hang", command=HANG_AGENT, env=env))  # fmt: skip
+        standin.wait_for(lambda: len(read_pids(pidfile)) == 2, 60, "both harnesses to hang")
+        standin.offer(assignment("waiting", command=HANG_AGENT, env=env))
+        ready = rollout_pb2.SESSION_STAGE_READY
+        standin.wait_for(lambda: ready in standin.stages_seen("waiting"), 30, "the third session to wait for a slot")
+        node.send_signal(signal.SIGTERM)
+        first = standin.wait_results(1, timeout=10)
+        assert [(r.session_id, r.outcome, r.error) for r in first] == [
+            ("waiting", rollout_pb2.SESSION_OUTCOME_CANCELLED, "node draining")
+        ], "a session whose harness had not started goes back at once"
+        release.touch()
+        assert node.wait(timeout=40) == 0
+        results = {result.session_id: result for result in standin.wait_results(3, timeout=5)}
+        assert results["done"].outcome == rollout_pb2.SESSION_OUTCOME_SCORED, standin.describe(results["done"])
+        assert results["hang"].outcome == rollout_pb2.SESSION_OUTCOME_CANCELLED
+        assert results["hang"].error == "node draining: not finished within the drain grace (8 s)"
+        assert list((data_dir / "sessions").iterdir()) == []
     finally:
         if node.poll() is None:
             node.kill()
