@@ -25,23 +25,11 @@ import yaml
 from google.protobuf import json_format
 
 from lodestar.errors import InvalidArgumentError
+from lodestar.kinds import runtime_kind, validate_harness, validate_verifier_kind
 from lodestar.sampling import resolved_policy, validate_policy
 from lodestar.v1 import rollout_pb2
 from services.rollout.swebench import load_swebench, parse_task_line, resolve_source, validate_repository_tasks
 
-HARNESS_KINDS = (
-    "claude_code",
-    "codex",
-    "qwen_code",
-    "pi",
-    "gemini_cli",
-    "opencode",
-    "mini_swe_agent",
-    "openhands",
-    "command",
-)
-VERIFIER_KINDS = ("command", "exact_match", "python", "swe")
-RUNTIME_KINDS = ("host", "docker")
 DOCKER_OPTIONS = {"mounts": "a list of absolute host paths", "on_limit": '"score" or "infra"'}
 """RuntimeSpec.options the docker runtime knows (services/gateway/node/runtimes/docker.py, docs/runtimes.md)."""
 DEFAULT_MAX_ATTEMPTS = 3
@@ -140,16 +128,8 @@ def validate_spec(spec: rollout_pb2.RunSpec) -> None:
             raise InvalidArgumentError(f"duplicate task id {task.task_id!r}")
         seen.add(task.task_id)
     validate_repository_tasks(spec)
-    if spec.harness.kind not in HARNESS_KINDS:
-        raise InvalidArgumentError(
-            f"unknown harness kind {spec.harness.kind!r} (expected one of {', '.join(HARNESS_KINDS)})"
-        )
-    if spec.harness.kind == "command" and not spec.harness.command:
-        raise InvalidArgumentError("harness kind 'command' needs harness.command (the program and its arguments)")
-    if spec.verifier.kind not in VERIFIER_KINDS:
-        raise InvalidArgumentError(
-            f"unknown verifier kind {spec.verifier.kind!r} (expected one of {', '.join(VERIFIER_KINDS)})"
-        )
+    validate_harness(spec.harness)
+    validate_verifier_kind(spec.verifier.kind)
     validate_runtime(spec)
     validate_policy(spec.sampling)
     fraction = spec.early_stop_fraction
@@ -169,9 +149,7 @@ def validate_runtime(spec: rollout_pb2.RunSpec) -> None:
     """InvalidArgumentError for an unknown runtime kind, a negative CPU limit, bad docker options, or a
     docker run in which some task has no image (neither its own nor the run's)."""
     runtime = spec.runtime
-    kind = runtime.kind or "host"
-    if kind not in RUNTIME_KINDS:
-        raise InvalidArgumentError(f"unknown runtime kind {kind!r} (expected one of {', '.join(RUNTIME_KINDS)})")
+    kind = runtime_kind(runtime)
     if math.isnan(runtime.cpus) or runtime.cpus < 0:
         raise InvalidArgumentError(f"runtime.cpus must be a positive number of cores (0: no limit), got {runtime.cpus}")
     if kind != "docker":

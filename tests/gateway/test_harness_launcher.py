@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from lodestar.kinds import PI_APIS
 from services.gateway.node.harnesses import (
     ClaudeCode,
     Codex,
@@ -33,7 +34,6 @@ from services.gateway.node.harnesses import (
     RunDirs,
     make_harness,
 )
-from services.gateway.node.harnesses.pi import PI_APIS
 
 PY = sys.executable
 

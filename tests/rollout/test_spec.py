@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from lodestar.errors import InvalidArgumentError
+from lodestar.kinds import harness_kinds
 from lodestar.v1 import common_pb2, rollout_pb2
 from services.rollout import spec as specs
 from tests.rollout.helpers import Rollout, make_spec
@@ -65,6 +66,12 @@ def test_json_spec_with_inline_tasks(tmp_path: Path) -> None:
     assert specs.required_scored(spec) == 2
 
 
+@pytest.mark.parametrize("kind", harness_kinds())
+def test_every_harness_kind_a_node_runs_is_accepted(kind: str) -> None:
+    command = ["agent", "{prompt}"] if kind == "command" else []
+    specs.validate_spec(make_spec(harness=rollout_pb2.HarnessSpec(kind=kind, command=command)))
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -72,6 +79,15 @@ def test_json_spec_with_inline_tasks(tmp_path: Path) -> None:
         ({"tasks": 0}, "no tasks"),
         ({"harness": rollout_pb2.HarnessSpec(kind="cursor")}, "unknown harness kind 'cursor'"),
         ({"harness": rollout_pb2.HarnessSpec(kind="command")}, "needs harness.command"),
+        ({"harness": rollout_pb2.HarnessSpec(kind="pi:bedrock")}, "unknown Pi API 'bedrock'"),
+        (
+            {
+                "harness": rollout_pb2.HarnessSpec(
+                    kind="pi:openai-responses", env={"LODESTAR_PI_API": "openai-completions"}
+                )
+            },
+            "name different Pi APIs",
+        ),
         ({"verifier": rollout_pb2.VerifierSpec(kind="llm_judge")}, "unknown verifier kind 'llm_judge'"),
         ({"early_stop_fraction": 1.5}, "early_stop_fraction"),
         ({"early_stop_fraction": -0.1}, "early_stop_fraction"),

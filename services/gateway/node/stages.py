@@ -23,7 +23,6 @@ from lodestar.v1 import rollout_pb2
 from services.gateway.capture import CaptureStore
 from services.gateway.node.attempt import Attempt, OutcomeCode, final_answer
 from services.gateway.node.harnesses import GatewayEndpoint, HarnessResult, Invocation, Launcher
-from services.gateway.node.harnesses.pi import PI_APIS
 from services.gateway.node.kinds import harness_for
 from services.gateway.node.repository import prepare_repository
 from services.gateway.node.runtimes import Runtimes, SessionRuntime
@@ -32,8 +31,6 @@ from services.gateway.proxy import Proxy
 from services.gateway.sessions import SessionRegistry
 
 _log = get_logger("gateway.node.stages")
-PI_API_VARIABLE = "LODESTAR_PI_API"
-"""HarnessSpec.env entry that picks Pi's API for kind "pi" (default openai-completions)."""
 
 
 @dataclass(frozen=True)
@@ -100,11 +97,7 @@ class SessionStages:
     def invocation(self, attempt: Attempt) -> Invocation:
         """The harness run of `attempt`, as its processes will see it (fixed paths)."""
         assignment, runtime = attempt.assignment, _runtime(attempt)
-        spec = rollout_pb2.HarnessSpec()
-        spec.CopyFrom(assignment.harness)
-        api = spec.env.get(PI_API_VARIABLE)
-        if spec.kind == "pi" and api in PI_APIS:
-            spec.kind = f"pi:{api}"
+        spec = assignment.harness
         harness = harness_for(
             spec, session_id=assignment.session_id, task_id=assignment.task.task_id, bin_dir=self._bin_dir
         )

@@ -1,4 +1,5 @@
-"""HarnessSpec -> launcher adapter: kinds, validation, Pi's API, args/env, fixed-path translation."""
+"""HarnessSpec -> launcher adapter: every kernel kind has its adapter, verifier and runtime on the node; Pi's
+API, args/env, fixed-path translation."""
 
 from __future__ import annotations
 
@@ -7,42 +8,51 @@ from pathlib import Path
 import pytest
 
 from lodestar.errors import InvalidArgumentError
+from lodestar.kinds import COMMAND, HARNESS_KINDS, PI_APIS, VERIFIER_KINDS, harness_kinds
 from lodestar.v1 import rollout_pb2
 from services.gateway.node.attempt import Attempt
-from services.gateway.node.harnesses import Launcher
-from services.gateway.node.kinds import HARNESS_KINDS, harness_for, validate_harness, validate_verifier
-from services.gateway.node.runtime import RuntimeFactory
+from services.gateway.node.harnesses import Launcher, Pi
+from services.gateway.node.kinds import LAUNCHER_NAMES, harness_for
+from services.gateway.node.runtimes import HostBackend
 from services.gateway.node.stages import SessionStages
+from services.gateway.node.verifiers import VERIFIERS
 
 
-@pytest.mark.parametrize(
-    ("kind", "name"),
-    [("claude_code", "claude-code"), ("codex", "codex"), ("qwen_code", "qwen-code"), ("gemini_cli", "gemini-cli"),
-     ("pi", "pi"), ("pi:google-generative-ai", "pi")],
-)  # fmt: skip
-def test_every_kind_has_its_adapter(kind: str, name: str):
-    assert harness_for(rollout_pb2.HarnessSpec(kind=kind), session_id="s", task_id="t").name == name
+def test_every_kernel_kind_has_its_adapter_verifier_and_runtime():
+    assert set(LAUNCHER_NAMES) == set(HARNESS_KINDS) - {COMMAND}
+    for kind in harness_kinds():
+        spec = rollout_pb2.HarnessSpec(kind=kind, command=["true"] if kind == COMMAND else [])
+        assert harness_for(spec, session_id="s", task_id="t").name == kind.split(":")[0].replace("_", "-")
+    assert set(VERIFIERS) == set(VERIFIER_KINDS)
+
+
+@pytest.mark.parametrize("api", PI_APIS)
+def test_pi_api_from_the_kind_or_the_env(api: str):
+    by_kind = harness_for(rollout_pb2.HarnessSpec(kind=f"pi:{api}"), session_id="s", task_id="t")
+    by_env = harness_for(rollout_pb2.HarnessSpec(kind="pi", env={"LODESTAR_PI_API": api}), session_id="s", task_id="t")
+    assert isinstance(by_kind, Pi)
+    assert isinstance(by_env, Pi)
+    assert by_kind.api == by_env.api == api
 
 
 @pytest.mark.parametrize(
     "spec",
-    [rollout_pb2.HarnessSpec(kind="aider"), rollout_pb2.HarnessSpec(kind="command"), rollout_pb2.HarnessSpec()],
+    [
+        rollout_pb2.HarnessSpec(kind="aider"),
+        rollout_pb2.HarnessSpec(kind="command"),
+        rollout_pb2.HarnessSpec(),
+        rollout_pb2.HarnessSpec(kind="pi:bedrock"),
+        rollout_pb2.HarnessSpec(kind="pi", env={"LODESTAR_PI_API": "bedrock"}),
+    ],
 )
-def test_bad_harness_specs_are_invalid_arguments(spec: rollout_pb2.HarnessSpec):
+def test_specs_rollout_refuses_have_no_adapter(spec: rollout_pb2.HarnessSpec):
     with pytest.raises(InvalidArgumentError):
-        validate_harness(spec)
-
-
-def test_validate_verifier_checks_kind_and_config():
-    validate_verifier(rollout_pb2.VerifierSpec(kind="exact_match"))
-    with pytest.raises(InvalidArgumentError, match="unknown verifier kind"):
-        validate_verifier(rollout_pb2.VerifierSpec(kind="bleu"))
-    assert "command" not in HARNESS_KINDS  # command is validated on its own (needs an argv)
+        harness_for(spec, session_id="s", task_id="t")
 
 
 async def test_invocation_applies_pi_api_args_env_and_fixed_paths(tmp_path: Path):
     launcher = Launcher()
-    runtimes = RuntimeFactory(tmp_path / "sessions", launcher)
+    runtimes = HostBackend(tmp_path / "sessions", launcher)
     stages = SessionStages(
         sessions=None, store=None, proxy=None, launcher=launcher, runtimes=runtimes,  # type: ignore[arg-type]
         base_url="http://127.0.0.1:9", default_model="lodestar",

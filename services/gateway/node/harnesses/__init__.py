@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lodestar.errors import InvalidArgumentError
+from lodestar.kinds import DEFAULT_PI_API, PI_APIS, parse_pi_api
 from services.gateway.node.harnesses.base import GatewayEndpoint, Harness, Invocation, RunDirs
 from services.gateway.node.harnesses.claude_code import ClaudeCode
 from services.gateway.node.harnesses.codex import Codex
@@ -19,7 +20,7 @@ from services.gateway.node.harnesses.launcher import HarnessResult, Launcher
 from services.gateway.node.harnesses.mini_swe_agent import MiniSweAgent
 from services.gateway.node.harnesses.opencode import OpenCode
 from services.gateway.node.harnesses.openhands import OpenHands
-from services.gateway.node.harnesses.pi import PI_APIS, Pi, PiApi
+from services.gateway.node.harnesses.pi import Pi
 from services.gateway.node.harnesses.qwen_code import QwenCode
 
 BUILTIN: dict[str, type[Harness]] = {
@@ -39,20 +40,10 @@ def make_harness(name: str, bin_dir: Path | None = None) -> Harness:
     """The adapter for a built-in harness name (see module docstring)."""
     base, _, variant = name.partition(":")
     if base == Pi.name:
-        api = variant or "openai-completions"
-        if api not in PI_APIS:
-            raise InvalidArgumentError(f"unknown Pi API {api!r}; one of {', '.join(PI_APIS)}")
-        return Pi(api=_pi_api(api), bin_dir=bin_dir)
+        return Pi(api=parse_pi_api(variant or DEFAULT_PI_API), bin_dir=bin_dir)
     if variant or base not in BUILTIN:
         raise InvalidArgumentError(f"unknown harness {name!r}; one of {', '.join(HARNESS_NAMES)}")
     return BUILTIN[base](bin_dir)
-
-
-def _pi_api(api: str) -> PiApi:
-    for known in PI_APIS:
-        if known == api:
-            return known
-    raise InvalidArgumentError(f"unknown Pi API {api!r}")
 
 
 __all__ = [

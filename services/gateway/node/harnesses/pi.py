@@ -10,17 +10,10 @@ The session key travels in an environment variable named by
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
+from lodestar.kinds import DEFAULT_PI_API, PiApi
 from services.gateway.node.harnesses.base import GatewayEndpoint, Harness, Invocation, RunDirs, write_json
 
-PiApi = Literal["openai-completions", "openai-responses", "anthropic-messages", "google-generative-ai"]
-PI_APIS: tuple[PiApi, ...] = (
-    "openai-completions",
-    "openai-responses",
-    "anthropic-messages",
-    "google-generative-ai",
-)
 PROVIDER = "lodestar"
 KEY_VARIABLE = "LODESTAR_SESSION_KEY"
 """models.json names this variable instead of holding the key: Pi resolves an `apiKey` as a shell command
@@ -52,7 +45,7 @@ class Pi(Harness):
     binary_name = "pi"
     shell_tool = "bash"
 
-    def __init__(self, api: PiApi = "openai-completions", bin_dir: Path | None = None) -> None:
+    def __init__(self, api: PiApi = DEFAULT_PI_API, bin_dir: Path | None = None) -> None:
         super().__init__(bin_dir)
         self.api: PiApi = api
 

@@ -9,8 +9,9 @@ import asyncio
 from collections.abc import Mapping
 
 from lodestar.errors import FailedPreconditionError
+from lodestar.kinds import DEFAULT_RUNTIME_KIND
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.runtimes.base import RUNTIME_KINDS, RuntimeBackend, SessionRuntime
+from services.gateway.node.runtimes.base import RuntimeBackend, SessionRuntime
 from services.gateway.node.runtimes.docker import DockerBackend, DockerRuntime
 from services.gateway.node.runtimes.host import HostBackend, HostRuntime
 
@@ -19,7 +20,7 @@ def resolved_spec(assignment: rollout_pb2.SessionAssignment) -> rollout_pb2.Runt
     """The assignment's runtime with its kind defaulted to "host" and the task's image (if any) applied."""
     spec = rollout_pb2.RuntimeSpec()
     spec.CopyFrom(assignment.runtime)
-    spec.kind = spec.kind or "host"
+    spec.kind = spec.kind or DEFAULT_RUNTIME_KIND
     if assignment.task.image:
         spec.image = assignment.task.image
     return spec
@@ -53,7 +54,6 @@ class Runtimes:
 
 
 __all__ = [
-    "RUNTIME_KINDS",
     "DockerBackend",
     "DockerRuntime",
     "HostBackend",

@@ -30,7 +30,6 @@ from services.gateway.node.harnesses import HarnessResult, Invocation, RunDirs
 
 _log = get_logger("gateway.node.runtimes")
 DEFAULT_FIXED_ROOT = Path("/tmp/lodestar-session")
-RUNTIME_KINDS = ("host", "docker")
 
 
 class SessionRuntime(Protocol):
