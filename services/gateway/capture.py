@@ -8,6 +8,11 @@ of the gateway process (the WAL is written before `append` returns; SIGKILL-test
 can be lost only if the operating system itself dies, which also kills the harness run they belong to
 (rollout retries such a session). `full` — every commit is also fsynced (survives power loss; costs an
 fsync, ~5 ms on the development VMs, shared by all records of a group commit).
+
+Retention. A session handed to `expire(session_id, at)` is deleted with its calls by the first `prune(now)`
+after `at` (the node expires its sessions once rollout holds their results: `services/gateway/retention.py`).
+SQLite reuses the freed pages, so the file stays as large as the sessions it holds at once, not as large as
+every session the node ever ran.
 """
 
 from __future__ import annotations
@@ -47,7 +52,14 @@ CREATE TABLE IF NOT EXISTS calls (
     record BLOB NOT NULL,
     PRIMARY KEY (session_id, sequence)
 );
+CREATE TABLE IF NOT EXISTS expiry (
+    session_id TEXT PRIMARY KEY,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS expiry_at ON expiry (expires_at);
 """
+PRUNE_BATCH = 200
+"""Sessions deleted per transaction (the writer thread is shared with the calls being captured)."""
 
 
 class CaptureStore:
@@ -150,6 +162,59 @@ class CaptureStore:
             )
             .fetchall()
         )
+
+    # Retention -----------------------------------------------------------------------------------------
+
+    async def expire(self, session_id: str, at: float) -> None:
+        """Delete `session_id` and its calls at the first `prune` after `at` (wall-clock seconds); a session
+        expired twice keeps the later time."""
+        await self._run(self._expire, session_id, at)
+
+    def _expire(self, session_id: str, at: float) -> None:
+        self._conn().execute(
+            "INSERT INTO expiry (session_id, expires_at) VALUES (?, ?) "
+            "ON CONFLICT(session_id) DO UPDATE SET expires_at = MAX(expires_at, excluded.expires_at)",
+            (session_id, at),
+        )
+
+    async def prune(self, now: float) -> list[str]:
+        """Delete every session (its record, calls and request halves) whose expiry time has passed; their ids."""
+        pruned: list[str] = []
+        while True:
+            batch: list[str] = await self._run(self._prune, now)
+            pruned += batch
+            if len(batch) < PRUNE_BATCH:
+                return pruned
+
+    def _prune(self, now: float) -> list[str]:
+        db = self._conn()
+        ids = [row[0] for row in db.execute(
+            "SELECT session_id FROM expiry WHERE expires_at <= ? ORDER BY expires_at LIMIT ?", (now, PRUNE_BATCH)
+        )]  # fmt: skip
+        if not ids:
+            return ids
+        marks = ",".join("?" * len(ids))
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute(
+                f"DELETE FROM requests WHERE call_id IN (SELECT call_id FROM calls WHERE session_id IN ({marks}))", ids
+            )
+            for table in ("calls", "sessions", "expiry"):
+                db.execute(f"DELETE FROM {table} WHERE session_id IN ({marks})", ids)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        return ids
+
+    async def stored(self) -> tuple[int, int]:
+        """(sessions, calls) the store holds."""
+        row: tuple[int, int] = await self._run(
+            lambda: (
+                self._conn().execute("SELECT (SELECT COUNT(*) FROM sessions), (SELECT COUNT(*) FROM calls)").fetchone()
+            )
+        )
+        return row
 
     # Calls ---------------------------------------------------------------------------------------------
     #

@@ -37,6 +37,7 @@ from services.gateway.node.runtimes import DockerBackend, HostBackend, Runtimes
 from services.gateway.node.stages import ATTEMPT_LABEL, SessionStages
 from services.gateway.proxy import InferenceBackend, Proxy
 from services.gateway.quotas import QuotaLimits
+from services.gateway.retention import Retention, RetentionPolicy
 from services.gateway.servicer import GatewayServicer
 from services.gateway.sessions import SessionRegistry
 from services.gateway.settings import GatewaySettings
@@ -68,6 +69,10 @@ class GatewayNode:
         )
         self.store = CaptureStore(settings.data_dir / CAPTURE_FILE, synchronous=settings.capture_synchronous)
         self.sessions = SessionRegistry(self.store)
+        self.retention = Retention(self.store, self.sessions, RetentionPolicy(
+            acknowledged_s=settings.capture_retention_s, unacknowledged_s=settings.capture_retention_unacknowledged_s,
+            sweep_s=settings.capture_sweep_s,
+        ))  # fmt: skip
         self.proxy = Proxy(self.inference, self.store, unknown_fields=UnknownFields(strict=settings.strict_fields))
         self.grpc = GrpcServer.for_settings("gateway", settings)
         self.grpc.add_service(
@@ -121,7 +126,11 @@ class GatewayNode:
             drain_grace_s=settings.drain_grace_s,
         )  # fmt: skip
         membership = self.membership
-        return NodeLifecycle(self.node_id, rollout, stages, lambda: membership.lease_id if membership else None, config)
+
+        def lease() -> int | None:
+            return membership.lease_id if membership else None
+
+        return NodeLifecycle(self.node_id, rollout, stages, lease, config, retention=self.retention)
 
     @property
     def http_base_url(self) -> str:
@@ -139,6 +148,9 @@ class GatewayNode:
         orphans = await self.sessions.close_orphans(ATTEMPT_LABEL)
         if orphans:  # their attempts died with the earlier process; rollout requeues them
             _log.warning("closed sessions left open by an earlier process", count=len(orphans))
+        for session_id in orphans:
+            await self.retention.reported(session_id, acknowledged=False)
+        self.retention.start()
         quotas = QuotaLimits(
             max_calls=self.settings.session_max_calls, max_concurrent=self.settings.session_max_concurrent_calls,
             max_request_bytes=self.settings.session_max_request_bytes,
@@ -189,6 +201,7 @@ class GatewayNode:
         if self.lifecycle is not None:
             await self.lifecycle.stop()
             self.lifecycle = None
+        await self.retention.close()
         if self.runtimes is not None:
             await self.runtimes.close()
         if self._own_rollout is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -140,6 +140,13 @@ class SessionRegistry:
             entry.session = closed
             self._retire(entry)
         return entry
+
+    def forget(self, session_ids: Iterable[str]) -> None:
+        """Drop deleted (pruned) sessions from the memo of closed ones."""
+        for session_id in session_ids:
+            entry = self._closed.pop(session_id, None)
+            if entry is not None:
+                self._closed.pop(entry.session.session_key, None)
 
     def get(self, session_id: str) -> SessionEntry:
         """An open or recently closed session (see `find` for any session)."""

@@ -101,6 +101,14 @@ class GatewaySettings(EtcdClientSettings):
     """CompleteSession tries per result (exponential backoff 0.5 s .. 8 s) before it is given up."""
     shutdown_timeout_s: float = Field(default=15.0, gt=0)
     """On SIGTERM, how long killing and reporting in-flight sessions may take (after the drain grace)."""
+    capture_retention_s: float = Field(default=600.0, ge=0)
+    """How long a session this node ran stays in its capture store after rollout acknowledged its result
+    (rollout's store then holds its calls); 0: deleted at the next sweep. Bounds the node's disk."""
+    capture_retention_unacknowledged_s: float = Field(default=86_400.0, ge=0)
+    """The same for a session whose result rollout never took (reporting gave up, or the node restarted
+    while it ran): the node may hold the only copy of its calls."""
+    capture_sweep_s: float = Field(default=60.0, gt=0)
+    """How often expired sessions are deleted from the capture store."""
     drain_grace_s: float = Field(default=0.0, ge=0)
     """On SIGTERM, how long sessions whose harness or verifier is running may go on before the node hands
     them back (requeued elsewhere without spending an attempt); sessions not started yet go back at once.

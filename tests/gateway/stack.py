@@ -99,6 +99,10 @@ class GatewayStack:
     def _run(self, coroutine: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
+    def call(self, coroutine: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        """Run a coroutine on the stack's loop (where the node's objects live) and return its result."""
+        return self._run(coroutine, timeout)
+
     async def _start(self) -> None:
         if self._model_dir is not None:
             settings = InferenceSettings(

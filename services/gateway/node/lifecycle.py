@@ -38,6 +38,7 @@ from lodestar.v1 import rollout_pb2
 from services.gateway.node.attempt import STAGE_NAMES, Attempt, AttemptKey, OutcomeCode
 from services.gateway.node.rollout_client import RetryPolicy, RolloutLink, complete_with_retries
 from services.gateway.node.stages import Outcome, SessionStages, infra
+from services.gateway.retention import Retention
 
 _log = get_logger("gateway.node.lifecycle")
 LOG_TAIL_CHARS = 1500
@@ -45,6 +46,9 @@ LOG_TAIL_CHARS = 1500
 _RUN_STAGES = (rollout_pb2.SESSION_STAGE_INIT, rollout_pb2.SESSION_STAGE_READY, rollout_pb2.SESSION_STAGE_RUN)
 _NOT_STARTED = (rollout_pb2.SESSION_STAGE_UNSPECIFIED, rollout_pb2.SESSION_STAGE_INIT, rollout_pb2.SESSION_STAGE_READY)
 DRAINING = "node draining"
+_ACKNOWLEDGED = ("counted", "not_counted", "fenced")
+"""Report statuses after which rollout needs nothing more of the attempt's calls (a fenced attempt's are
+superseded)."""
 
 
 @dataclass(frozen=True)
@@ -73,11 +77,15 @@ class NodeLifecycle:
         stages: SessionStages,
         lease_id: Callable[[], int | None],
         config: LifecycleConfig,
+        retention: Retention | None = None,
     ) -> None:
+        """`retention`: told of each reported attempt's gateway session, which then leaves the capture store
+        after its retention window (None: captured sessions are kept)."""
         self.node_id = node_id
         self.config = config
         self._rollout = rollout
         self._stages = stages
+        self._retention = retention
         self._lease_id = lease_id
         self._attempts: dict[AttemptKey, Attempt] = {}
         self._tasks: dict[AttemptKey, asyncio.Task[None]] = {}
@@ -193,7 +201,12 @@ class NodeLifecycle:
             finally:
                 attempt.finishing = True
                 await self._stages.release(attempt)
-            await self._report(attempt, outcome)
+            status = await self._report(attempt, outcome)
+            if self._retention is not None and attempt.gateway_session_id:
+                try:
+                    await self._retention.reported(attempt.gateway_session_id, acknowledged=status in _ACKNOWLEDGED)
+                except Exception as error:  # the session then stays in the store: disk, never correctness
+                    _log.warning("could not schedule a captured session's deletion", error=str(error))
         finally:
             self._attempts.pop(key, None)
             self._tasks.pop(key, None)
@@ -224,7 +237,8 @@ class NodeLifecycle:
         async with self._post_pool:
             return await self._stages.post(attempt)
 
-    async def _report(self, attempt: Attempt, outcome: Outcome) -> None:
+    async def _report(self, attempt: Attempt, outcome: Outcome) -> str:
+        """Report the attempt's result to rollout; `complete_with_retries`'s status."""
         runtime = attempt.runtime
         details = {**(outcome.details or {})}
         if runtime is not None:
@@ -256,6 +270,7 @@ class NodeLifecycle:
         _log.info("session finished", session_id=result.session_id, attempt=result.attempt, outcome=name,
                   reward=result.reward, calls=len(result.calls), error=result.error or None, report=status,
                   seconds={k: round(v, 3) for k, v in attempt.seconds.items()}, **said)  # fmt: skip
+        return status
 
     # Shutdown ------------------------------------------------------------------------------------------
 

@@ -218,6 +218,29 @@ def test_complete_session_is_retried_then_fenced_results_are_dropped(
     standin.wait_for(lambda: not standin.acquires[-1].in_flight, 5, "the node to drop the fenced attempt")
 
 
+def test_reported_sessions_leave_the_capture_store_and_unreported_ones_stay(
+    node_factory: NodeFactory, standin: RolloutStandIn
+):
+    """With no retention, a session leaves the node's capture store at the sweep after rollout took its result;
+    one whose result rollout never took (reporting gave up) stays for the longer window."""
+    stack = node_factory({"replies": [{"text": "done"}]}, capture_retention_s=0, capture_sweep_s=0.2,
+                         complete_attempts=1)  # fmt: skip
+    store = stack.node.store
+    standin.offer(assignment("taken", command=AGENT))
+    standin.wait_results(1, timeout=60)
+    standin.fail_next_completes(grpc.StatusCode.UNAVAILABLE)
+    standin.offer(assignment("lost", command=AGENT))
+    standin.wait_for(lambda: standin.complete_calls == 2, 60, "the failed report")
+
+    deadline = time.monotonic() + 10
+    while (stored := stack.call(store.stored())) != (1, 1):
+        assert time.monotonic() < deadline, f"the store still holds (sessions, calls) = {stored}"
+        time.sleep(0.1)
+    ((kept, _),) = stack.call(store.sessions())
+    assert kept.labels["rollout_session_id"] == "lost"
+    assert stack.node.retention.pruned == 1
+
+
 def test_a_node_that_runs_sessions_needs_etcd(tmp_path: Path):
     with pytest.raises(InvalidArgumentError, match="--rollout needs --etcd"):
         GatewayNode(GatewaySettings(rollout="127.0.0.1:1", etcd=None, data_dir=tmp_path))
