@@ -1,10 +1,13 @@
-"""Replace one `## ` section of docs/benchmarks.md with a benchmark's fresh results (used by `--write-docs`)."""
+"""Replace one `## ` section of docs/benchmarks.md (or of a run log under bench/results/) with a benchmark's fresh
+results (used by `--write-docs`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 BENCHMARKS_MD = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+RAW_VLLM_LOG = Path(__file__).resolve().parent / "results" / "inference-vs-raw-vllm.md"
+"""The dated runs of lodestar against raw vLLM (bench/inference.py --compare-raw, bench/frontend_layers.py)."""
 
 
 def replace_section(heading: str, section: str, path: Path = BENCHMARKS_MD) -> None:

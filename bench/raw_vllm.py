@@ -309,9 +309,10 @@ async def compare(
 
 def both_orders(after: dict[str, dict[str, float]], before: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
     """One estimate from two runs, raw vLLM's engine started after the lodestar servers and before them: the
-    engine started later runs faster (docs/benchmarks.md, 2026-12-02), so each ratio is the geometric mean of
-    the two runs' ratios (the start order's factor cancels if it is the same either way) and the two ratios are
-    kept as "ratio after" / "ratio before"; tok/s, TTFT and CPU per token are the means of the two runs."""
+    engine started later runs faster (bench/results/inference-vs-raw-vllm.md, 2026-12-02), so each ratio is the
+    geometric mean of the two runs' ratios (the start order's factor cancels if it is the same either way) and
+    the two ratios are kept as "ratio after" / "ratio before"; tok/s, TTFT and CPU per token are the means of
+    the two runs."""
     cells: dict[str, dict[str, float]] = {}
     for name, one in after.items():
         other = before[name]
