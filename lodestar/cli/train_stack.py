@@ -22,6 +22,7 @@ from pathlib import Path
 from rich.console import Console
 
 from lodestar.cli import up_tls
+from lodestar.cli.model import ensure_tiny_model
 from lodestar.cli.train_config import UP_ADDRESSES, TrainConfig
 from lodestar.errors import UnavailableError
 from lodestar.grpc import security
@@ -78,12 +79,10 @@ async def _attach(path: Path) -> Stack | None:
 
 
 async def _start_own(config: TrainConfig, console: Console) -> Stack:
-    from lodestar.cli.up import _ensure_tiny_model
-
     data_dir = config.data_dir
     model = config.model or data_dir / "tiny-model"
     if config.model is None:
-        await _ensure_tiny_model(model)
+        await ensure_tiny_model(model, console)
     cluster = LocalCluster(data_dir, etcd_binary=find_etcd(), max_restarts=0)
     ports = {name: free_port() for name in ("inference", "rollout", "gateway", "http")}
     inference, rollout = f"127.0.0.1:{ports['inference']}", f"127.0.0.1:{ports['rollout']}"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +23,7 @@ from rich.table import Table
 
 from lodestar.cli import up_tls
 from lodestar.cli.dashboard import DEFAULT_RUNS_DIR, start_local
+from lodestar.cli.model import ensure_tiny_model
 from lodestar.cli.train_stack import write_addresses
 from lodestar.errors import UnavailableError
 from lodestar.grpc import security
@@ -86,27 +86,6 @@ def _service_specs(args: argparse.Namespace, data_dir: Path, etcd_url: str) -> l
     ]
 
 
-async def _ensure_tiny_model(directory: Path) -> None:
-    """Build the offline tiny model once (`lodestar model init-tiny`), so `up` needs no model to start."""
-    if (directory / "config.json").exists():
-        return
-    with _console.status(f"building the tiny model into {directory}"):
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "lodestar.cli.main",
-            "model",
-            "init-tiny",
-            "--force",
-            str(directory),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        output, _ = await asyncio.wait_for(process.communicate(), timeout=300)
-    if process.returncode != 0:
-        raise UnavailableError(f"building the tiny model failed: {output.decode(errors='replace')[-2000:]}")
-
-
 def _print_addresses(cluster: LocalCluster) -> None:
     table = Table(title="lodestar is up", show_lines=False)
     table.add_column("service")
@@ -133,7 +112,7 @@ async def _up(args: argparse.Namespace) -> int:
     dashboard: Dashboard | None = None
     try:
         if args.model is None:
-            await _ensure_tiny_model(data_dir / "tiny-model")
+            await ensure_tiny_model(data_dir / "tiny-model", _console)
         with _console.status("starting etcd"):  # with --tls: TLS, client certificates and auth on
             await cluster.start_etcd(timeout=args.timeout, tls=up_tls.etcd(data_dir) if args.tls else None)
         specs = _service_specs(args, data_dir, cluster.etcd_url)

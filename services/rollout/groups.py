@@ -24,19 +24,28 @@ back. See docs/benchmarks.md (Rollout) for why: without it rollout races ahead a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from lodestar.logging import get_logger
 from lodestar.v1 import rollout_pb2
-from services.rollout.model import LIVE, Changes, Group, GroupStatus, Run, SessionStatus
-
-if TYPE_CHECKING:
-    from services.rollout.scheduler import Scheduler
+from services.rollout.model import LIVE, Changes, Group, GroupStatus, Run, Session, SessionStatus
 
 LEAD_BATCHES = 2.5
 """Trainer batches' worth of groups a run keeps in play once the trainer's pace is known (chosen with
 bench/rollout_sim.py: 2.0 left the trainer 4% idle, 3.0 dropped 2.6x more stale groups than 2.5)."""
 _log = get_logger("rollout.groups")
+
+
+class Scheduler(Protocol):
+    """What these functions need of `scheduler.Scheduler`, the state they act on (a Protocol, so that this
+    module does not import the scheduler that calls it)."""
+
+    runs: dict[str, Run]
+    groups: dict[str, Group]
+    sessions: dict[str, Session]
+    policy_version: int
+
+    def cancel_session(self, session: Session, changes: Changes) -> None: ...
 
 
 def settle(scheduler: Scheduler, group_id: str) -> Changes:

@@ -70,14 +70,12 @@ class LeaderRole:
                 await lease.revoke()
 
     async def _lead(self, etcd: EtcdClient, lost: Awaitable[str]) -> None:
-        store = await asyncio.to_thread(
-            open_store, self._settings.store_location, synchronous=self._settings.store_synchronous
-        )
+        store = await asyncio.to_thread(open_store, self._settings.store, synchronous=self._settings.store_synchronous)
         core = RolloutCore(store, etcd, self._settings.etcd_prefix)
         await core.start()
         self.core, self.leader_address = core, self.address
         self.terms += 1
-        _log.info("leading", address=self.address, store=describe(self._settings.store_location), term=self.terms)
+        _log.info("leading", address=self.address, store=describe(self._settings.store), term=self.terms)
         await self._on_serving(True)
         try:
             reason = await lost

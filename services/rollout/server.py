@@ -63,7 +63,7 @@ class RolloutServer:
 async def serve(settings: RolloutSettings) -> None:
     server = RolloutServer(settings)
     await server.start()
-    _log.info("rollout instance started", address=server.role.address, store=describe(settings.store_location))
+    _log.info("rollout instance started", address=server.role.address, store=describe(settings.store))
     try:
         await server.grpc.wait_for_termination()
     finally:

@@ -22,8 +22,6 @@ class RolloutSettings(EtcdClientSettings):
     """Durable store of runs, sessions, attempts and results: a SQLite file path, or a PostgreSQL URL
     (postgresql://user:password@host:5432/db) when instances on different hosts share it. Instances
     sharing a store elect one leader; the others wait as standbys."""
-    database: Path | None = None
-    """Deprecated name of --store (used when --store is not given)."""
     leader_ttl_s: int = 5
     """TTL of the leader's etcd lease: a standby takes over about this long after the leader dies."""
     advertise: str | None = None
@@ -39,17 +37,6 @@ class RolloutSettings(EtcdClientSettings):
     @classmethod
     def _path_as_text(cls, value: object) -> object:
         return str(value) if isinstance(value, Path) else value
-
-    @property
-    def store_location(self) -> str:
-        """The store to open (--store, or the deprecated --database when --store is not given)."""
-        default = type(self).model_fields["store"].default
-        return str(self.database) if self.database is not None and self.store == default else self.store
-
-    @property
-    def store_path(self) -> Path:
-        """The SQLite file (meaningless for a PostgreSQL store)."""
-        return Path(self.store_location)
 
 
 SETTINGS = RolloutSettings

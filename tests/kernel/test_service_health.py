@@ -80,7 +80,7 @@ def service_args(name: str, tmp: Path, etcd_endpoint: str) -> list[str]:
     if name == "gateway":
         return ["--http-port", str(free_port()), "--data-dir", str(tmp / "gateway")]
     if name == "rollout":
-        return ["--etcd", etcd_endpoint, "--database", str(tmp / "rollout.sqlite")]
+        return ["--etcd", etcd_endpoint, "--store", str(tmp / "rollout.sqlite")]
     return ["--checkpoint-dir", str(tmp / "checkpoints")]
 
 

@@ -24,7 +24,7 @@ def config_file(tmp_path: Path) -> Path:
 [rollout]
 port = 6001
 etcd = "http://10.0.0.1:2379"
-database = "/from/file.sqlite"
+store = "/from/file.sqlite"
 
 [trainer]
 port = 7001
@@ -37,19 +37,14 @@ def test_defaults_when_nothing_is_given() -> None:
     settings = load_settings(RolloutSettings, env={})
     assert settings.port == 50053
     assert settings.etcd == "http://127.0.0.1:2379"
-    assert settings.database is None  # deprecated name of --store
-    assert settings.store_location == ".lodestar/rollout.sqlite"
+    assert settings.store == ".lodestar/rollout.sqlite"
     assert settings.host == "127.0.0.1"
     assert settings.drain_seconds == 10.0
 
 
 def test_each_layer_overrides_the_one_below(config_file: Path) -> None:
     from_file = load_settings(RolloutSettings, env={}, config_file=config_file)
-    assert (from_file.port, from_file.etcd, from_file.database) == (
-        6001,
-        "http://10.0.0.1:2379",
-        Path("/from/file.sqlite"),
-    )
+    assert (from_file.port, from_file.etcd, from_file.store) == (6001, "http://10.0.0.1:2379", "/from/file.sqlite")
     assert from_file.host == "127.0.0.1"  # not in the file: default
 
     env = {"LODESTAR_ROLLOUT_PORT": "6002", "LODESTAR_ROLLOUT_DRAIN_SECONDS": "2.5", "LODESTAR_TRAINER_PORT": "1"}
@@ -58,10 +53,10 @@ def test_each_layer_overrides_the_one_below(config_file: Path) -> None:
     assert from_env.drain_seconds == 2.5  # env beats default
     assert from_env.etcd == "http://10.0.0.1:2379"  # file still applies where env is silent
 
-    flags = {"port": 6003, "etcd": None, "database": Path("/from/flag.sqlite")}
+    flags = {"port": 6003, "etcd": None, "store": "/from/flag.sqlite"}
     from_flags = load_settings(RolloutSettings, flags=flags, env=env, config_file=config_file)
     assert from_flags.port == 6003  # flag beats env
-    assert from_flags.database == Path("/from/flag.sqlite")  # flag beats file
+    assert from_flags.store == "/from/flag.sqlite"  # flag beats file
     assert from_flags.etcd == "http://10.0.0.1:2379"  # a None flag means "not given"
 
 
@@ -173,4 +168,4 @@ def test_flags_beat_env_and_file_end_to_end(config_file: Path) -> None:
     )
     assert settings.etcd == "http://e:1"
     assert settings.port == 6002
-    assert settings.database == Path("/from/file.sqlite")
+    assert settings.store == "/from/file.sqlite"

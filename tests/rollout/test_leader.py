@@ -25,7 +25,6 @@ from lodestar.grpc.client import LEADER_METADATA_KEY, LeaderChannel, connect, le
 from lodestar.local import free_port, wait_serving
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
 from services.rollout.leader import leader_key
-from services.rollout.settings import RolloutSettings
 from tests.rollout.helpers import make_spec, settings, sim_node, start_rollout, wait_leading
 
 REPO = Path(__file__).resolve().parents[2]
@@ -156,9 +155,3 @@ async def test_a_leader_that_loses_its_lease_steps_down_and_leads_again_from_the
         assert rollout.server.role.terms == 2
         assert (await rollout.get_run(run_id)).sessions_pending == 2  # state reloaded from the store
         assert await _health(rollout.address) == health_pb2.HealthCheckResponse.SERVING
-
-
-def test_the_old_database_setting_still_names_the_store(tmp_path: Path) -> None:
-    assert settings(tmp_path / "default", "http://127.0.0.1:1", "/x/").store_path == tmp_path / "default"
-    old = RolloutSettings(database=tmp_path / "old.sqlite")
-    assert old.store_path == tmp_path / "old.sqlite"

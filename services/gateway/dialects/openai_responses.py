@@ -12,7 +12,6 @@ assistant message, function calls) form one canonical assistant message. Streami
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from lodestar.errors import ContextLengthExceededError, LodestarError
@@ -28,7 +27,13 @@ from services.gateway.dialects.common import (
     tool_definition,
 )
 from services.gateway.dialects.openai_chat import OpenAIChat
-from services.gateway.dialects.openai_responses_stream import ResponsesStream, output_items, response_object
+from services.gateway.dialects.openai_responses_stream import (
+    ResponsesContext,
+    ResponsesStream,
+    output_items,
+    render_context,
+    response_object,
+)
 from services.gateway.dialects.sampling import OPENAI_RESPONSES, read_sampling
 from services.gateway.sse import dumps
 
@@ -42,19 +47,6 @@ FIELDS = frozenset({
 _ROLES = {"system": common_pb2.ROLE_SYSTEM, "developer": common_pb2.ROLE_DEVELOPER, "user": common_pb2.ROLE_USER,
           "assistant": common_pb2.ROLE_ASSISTANT}  # fmt: skip
 CUSTOM_SCHEMA = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
-
-
-@dataclass
-class ResponsesContext:
-    """How canonical tool names map back to Responses items, and what the client asked to include."""
-
-    namespaces: dict[str, tuple[str, str]] = field(default_factory=dict)
-    """canonical name -> (namespace, name inside it)"""
-    custom: set[str] = field(default_factory=set)
-    """canonical names of custom (free-form input) tools"""
-    include_encrypted: bool = False
-    echo: JsonObject = field(default_factory=dict)
-    """Request fields echoed in the response object (tool_choice, temperature...)."""
 
 
 class OpenAIResponses:
@@ -103,7 +95,7 @@ class OpenAIResponses:
         return request
 
     def render(self, request: CanonicalRequest, result: CallResult) -> JsonObject:
-        context = request.render if isinstance(request.render, ResponsesContext) else ResponsesContext()
+        context = render_context(request)
         items = output_items(result.message, result.response_id, context)
         return response_object(request, context, result.response_id, result.created, items, result.final)
 

@@ -1,4 +1,5 @@
-"""OpenAI Responses rendering: output items, the response object, and the streamed event family.
+"""OpenAI Responses rendering: the context parse leaves for it (`ResponsesContext`), output items, the response
+object, and the streamed event family.
 
 Stream: response.created, response.in_progress, then per output item output_item.added, its part /
 delta / done events (reasoning summary, output_text, function_call_arguments or custom_tool_call_input),
@@ -9,23 +10,32 @@ Every event carries an increasing `sequence_number`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 from lodestar.errors import LodestarError
 from lodestar.v1 import common_pb2, inference_pb2
 from services.gateway import sse
-from services.gateway.canonical import CallResult
+from services.gateway.canonical import CallResult, CanonicalRequest
 from services.gateway.dialects.base import JsonObject
 from services.gateway.dialects.common import arguments_object, encode_reasoning
 
-if TYPE_CHECKING:
-    from services.gateway.canonical import CanonicalRequest
-    from services.gateway.dialects.openai_responses import ResponsesContext
+
+@dataclass
+class ResponsesContext:
+    """How canonical tool names map back to Responses items, and what the client asked to include."""
+
+    namespaces: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """canonical name -> (namespace, name inside it)"""
+    custom: set[str] = field(default_factory=set)
+    """canonical names of custom (free-form input) tools"""
+    include_encrypted: bool = False
+    echo: JsonObject = field(default_factory=dict)
+    """Request fields echoed in the response object (tool_choice, temperature...)."""
 
 
-def _context(request: CanonicalRequest) -> ResponsesContext:
-    from services.gateway.dialects.openai_responses import ResponsesContext
-
+def render_context(request: CanonicalRequest) -> ResponsesContext:
+    """What `OpenAIResponses.parse` recorded in `request.render` (an empty context for another request)."""
     return request.render if isinstance(request.render, ResponsesContext) else ResponsesContext()
 
 
@@ -109,7 +119,7 @@ class ResponsesStream:
 
     def __init__(self, request: CanonicalRequest) -> None:
         self._request = request
-        self._context = _context(request)
+        self._context = render_context(request)
         self._sequence = 0
         self._response_id = ""
         self._suffix = ""

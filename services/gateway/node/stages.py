@@ -12,7 +12,6 @@ TIMED_OUT when the harness was killed at its time limit and SCORED when it finis
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from lodestar.logging import get_logger
 from lodestar.v1 import rollout_pb2
 from services.gateway.capture import CaptureStore
 from services.gateway.node.attempt import Attempt, OutcomeCode, final_answer
-from services.gateway.node.harnesses import GatewayEndpoint, HarnessResult, Invocation, Launcher
+from services.gateway.node.harnesses import GatewayEndpoint, Invocation, Launcher
 from services.gateway.node.kinds import harness_for
 from services.gateway.node.repository import prepare_repository
 from services.gateway.node.runtimes import Runtimes, SessionRuntime
@@ -169,17 +168,6 @@ class SessionStages:
             self._proxy.unanswered.pop(attempt.gateway_session_id, None)
         if attempt.runtime is not None:
             await attempt.runtime.cleanup()
-
-
-class SessionProcessRunner:
-    """Runs a verifier process in the session's runtime (workspace cwd, fixed paths, clean env): kept for
-    callers of the earlier API; `SessionRuntime.run_process` is the same."""
-
-    def __init__(self, launcher: Launcher, runtime: SessionRuntime) -> None:
-        self._runtime = runtime
-
-    async def __call__(self, argv: list[str], env: Mapping[str, str], timeout_s: float) -> HarnessResult:
-        return await self._runtime.run_process(argv, env, timeout_s)
 
 
 def _runtime(attempt: Attempt) -> SessionRuntime:

@@ -17,9 +17,8 @@ import pytest
 from lodestar.v1 import rollout_pb2
 from services.gateway.node.harnesses import Launcher
 from services.gateway.node.repository import prepare_repository
-from services.gateway.node.runtime import RuntimeFactory, SessionRuntime
+from services.gateway.node.runtimes import HostBackend, HostRuntime
 from services.gateway.node.safe_files import SessionFileError
-from services.gateway.node.stages import SessionProcessRunner
 from services.gateway.node.verifiers import VerifierError, VerifierInput, make_verifier
 from tests.gateway.node.test_swe import _score, _session, swe_mini_tasks
 
@@ -107,7 +106,7 @@ async def test_the_nodes_git_ignores_a_planted_global_config(tmp_path: Path, slu
     assert not marker.exists()
 
 
-def _agent_fixes(runtime: SessionRuntime, task: rollout_pb2.Task) -> None:
+def _agent_fixes(runtime: HostRuntime, task: rollout_pb2.Task) -> None:
     subprocess.run(["git", "apply"], input=task.metadata["gold_patch"], text=True, cwd=runtime.real.workdir, check=True)
 
 
@@ -124,17 +123,17 @@ async def test_a_test_patch_naming_paths_outside_the_repository_is_refused(tmp_p
 
 
 @pytest.fixture
-async def runtime(tmp_path: Path) -> SessionRuntime:
-    return await RuntimeFactory(tmp_path / "sessions", Launcher()).create("s1-a1", {})
+async def runtime(tmp_path: Path) -> HostRuntime:
+    return await HostBackend(tmp_path / "sessions", Launcher()).create("s1-a1", {})
 
 
-def _given(runtime: SessionRuntime) -> VerifierInput:
+def _given(runtime: HostRuntime) -> VerifierInput:
     return VerifierInput(
         task=rollout_pb2.Task(task_id="t1", prompt="p"),
         final_answer="done",
         workspace=runtime.visible.workdir,
         timed_out=False,
-        run=SessionProcessRunner(Launcher(), runtime),
+        run=runtime.run_process,
         scratch=runtime.real.tmpdir,
         scratch_visible=runtime.visible.tmpdir,
         root=runtime.root,
@@ -142,14 +141,14 @@ def _given(runtime: SessionRuntime) -> VerifierInput:
     )
 
 
-async def _command(runtime: SessionRuntime, command: str, **config: Any) -> tuple[float, dict[str, Any]]:
+async def _command(runtime: HostRuntime, command: str, **config: Any) -> tuple[float, dict[str, Any]]:
     spec = rollout_pb2.VerifierSpec(kind="command")
     spec.config.update({"command": command, **config})
     verdict = await make_verifier(spec).score(_given(runtime))
     return verdict.reward, verdict.details
 
 
-async def test_a_reward_line_printed_by_the_agents_code_is_not_a_reward(runtime: SessionRuntime) -> None:
+async def test_a_reward_line_printed_by_the_agents_code_is_not_a_reward(runtime: HostRuntime) -> None:
     # The verifier runs the agent's script (as a test suite runs the agent's code); the script prints the line.
     (runtime.real.workdir / "check.sh").write_text("echo '{\"reward\": 1.0}'\nexit 1\n")
 
@@ -160,7 +159,7 @@ async def test_a_reward_line_printed_by_the_agents_code_is_not_a_reward(runtime:
     assert (honest, details["reward_from"]) == (0.0, "exit_code")
 
 
-async def test_the_reward_file_is_new_for_every_verification(runtime: SessionRuntime) -> None:
+async def test_the_reward_file_is_new_for_every_verification(runtime: HostRuntime) -> None:
     reward, details = await _command(
         runtime, 'test ! -e "$LODESTAR_REWARD_FILE" && echo 0.75 > "$LODESTAR_REWARD_FILE"'
     )
@@ -168,17 +167,17 @@ async def test_the_reward_file_is_new_for_every_verification(runtime: SessionRun
 
 
 @pytest.mark.parametrize("written", ["NaN", "Infinity", '{"reward": -Infinity}', '{"reward": NaN}'])
-async def test_a_non_finite_reward_is_an_infrastructure_failure(runtime: SessionRuntime, written: str) -> None:
+async def test_a_non_finite_reward_is_an_infrastructure_failure(runtime: HostRuntime, written: str) -> None:
     with pytest.raises(VerifierError, match="not a finite number"):
         await _command(runtime, f"echo '{written}' > $LODESTAR_REWARD_FILE")
 
 
-async def test_a_non_finite_stdout_reward_is_an_infrastructure_failure(runtime: SessionRuntime) -> None:
+async def test_a_non_finite_stdout_reward_is_an_infrastructure_failure(runtime: HostRuntime) -> None:
     with pytest.raises(VerifierError, match="not a finite number"):
         await _command(runtime, """echo '{"reward": NaN}'""", reward_from="stdout")
 
 
-async def test_rewards_are_clamped_to_the_declared_range(runtime: SessionRuntime) -> None:
+async def test_rewards_are_clamped_to_the_declared_range(runtime: HostRuntime) -> None:
     reward, details = await _command(runtime, "echo 7 > $LODESTAR_REWARD_FILE")
     assert (reward, details["reward_clamped_from"]) == (1.0, 7.0)
     reward, details = await _command(runtime, "echo 7 > $LODESTAR_REWARD_FILE", reward_range=[0, 10])
@@ -186,7 +185,7 @@ async def test_rewards_are_clamped_to_the_declared_range(runtime: SessionRuntime
     assert "reward_clamped_from" not in details
 
 
-async def test_the_node_never_writes_through_a_planted_symlink(runtime: SessionRuntime, tmp_path: Path) -> None:
+async def test_the_node_never_writes_through_a_planted_symlink(runtime: HostRuntime, tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.mkdir()
     tmpdir = runtime.real.tmpdir
@@ -206,7 +205,7 @@ async def test_the_node_never_writes_through_a_planted_symlink(runtime: SessionR
 
 
 async def test_a_module_planted_in_the_nodes_directory_does_not_shadow_the_verifier(
-    runtime: SessionRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    runtime: HostRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     planted = tmp_path / "node-cwd"
     planted.mkdir()

@@ -12,7 +12,7 @@ import pytest
 
 from lodestar.errors import InvalidArgumentError
 from services.gateway.node.harnesses import Command, GatewayEndpoint, Launcher, Pi
-from services.gateway.node.runtime import RuntimeFactory
+from services.gateway.node.runtimes import HostBackend
 
 PROBE = (
     "import json, os\n"
@@ -24,7 +24,7 @@ PROBE = (
 
 async def test_every_session_sees_the_same_paths_and_only_its_own_files(tmp_path: Path):
     launcher = Launcher()
-    factory = RuntimeFactory(tmp_path / "sessions", launcher)
+    factory = HostBackend(tmp_path / "sessions", launcher)
     if not await launcher.mounts.available():
         pytest.fail("mount namespaces are expected on the test machines (root)")
     runtimes = [await factory.create(f"s{i}", {"task.txt": f"task {i}"}) for i in range(2)]
@@ -53,7 +53,7 @@ async def test_every_session_sees_the_same_paths_and_only_its_own_files(tmp_path
 
 
 async def test_translate_rewrites_argv_env_and_config_files(tmp_path: Path):
-    runtime = await RuntimeFactory(tmp_path / "sessions", Launcher()).create("s", {})
+    runtime = await HostBackend(tmp_path / "sessions", Launcher()).create("s", {})
     pi = Pi(bin_dir=tmp_path)
     invocation = runtime.translate(pi.prepare(runtime.real, GatewayEndpoint("http://127.0.0.1:9", "k", "m"), "p"))
     assert invocation.env["HOME"] == "/tmp/lodestar-session/home"
@@ -64,7 +64,7 @@ async def test_translate_rewrites_argv_env_and_config_files(tmp_path: Path):
 
 
 async def test_without_mount_namespaces_sessions_see_real_paths(tmp_path: Path):
-    runtime = await RuntimeFactory(tmp_path / "sessions", Launcher(mount_namespaces=False)).create("s", {"a": "b"})
+    runtime = await HostBackend(tmp_path / "sessions", Launcher(mount_namespaces=False)).create("s", {"a": "b"})
     assert not runtime.fixed_paths
     assert runtime.visible == runtime.real
     assert runtime.binds == []
@@ -74,11 +74,11 @@ async def test_without_mount_namespaces_sessions_see_real_paths(tmp_path: Path):
 @pytest.mark.parametrize("path", ["/etc/passwd", "../escape", "a/../../b", ""])
 async def test_task_files_must_stay_in_the_workspace(tmp_path: Path, path: str):
     with pytest.raises(InvalidArgumentError, match="inside the workspace"):
-        await RuntimeFactory(tmp_path / "sessions", Launcher()).create("s", {path: "x"})
+        await HostBackend(tmp_path / "sessions", Launcher()).create("s", {path: "x"})
 
 
 async def test_leftovers_of_a_dead_node_are_removed(tmp_path: Path):
-    factory = RuntimeFactory(tmp_path / "sessions", Launcher())
+    factory = HostBackend(tmp_path / "sessions", Launcher())
     await factory.create("old-1", {"f": "x"})
     await factory.create("old-2", {})
     assert await factory.remove_leftovers() == 2
@@ -87,7 +87,7 @@ async def test_leftovers_of_a_dead_node_are_removed(tmp_path: Path):
 
 async def test_processes_that_leave_the_process_group_are_killed_with_the_run(tmp_path: Path):
     launcher = Launcher()
-    runtime = await RuntimeFactory(tmp_path / "sessions", launcher).create("s", {})
+    runtime = await HostBackend(tmp_path / "sessions", launcher).create("s", {})
     endpoint = GatewayEndpoint("http://127.0.0.1:9", "key", "m")
     escape = "setsid sleep 300 & echo $! > $HOME/escaped.pid; sleep 300"
     invocation = runtime.translate(Command(["bash", "-c", escape]).prepare(runtime.real, endpoint, "p"))

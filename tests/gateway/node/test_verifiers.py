@@ -11,8 +11,7 @@ import pytest
 from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import rollout_pb2
 from services.gateway.node.harnesses import Launcher
-from services.gateway.node.runtime import RuntimeFactory, SessionRuntime
-from services.gateway.node.stages import SessionProcessRunner
+from services.gateway.node.runtimes import HostBackend, HostRuntime
 from services.gateway.node.verifiers import VERIFIERS, VerifierError, VerifierInput, make_verifier
 from services.gateway.node.verifiers.exact_match import normalize
 
@@ -20,13 +19,13 @@ FUNCTIONS = "tests.gateway.node.verifier_functions"
 
 
 @pytest.fixture
-async def runtime(tmp_path: Path) -> SessionRuntime:
+async def runtime(tmp_path: Path) -> HostRuntime:
     launcher = Launcher()
-    made = await RuntimeFactory(tmp_path / "sessions", launcher).create("s1-a1", {"out.txt": "hi\n"})
+    made = await HostBackend(tmp_path / "sessions", launcher).create("s1-a1", {"out.txt": "hi\n"})
     return made
 
 
-def _given(runtime: SessionRuntime, answer: str = "done", metadata: dict[str, Any] | None = None) -> VerifierInput:
+def _given(runtime: HostRuntime, answer: str = "done", metadata: dict[str, Any] | None = None) -> VerifierInput:
     task = rollout_pb2.Task(task_id="t1", prompt="p")
     task.metadata.update(metadata or {"expected": "hi"})
     return VerifierInput(
@@ -34,7 +33,7 @@ def _given(runtime: SessionRuntime, answer: str = "done", metadata: dict[str, An
         final_answer=answer,
         workspace=runtime.visible.workdir,
         timed_out=False,
-        run=SessionProcessRunner(Launcher(), runtime),
+        run=runtime.run_process,
         scratch=runtime.real.tmpdir,
         scratch_visible=runtime.visible.tmpdir,
     )
@@ -46,7 +45,7 @@ def _spec(kind: str, **config: Any) -> rollout_pb2.VerifierSpec:
     return spec
 
 
-async def _score(runtime: SessionRuntime, kind: str, answer: str = "done", **config: Any) -> tuple[float, dict]:
+async def _score(runtime: HostRuntime, kind: str, answer: str = "done", **config: Any) -> tuple[float, dict]:
     verdict = await make_verifier(_spec(kind, **config)).score(_given(runtime, answer))
     return verdict.reward, verdict.details
 
@@ -61,13 +60,13 @@ async def _score(runtime: SessionRuntime, kind: str, answer: str = "done", **con
         ('test "$LODESTAR_FINAL_ANSWER" = done -a "$LODESTAR_TASK_ID" = t1', 1.0),
     ],
 )
-async def test_command_verifier_rewards(runtime: SessionRuntime, command: str, reward: float):
+async def test_command_verifier_rewards(runtime: HostRuntime, command: str, reward: float):
     got, details = await _score(runtime, "command", command=command)
     assert got == reward, details
     assert details["reward_from"] == ("file" if reward == 0.25 else "exit_code")
 
 
-async def test_command_verifier_gets_an_answer_with_nul_characters_without_them(runtime: SessionRuntime):
+async def test_command_verifier_gets_an_answer_with_nul_characters_without_them(runtime: HostRuntime):
     # A tiny model's output decoded to a NUL in a quickstart run; an environment variable cannot hold one.
     got, details = await _score(runtime, "command", "do\0ne", command='test "$LODESTAR_FINAL_ANSWER" = done')
     assert got == 1.0, details
@@ -81,7 +80,7 @@ async def test_command_verifier_gets_an_answer_with_nul_characters_without_them(
         ({"command": "kill -9 $$"}, "signal 9"),
     ],
 )
-async def test_command_verifier_failures_are_errors_not_zero(runtime: SessionRuntime, config, message):
+async def test_command_verifier_failures_are_errors_not_zero(runtime: HostRuntime, config, message):
     with pytest.raises(VerifierError, match=message):
         await _score(runtime, "command", **config)
 
@@ -96,12 +95,12 @@ async def test_command_verifier_failures_are_errors_not_zero(runtime: SessionRun
         ("\uff26\uff55\uff4c\uff4cwidth", "fullwidth", 1.0),
     ],
 )
-async def test_exact_match_normalizes_both_sides(runtime: SessionRuntime, answer: str, expected: Any, reward: float):
+async def test_exact_match_normalizes_both_sides(runtime: HostRuntime, answer: str, expected: Any, reward: float):
     verdict = await make_verifier(_spec("exact_match")).score(_given(runtime, answer, {"answer": expected}))
     assert verdict.reward == reward, verdict.details
 
 
-async def test_exact_match_without_an_answer_is_an_error(runtime: SessionRuntime):
+async def test_exact_match_without_an_answer_is_an_error(runtime: HostRuntime):
     with pytest.raises(VerifierError, match=r"no metadata\.answer"):
         await make_verifier(_spec("exact_match")).score(_given(runtime, "x", {"other": 1}))
 
@@ -112,7 +111,7 @@ def test_normalize():
     assert normalize("Keep", case_sensitive=True) == "Keep"
 
 
-async def test_python_verifier_sees_workspace_task_and_answer(runtime: SessionRuntime):
+async def test_python_verifier_sees_workspace_task_and_answer(runtime: HostRuntime):
     assert (await _score(runtime, "python", function=f"{FUNCTIONS}:file_matches_answer"))[0] == 1.0
     assert (await _score(runtime, "python", "nope", function=f"{FUNCTIONS}:file_matches_answer"))[0] == 0.5
 
@@ -126,7 +125,7 @@ async def test_python_verifier_sees_workspace_task_and_answer(runtime: SessionRu
         ("missing", {}, "AttributeError"),
     ],
 )
-async def test_python_verifier_failures_are_errors_not_zero(runtime: SessionRuntime, function, config, message):
+async def test_python_verifier_failures_are_errors_not_zero(runtime: HostRuntime, function, config, message):
     with pytest.raises(VerifierError, match=message):
         await _score(runtime, "python", function=f"{FUNCTIONS}:{function}", **config)
 
