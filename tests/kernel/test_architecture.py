@@ -1,0 +1,273 @@
+"""The import rules of docs/architecture.md, checked by walking the AST of every module of `lodestar/` and
+`services/` (generated `lodestar/v1` excluded): every `import` and `from ... import`, at any depth (function
+bodies and `if TYPE_CHECKING:` blocks included).
+
+- No service imports another service's package (`services.<a>` -> `services.<b>`).
+- The kernel (`lodestar/` outside `lodestar/cli`) imports no service, and nothing outside `lodestar/cli`
+  imports the CLI.
+- aiohttp, aetcd, vllm and psycopg are imported only by their owner modules (`OWNERS`).
+- torch and transformers only in the inference and trainer services (not in the gateway, rollout, the kernel
+  or the CLI).
+- No import cycle between modules.
+
+Exceptions are explicit (`EXCEPTIONS`, each with its reason) and must still be needed: an exception that
+matches no import fails the test too. The checker itself is tested on a synthetic tree with one violation
+of each rule, so a rule that cannot fail would show.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("lodestar", "services")
+GENERATED = ("lodestar.v1",)
+CLI = "lodestar.cli"
+
+OWNERS: dict[str, dict[str, str]] = {
+    "aiohttp": {
+        "services.gateway.app": "the gateway's vendor-API HTTP routes",
+        "services.gateway.server": "serves the gateway's HTTP port",
+        "lodestar.dashboard.server": "the dashboard's read-only HTTP server (docs/dashboard.md)",
+    },
+    "aetcd": {"lodestar.etcd": "the etcd wrapper: leases, watches, transactions"},
+    "vllm": {
+        "services.inference.engines.vllm": "the vLLM engine adapter",
+        "services.inference.engines.vllm_worker": "the weight-update extension loaded into vLLM's workers",
+    },
+    "psycopg": {"services.rollout.pgstore": "rollout's PostgreSQL store"},
+}
+"""Heavy dependency -> its owner modules (and why each owns it)."""
+ML_PACKAGES = ("torch", "transformers")
+ML_SERVICES = ("services.inference", "services.trainer")
+
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("lodestar.dashboard.shape", "services.trainer.advantages"): (
+        "the dashboard recomputes each group's advantages with the trainer's own pure function (no torch), "
+        "so it shows what the trainer used; a copy in the kernel could drift"
+    ),
+    ("lodestar.dashboard.server", "services.trainer.advantages"): "the same: the AdvantageKind the dashboard shows",
+}
+"""(importing module, imported module) pairs allowed despite a rule, with the reason."""
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str
+    target: str
+    """The imported module (for `from m import name`: `m.name` when that is a module of the tree, else `m`);
+    for a third-party import, the dotted name as written."""
+    where: str
+    """path:line, for the failure message."""
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    edge: Import
+
+    def __str__(self) -> str:
+        return f"{self.edge.where}: {self.edge.importer} imports {self.edge.target}: {self.rule}"
+
+
+def modules(root: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of `PACKAGES` under `root` except generated code."""
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            name = ".".join(parts)
+            if not _within(name, GENERATED):
+                found[name] = path
+    return found
+
+
+def imports(root: Path) -> list[Import]:
+    """Every import statement of the tree under `root`, relative imports resolved."""
+    known = modules(root)
+    found: list[Import] = []
+    for name, path in known.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        where = str(path.relative_to(root))
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for target in _targets(node, package, known):
+                found.append(Import(name, target, f"{where}:{getattr(node, 'lineno', 0)}"))
+    return found
+
+
+def _targets(node: ast.AST, package: str, known: dict[str, Path]) -> Iterator[str]:
+    if isinstance(node, ast.Import):
+        yield from (alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+            parts = package.split(".")
+            parts = parts[: len(parts) - (node.level - 1)]
+            base = ".".join([*parts, base] if base else parts)
+        full_names = (f"{base}.{alias.name}" for alias in node.names)
+        yield from dict.fromkeys(full if full in known else base for full in full_names)
+
+
+def _within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
+
+
+def _service(name: str) -> str | None:
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "services" and len(parts) > 1 else None
+
+
+def rule_violations(edge: Import) -> Iterator[str]:
+    """The rules `edge` breaks (exceptions not applied)."""
+    importer, target = edge.importer, edge.target
+    top = target.split(".")[0]
+    source_service, target_service = _service(importer), _service(target)
+    if source_service and target_service and source_service != target_service:
+        yield "a service imports another service"
+    if importer.startswith("lodestar") and not _within(importer, (CLI,)) and target_service:
+        yield "the kernel imports a service"
+    if _within(target, (CLI,)) and not _within(importer, (CLI,)):
+        yield "only the CLI imports the CLI"
+    owners = OWNERS.get(top)
+    if owners is not None and importer not in owners:
+        yield f"{top} is imported only by its owners ({', '.join(owners)})"
+    if top in ML_PACKAGES and not _within(importer, ML_SERVICES):
+        yield f"{top} only in {' and '.join(ML_SERVICES)}"
+
+
+def violations(root: Path, exceptions: dict[tuple[str, str], str]) -> tuple[list[Violation], set[tuple[str, str]]]:
+    """The rule violations of the tree under `root` that no exception allows, and the exceptions used."""
+    found: list[Violation] = []
+    used: set[tuple[str, str]] = set()
+    for edge in imports(root):
+        for rule in rule_violations(edge):
+            if (edge.importer, edge.target) in exceptions:
+                used.add((edge.importer, edge.target))
+            else:
+                found.append(Violation(rule, edge))
+    return found, used
+
+
+def cycles(root: Path) -> list[list[str]]:
+    """The import cycles between modules of the tree (strongly connected components of more than one
+    module; a package's implicit import of its `__init__` is not an edge)."""
+    known = modules(root)
+    graph: dict[str, set[str]] = {name: set() for name in known}
+    for edge in imports(root):
+        if edge.target in known and edge.target != edge.importer:
+            graph[edge.importer].add(edge.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(name: str) -> None:  # Tarjan's algorithm; the tree is a few hundred modules deep at most
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        for other in graph[name]:
+            if other not in index:
+                visit(other)
+                low[name] = min(low[name], low[other])
+            elif other in stack:
+                low[name] = min(low[name], index[other])
+        if low[name] == index[name]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == name:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for name in graph:
+        if name not in index:
+            visit(name)
+    return found
+
+
+def test_the_repository_keeps_the_import_rules() -> None:
+    found, used = violations(ROOT, EXCEPTIONS)
+    assert not found, "import rules broken (docs/architecture.md):\n" + "\n".join(map(str, found))
+    assert used == set(EXCEPTIONS), f"exceptions no import needs any more, remove them: {set(EXCEPTIONS) - used}"
+
+
+def test_the_repository_has_no_import_cycles() -> None:
+    assert cycles(ROOT) == []
+
+
+def test_every_owner_module_exists() -> None:
+    known = modules(ROOT)
+    missing = [name for owners in OWNERS.values() for name in owners if name not in known]
+    missing += [name for pair in EXCEPTIONS for name in pair if name not in known]
+    assert not missing
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_the_checker_finds_one_violation_of_each_rule(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "lodestar/__init__.py": "",
+            "lodestar/etcd.py": "import aetcd\n",  # an owner: allowed
+            "lodestar/util.py": "from services.rollout import spec\n",
+            "lodestar/web.py": "def serve():\n    from aiohttp import web\n",
+            "lodestar/cli/__init__.py": "from services.gateway import proxy\n",  # the CLI may use services
+            "lodestar/v1/__init__.py": "import torch\n",  # generated: not checked
+            "services/__init__.py": "",
+            "services/gateway/__init__.py": "",
+            "services/gateway/proxy.py": "import torch\nfrom ..rollout import spec\n",
+            "services/rollout/__init__.py": "",
+            "services/rollout/spec.py": "import typing\nif typing.TYPE_CHECKING:\n    import lodestar.cli\n",
+            "services/trainer/__init__.py": "",
+            "services/trainer/loop.py": "import torch\nimport psycopg\n",
+        },
+    )
+    found, _ = violations(root, {})
+    assert sorted(str(violation) for violation in found) == [
+        "lodestar/util.py:1: lodestar.util imports services.rollout.spec: the kernel imports a service",
+        "lodestar/web.py:2: lodestar.web imports aiohttp: aiohttp is imported only by its owners "
+        "(services.gateway.app, services.gateway.server, lodestar.dashboard.server)",
+        "services/gateway/proxy.py:1: services.gateway.proxy imports torch: torch only in services.inference "
+        "and services.trainer",
+        "services/gateway/proxy.py:2: services.gateway.proxy imports services.rollout.spec: a service imports "
+        "another service",
+        "services/rollout/spec.py:3: services.rollout.spec imports lodestar.cli: only the CLI imports the CLI",
+        "services/trainer/loop.py:2: services.trainer.loop imports psycopg: psycopg is imported only by its "
+        "owners (services.rollout.pgstore)",
+    ]
+    allowed, used = violations(root, {("lodestar.util", "services.rollout.spec"): "a test"})
+    assert len(allowed) == len(found) - 1
+    assert used == {("lodestar.util", "services.rollout.spec")}
+
+
+def test_the_checker_finds_cycles_through_function_and_type_checking_imports(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "services/__init__.py": "",
+            "services/rollout/__init__.py": "",
+            "services/rollout/groups.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from services.rollout.scheduler import Scheduler\n",
+            "services/rollout/scheduler.py": "from services.rollout import groups\n",
+            "services/rollout/store.py": "def f():\n    from . import model\n",
+            "services/rollout/model.py": "from .store import f\n",
+            "services/rollout/alone.py": "from services.rollout import model\n",
+        },
+    )
+    assert sorted(cycles(root)) == [
+        ["services.rollout.groups", "services.rollout.scheduler"],
+        ["services.rollout.model", "services.rollout.store"],
+    ]
