@@ -14,7 +14,7 @@ BUF := node_modules/.bin/buf
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 
-.PHONY: run up test test-training test-docker setup system-deps node-deps test-deps venv node-tools vllm-venv harnesses node-client dashboard-assets proto proto-check lint typecheck pytest bench clean docker-deps images session-image compose-test
+.PHONY: config-reference run up test test-training test-docker setup system-deps node-deps test-deps venv node-tools vllm-venv harnesses node-client dashboard-assets proto proto-check lint typecheck pytest bench clean docker-deps images session-image compose-test
 
 ## run: set up, then train the bundled quickstart (examples/quickstart: local etcd + the four services, the tiny
 ## model, a live view) and exit with its summary (reward rise, plot, checkpoint). See docs/quickstart.md.
@@ -104,6 +104,11 @@ harnesses-openhands:
 ## dashboard-assets: refresh the dashboard's vendored uPlot (lodestar/dashboard/static/vendor) from npm (package.json pin).
 dashboard-assets: node-tools
 	bash scripts/vendor-uplot.sh
+
+## config-reference: regenerate docs/configuration.md from the settings classes, [train] keys and run-spec protos
+## (tests/kernel/test_config_reference.py fails when a key is missing there). Seconds.
+config-reference: venv
+	$(PY) scripts/config_reference.py
 
 ## proto: regenerate lodestar/v1 from protos/ (committed output).
 proto: venv node-tools

@@ -33,19 +33,27 @@ class TrainConfig:
     start_timeout_s: float = 180.0
 
 
-_KEYS = {
-    "spec",
-    "steps",
-    "run_dir",
-    "data_dir",
-    "model",
-    "attach",
-    "slots",
-    "ready_buffer",
-    "backend",
-    "timeout_s",
-    "start_timeout_s",
+KEYS: dict[str, str] = {
+    "spec": "Run spec file (YAML/JSON, docs/runs.md), relative to the config file.",
+    "steps": "Optimizer steps to train (`--steps` overrides).",
+    "run_dir": "Parent of the run directory `<run_dir>/<run id>` (relative to the working directory; "
+    "`--run-dir` overrides).",
+    "data_dir": "State and logs of the stack `lodestar train` starts itself (etcd data, service logs, the "
+    "rollout store `rollout.sqlite`, the tiny model).",
+    "model": "Model directory to serve and train (relative to the config file); default: the offline tiny "
+    "model, built into `<data_dir>/tiny-model`. When attached, the model `lodestar up` serves.",
+    "attach": "`auto`: use the `lodestar up` stack recorded in `.lodestar/up/addresses.json` when it answers, "
+    "else start one; `never`: always start one; a path: the addresses file of a stack that must be up "
+    "(`--attach` overrides).",
+    "slots": "Sessions the gateway node of the stack it starts runs at once.",
+    "ready_buffer": "Prepared sessions waiting for a slot on that node.",
+    "backend": "Inference backend of the stack it starts (`transformers`, `vllm`, `scripted`).",
+    "timeout_s": "The training (from the trainer's start to its last step) must end within this many seconds; "
+    "then it stops and reports.",
+    "start_timeout_s": "Each service it starts must answer SERVING within this many seconds.",
 }
+"""Every key of the `[train]` table and what it means (docs/configuration.md is generated from it)."""
+_KEYS = set(KEYS)
 
 
 def load_train_config(path: Path) -> TrainConfig:
