@@ -61,7 +61,8 @@ test-deps:
 	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
 
 ## venv: .venv with lodestar (editable, extras dev + smollm2) on torch 2.13.0: the CUDA build when nvidia-smi is
-## there, else the CPU build (scripts/install-torch.sh says how it picks the index). 2.2 GB here.
+## there, else the CPU build (scripts/install-torch.sh says how it picks the index). From nothing here: 166 s,
+## 2.2 GB (2026-12-03; torch from the local wheelhouse).
 $(VENV)/.installed: pyproject.toml
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
