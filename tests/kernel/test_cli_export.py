@@ -25,7 +25,8 @@ def _store_with_run(path: Path, run_id: str | None) -> None:
         with sqlite3.connect(path) as db:
             db.execute("INSERT INTO run_specs VALUES (?, ?)", (run_id, rollout_pb2.RunSpec().SerializeToString()))
             db.execute(
-                "INSERT INTO runs VALUES (?, 0, 0.0, 0, 0, 0, 0, 0, ?)",
+                "INSERT INTO runs (run_id, ordinal, created_at, state, groups_completed, groups_delivered, "
+                "groups_dropped, infra_failures, stage_json) VALUES (?, 0, 0.0, 0, 0, 0, 0, 0, ?)",
                 (run_id, '{"sums": {}, "counts": {}}'),
             )
 
