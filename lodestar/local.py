@@ -87,13 +87,19 @@ def find_etcd() -> str:
 
 @dataclass
 class ServiceSpec:
-    """One service to run: its CLI name, gRPC port and extra `serve` flags."""
+    """One service to run: its name (its log file's), gRPC port and extra `serve` flags."""
 
     name: str
     port: int
     args: list[str]
     http_port: int = 0
     restarts: int = field(default=0, compare=False)
+    command: str = ""
+    """Its CLI name (`lodestar <command> serve`) when it differs from `name` (a second inference replica)."""
+
+    @property
+    def service(self) -> str:
+        return self.command or self.name
 
 
 async def wait_serving(address: str, timeout: float, process: asyncio.subprocess.Process | None = None) -> None:
@@ -230,13 +236,14 @@ class LocalCluster:
             sys.executable,
             "-m",
             "lodestar.cli.main",
-            spec.name,
+            spec.service,
             "serve",
             "--port",
             str(spec.port),
             "--log-json",
         ]
-        self._processes[spec.name] = await self._spawn([*argv, *spec.args], self.log_path(spec), child_env(spec.name))
+        env = child_env(spec.service)
+        self._processes[spec.name] = await self._spawn([*argv, *spec.args], self.log_path(spec), env)
 
     async def _spawn(self, argv: list[str], log_path: Path, env: dict[str, str]) -> asyncio.subprocess.Process:
         with log_path.open("ab") as log:

@@ -29,6 +29,7 @@ class TrainConfig:
     slots: int = 8
     ready_buffer: int = 4
     backend: str = "transformers"
+    inference_replicas: int = 1
     timeout_s: float = 1800.0
     start_timeout_s: float = 180.0
 
@@ -48,6 +49,8 @@ KEYS: dict[str, str] = {
     "slots": "Sessions the gateway node of the stack it starts runs at once.",
     "ready_buffer": "Prepared sessions waiting for a slot on that node.",
     "backend": "Inference backend of the stack it starts (`transformers`, `vllm`, `scripted`).",
+    "inference_replicas": "Inference replicas of the stack it starts: the gateway sends every call of a session to "
+    "one of them (session affinity, failover) and the trainer pushes each policy version to all.",
     "timeout_s": "The training (from the trainer's start to its last step) must end within this many seconds; "
     "then it stops and reports.",
     "start_timeout_s": "Each service it starts must answer SERVING within this many seconds.",
@@ -86,6 +89,13 @@ def load_train_config(path: Path) -> TrainConfig:
         slots=int(table.get("slots", 8)),
         ready_buffer=int(table.get("ready_buffer", 4)),
         backend=str(table.get("backend", "transformers")),
+        inference_replicas=_positive(path, "inference_replicas", table.get("inference_replicas", 1)),
         timeout_s=float(table.get("timeout_s", 1800.0)),
         start_timeout_s=float(table.get("start_timeout_s", 180.0)),
     )
+
+
+def _positive(path: Path, key: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgumentError(f"{path}: [train] {key} must be a positive integer, got {value!r}")
+    return value

@@ -84,8 +84,12 @@ async def _start_own(config: TrainConfig, console: Console) -> Stack:
     if config.model is None:
         await ensure_tiny_model(model, console)
     cluster = LocalCluster(data_dir, etcd_binary=find_etcd(), max_restarts=0)
-    ports = {name: free_port() for name in ("inference", "rollout", "gateway", "http")}
-    inference, rollout = f"127.0.0.1:{ports['inference']}", f"127.0.0.1:{ports['rollout']}"
+    ports = {name: free_port() for name in ("rollout", "gateway", "http")}
+    replicas = [
+        ("inference" if i == 0 else f"inference-{i + 1}", free_port()) for i in range(config.inference_replicas)
+    ]
+    inference = ",".join(f"127.0.0.1:{port}" for _, port in replicas)  # the gateway and trainer take them all
+    rollout = f"127.0.0.1:{ports['rollout']}"
     stack = Stack(inference, rollout, model, cluster=cluster)
     try:
         with console.status("starting etcd"):
@@ -94,8 +98,9 @@ async def _start_own(config: TrainConfig, console: Console) -> Stack:
         gateway_args = ["--http-port", str(ports["http"]), "--inference", inference, "--rollout", rollout]
         gateway_args += ["--etcd", cluster.etcd_url, "--data-dir", str(data_dir / "gateway")]
         gateway_args += ["--slots", str(config.slots), "--ready-buffer", str(config.ready_buffer)]
+        serve = ["--backend", config.backend, "--model", str(model)]
         specs = [
-            ServiceSpec("inference", ports["inference"], ["--backend", config.backend, "--model", str(model)]),
+            *(ServiceSpec(name, port, [*serve, "--replica-id", name], command="inference") for name, port in replicas),
             ServiceSpec(
                 "rollout", ports["rollout"], ["--etcd", cluster.etcd_url, "--store", f"{data_dir}/rollout.sqlite"]
             ),

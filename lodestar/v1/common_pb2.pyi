@@ -694,6 +694,7 @@ class CallRecord(_message.Message):
     FIRST_TOKEN_MS_FIELD_NUMBER: _builtins.int
     CHAIN_START_FIELD_NUMBER: _builtins.int
     REQUESTED_SAMPLING_FIELD_NUMBER: _builtins.int
+    INFERENCE_REPLICA_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Session this call belongs to."""
     sequence: _builtins.int
@@ -712,6 +713,8 @@ class CallRecord(_message.Message):
     """Time until the first token reached the gateway, in milliseconds."""
     chain_start: Global___ChainStart.ValueType
     """How this call relates to the session's earlier calls (continued, first, branch or drift)."""
+    inference_replica: _builtins.str
+    """The inference replica that generated this call (`GenerateFinal.served_by`; empty before replicas)."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatMessage]:
         """The canonical chat the dialect normalized it to."""
@@ -775,10 +778,11 @@ class CallRecord(_message.Message):
         first_token_ms: _builtins.float = ...,
         chain_start: Global___ChainStart.ValueType = ...,
         requested_sampling: Global___SamplingParams | None = ...,
+        inference_replica: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["completion", b"completion", "finished_at", b"finished_at", "requested_sampling", b"requested_sampling", "sampling", b"sampling", "started_at", b"started_at", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chain_start", b"chain_start", "completion", b"completion", "completion_logprobs", b"completion_logprobs", "completion_token_ids", b"completion_token_ids", "continued_from_sequence", b"continued_from_sequence", "dialect", b"dialect", "finish_reason", b"finish_reason", "finished_at", b"finished_at", "first_token_ms", b"first_token_ms", "messages", b"messages", "original_request_json", b"original_request_json", "policy_version", b"policy_version", "prompt_token_ids", b"prompt_token_ids", "requested_sampling", b"requested_sampling", "sampling", b"sampling", "sequence", b"sequence", "session_id", b"session_id", "started_at", b"started_at", "tools", b"tools", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chain_start", b"chain_start", "completion", b"completion", "completion_logprobs", b"completion_logprobs", "completion_token_ids", b"completion_token_ids", "continued_from_sequence", b"continued_from_sequence", "dialect", b"dialect", "finish_reason", b"finish_reason", "finished_at", b"finished_at", "first_token_ms", b"first_token_ms", "inference_replica", b"inference_replica", "messages", b"messages", "original_request_json", b"original_request_json", "policy_version", b"policy_version", "prompt_token_ids", b"prompt_token_ids", "requested_sampling", b"requested_sampling", "sampling", b"sampling", "sequence", b"sequence", "session_id", b"session_id", "started_at", b"started_at", "tools", b"tools", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from lodestar.v1 import common_pb2 as lodestar_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1blodestar/v1/inference.proto\x12\x0blodestar.v1\x1a\x18lodestar/v1/common.proto\"P\n\x0c\x43ontinuation\x12\x1b\n\ttoken_ids\x18\x01 \x03(\rR\x08tokenIds\x12#\n\rmessage_count\x18\x02 \x01(\rR\x0cmessageCount\"\xbb\x03\n\x0fGenerateRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tR\trequestId\x12\x14\n\x05model\x18\x02 \x01(\tR\x05model\x12\x34\n\x08messages\x18\x03 \x03(\x0b\x32\x18.lodestar.v1.ChatMessageR\x08messages\x12\x31\n\x05tools\x18\x04 \x03(\x0b\x32\x1b.lodestar.v1.ToolDefinitionR\x05tools\x12\x38\n\x0btool_choice\x18\x05 \x01(\x0b\x32\x17.lodestar.v1.ToolChoiceR\ntoolChoice\x12\x37\n\x08sampling\x18\x06 \x01(\x0b\x32\x1b.lodestar.v1.SamplingParamsR\x08sampling\x12=\n\x0c\x63ontinuation\x18\x07 \x01(\x0b\x32\x19.lodestar.v1.ContinuationR\x0c\x63ontinuation\x12\x16\n\x06stream\x18\x08 \x01(\x08R\x06stream\x12,\n\x0f\x65nable_thinking\x18\t \x01(\x08H\x00R\x0e\x65nableThinking\x88\x01\x01\x42\x12\n\x10_enable_thinking\"\xbe\x01\n\rGenerateDelta\x12\x1b\n\ttoken_ids\x18\x01 \x03(\rR\x08tokenIds\x12\x1a\n\x08logprobs\x18\x02 \x03(\x02R\x08logprobs\x12\x12\n\x04text\x18\x03 \x01(\tR\x04text\x12%\n\x0ereasoning_text\x18\x04 \x01(\tR\rreasoningText\x12\x39\n\ntool_calls\x18\x05 \x03(\x0b\x32\x1a.lodestar.v1.ToolCallDeltaR\ttoolCalls\"r\n\rToolCallDelta\x12\x14\n\x05index\x18\x01 \x01(\rR\x05index\x12\x0e\n\x02id\x18\x02 \x01(\tR\x02id\x12\x12\n\x04name\x18\x03 \x01(\tR\x04name\x12\'\n\x0f\x61rguments_delta\x18\x04 \x01(\tR\x0e\x61rgumentsDelta\"\x83\x04\n\rGenerateFinal\x12(\n\x10prompt_token_ids\x18\x01 \x03(\rR\x0epromptTokenIds\x12\x30\n\x14\x63ompletion_token_ids\x18\x02 \x03(\rR\x12\x63ompletionTokenIds\x12/\n\x13\x63ompletion_logprobs\x18\x03 \x03(\x02R\x12\x63ompletionLogprobs\x12>\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x19.lodestar.v1.FinishReasonR\x0c\x66inishReason\x12\x32\n\x07message\x18\x05 \x01(\x0b\x32\x18.lodestar.v1.ChatMessageR\x07message\x12(\n\x05usage\x18\x06 \x01(\x0b\x32\x12.lodestar.v1.UsageR\x05usage\x12%\n\x0epolicy_version\x18\x07 \x01(\x04R\rpolicyVersion\x12+\n\x11\x63ontinuation_used\x18\x08 \x01(\x08R\x10\x63ontinuationUsed\x12\x31\n\x15tool_call_parse_error\x18\t \x01(\x08R\x12toolCallParseError\x12!\n\x0cmatched_stop\x18\n \x01(\tR\x0bmatchedStop\x12\x1d\n\nrequest_id\x18\x0b \x01(\tR\trequestId\"\x83\x01\n\x10GenerateResponse\x12\x32\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x1a.lodestar.v1.GenerateDeltaH\x00R\x05\x64\x65lta\x12\x32\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x1a.lodestar.v1.GenerateFinalH\x00R\x05\x66inalB\x07\n\x05\x65vent\"\xa4\x01\n\x13GenerateManyRequest\x12\x10\n\x03tag\x18\x01 \x01(\x04R\x03tag\x12:\n\x08generate\x18\x02 \x01(\x0b\x32\x1c.lodestar.v1.GenerateRequestH\x00R\x08generate\x12\x18\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00R\x06\x63\x61ncel\x12\x1b\n\ttimeout_s\x18\x04 \x01(\x01R\x08timeoutSB\x08\n\x06\x61\x63tion\"\xbc\x01\n\rGenerateError\x12\x12\n\x04\x63ode\x18\x01 \x01(\rR\x04\x63ode\x12\x18\n\x07message\x18\x02 \x01(\tR\x07message\x12\x41\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\'.lodestar.v1.GenerateError.DetailsEntryR\x07\x64\x65tails\x1a:\n\x0c\x44\x65tailsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"\xa5\x01\n\x16TaggedGenerateResponse\x12\x10\n\x03tag\x18\x01 \x01(\x04R\x03tag\x12;\n\x08response\x18\x02 \x01(\x0b\x32\x1d.lodestar.v1.GenerateResponseH\x00R\x08response\x12\x32\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1a.lodestar.v1.GenerateErrorH\x00R\x05\x65rrorB\x08\n\x06result\"Y\n\x14GenerateManyResponse\x12\x41\n\tresponses\x18\x01 \x03(\x0b\x32#.lodestar.v1.TaggedGenerateResponseR\tresponses\"}\n\x12\x43ountTokensRequest\x12\x34\n\x08messages\x18\x01 \x03(\x0b\x32\x18.lodestar.v1.ChatMessageR\x08messages\x12\x31\n\x05tools\x18\x02 \x03(\x0b\x32\x1b.lodestar.v1.ToolDefinitionR\x05tools\":\n\x13\x43ountTokensResponse\x12#\n\rprompt_tokens\x18\x01 \x01(\rR\x0cpromptTokens\"W\n\rWeightsHeader\x12\x1f\n\x0btotal_bytes\x18\x01 \x01(\x04R\ntotalBytes\x12%\n\x0epolicy_version\x18\x02 \x01(\x04R\rpolicyVersion\"\x9a\x01\n\x14UpdateWeightsRequest\x12\x34\n\x06header\x18\x01 \x01(\x0b\x32\x1a.lodestar.v1.WeightsHeaderH\x00R\x06header\x12\x16\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00R\x05\x63hunk\x12)\n\x0f\x63heckpoint_path\x18\x03 \x01(\tH\x00R\x0e\x63heckpointPathB\t\n\x07payload\"\x8a\x01\n\x15UpdateWeightsResponse\x12%\n\x0epolicy_version\x18\x01 \x01(\x04R\rpolicyVersion\x12\'\n\x0ftensors_updated\x18\x02 \x01(\rR\x0etensorsUpdated\x12!\n\x0cswap_seconds\x18\x03 \x01(\x01R\x0bswapSeconds\"\x15\n\x13GetModelInfoRequest\"\xcc\x02\n\x14GetModelInfoResponse\x12\x1d\n\nmodel_name\x18\x01 \x01(\tR\tmodelName\x12\x18\n\x07\x62\x61\x63kend\x18\x02 \x01(\tR\x07\x62\x61\x63kend\x12%\n\x0e\x63ontext_length\x18\x03 \x01(\rR\rcontextLength\x12$\n\x0emax_new_tokens\x18\x04 \x01(\rR\x0cmaxNewTokens\x12\x1d\n\nvocab_size\x18\x05 \x01(\rR\tvocabSize\x12\x41\n\x0epolicy_version\x18\x06 \x01(\x0b\x32\x1a.lodestar.v1.PolicyVersionR\rpolicyVersion\x12(\n\x10tool_call_format\x18\x07 \x01(\tR\x0etoolCallFormat\x12\"\n\reos_token_ids\x18\x08 \x03(\rR\x0b\x65osTokenIds2\xb7\x03\n\x10InferenceService\x12I\n\x08Generate\x12\x1c.lodestar.v1.GenerateRequest\x1a\x1d.lodestar.v1.GenerateResponse0\x01\x12W\n\x0cGenerateMany\x12 .lodestar.v1.GenerateManyRequest\x1a!.lodestar.v1.GenerateManyResponse(\x01\x30\x01\x12P\n\x0b\x43ountTokens\x12\x1f.lodestar.v1.CountTokensRequest\x1a .lodestar.v1.CountTokensResponse\x12X\n\rUpdateWeights\x12!.lodestar.v1.UpdateWeightsRequest\x1a\".lodestar.v1.UpdateWeightsResponse(\x01\x12S\n\x0cGetModelInfo\x12 .lodestar.v1.GetModelInfoRequest\x1a!.lodestar.v1.GetModelInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1blodestar/v1/inference.proto\x12\x0blodestar.v1\x1a\x18lodestar/v1/common.proto\"P\n\x0c\x43ontinuation\x12\x1b\n\ttoken_ids\x18\x01 \x03(\rR\x08tokenIds\x12#\n\rmessage_count\x18\x02 \x01(\rR\x0cmessageCount\"\xda\x03\n\x0fGenerateRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tR\trequestId\x12\x14\n\x05model\x18\x02 \x01(\tR\x05model\x12\x34\n\x08messages\x18\x03 \x03(\x0b\x32\x18.lodestar.v1.ChatMessageR\x08messages\x12\x31\n\x05tools\x18\x04 \x03(\x0b\x32\x1b.lodestar.v1.ToolDefinitionR\x05tools\x12\x38\n\x0btool_choice\x18\x05 \x01(\x0b\x32\x17.lodestar.v1.ToolChoiceR\ntoolChoice\x12\x37\n\x08sampling\x18\x06 \x01(\x0b\x32\x1b.lodestar.v1.SamplingParamsR\x08sampling\x12=\n\x0c\x63ontinuation\x18\x07 \x01(\x0b\x32\x19.lodestar.v1.ContinuationR\x0c\x63ontinuation\x12\x16\n\x06stream\x18\x08 \x01(\x08R\x06stream\x12,\n\x0f\x65nable_thinking\x18\t \x01(\x08H\x00R\x0e\x65nableThinking\x88\x01\x01\x12\x1d\n\nsession_id\x18\n \x01(\tR\tsessionIdB\x12\n\x10_enable_thinking\"\xbe\x01\n\rGenerateDelta\x12\x1b\n\ttoken_ids\x18\x01 \x03(\rR\x08tokenIds\x12\x1a\n\x08logprobs\x18\x02 \x03(\x02R\x08logprobs\x12\x12\n\x04text\x18\x03 \x01(\tR\x04text\x12%\n\x0ereasoning_text\x18\x04 \x01(\tR\rreasoningText\x12\x39\n\ntool_calls\x18\x05 \x03(\x0b\x32\x1a.lodestar.v1.ToolCallDeltaR\ttoolCalls\"r\n\rToolCallDelta\x12\x14\n\x05index\x18\x01 \x01(\rR\x05index\x12\x0e\n\x02id\x18\x02 \x01(\tR\x02id\x12\x12\n\x04name\x18\x03 \x01(\tR\x04name\x12\'\n\x0f\x61rguments_delta\x18\x04 \x01(\tR\x0e\x61rgumentsDelta\"\xa0\x04\n\rGenerateFinal\x12(\n\x10prompt_token_ids\x18\x01 \x03(\rR\x0epromptTokenIds\x12\x30\n\x14\x63ompletion_token_ids\x18\x02 \x03(\rR\x12\x63ompletionTokenIds\x12/\n\x13\x63ompletion_logprobs\x18\x03 \x03(\x02R\x12\x63ompletionLogprobs\x12>\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x19.lodestar.v1.FinishReasonR\x0c\x66inishReason\x12\x32\n\x07message\x18\x05 \x01(\x0b\x32\x18.lodestar.v1.ChatMessageR\x07message\x12(\n\x05usage\x18\x06 \x01(\x0b\x32\x12.lodestar.v1.UsageR\x05usage\x12%\n\x0epolicy_version\x18\x07 \x01(\x04R\rpolicyVersion\x12+\n\x11\x63ontinuation_used\x18\x08 \x01(\x08R\x10\x63ontinuationUsed\x12\x31\n\x15tool_call_parse_error\x18\t \x01(\x08R\x12toolCallParseError\x12!\n\x0cmatched_stop\x18\n \x01(\tR\x0bmatchedStop\x12\x1d\n\nrequest_id\x18\x0b \x01(\tR\trequestId\x12\x1b\n\tserved_by\x18\x0c \x01(\tR\x08servedBy\"\x83\x01\n\x10GenerateResponse\x12\x32\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x1a.lodestar.v1.GenerateDeltaH\x00R\x05\x64\x65lta\x12\x32\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x1a.lodestar.v1.GenerateFinalH\x00R\x05\x66inalB\x07\n\x05\x65vent\"\xa4\x01\n\x13GenerateManyRequest\x12\x10\n\x03tag\x18\x01 \x01(\x04R\x03tag\x12:\n\x08generate\x18\x02 \x01(\x0b\x32\x1c.lodestar.v1.GenerateRequestH\x00R\x08generate\x12\x18\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00R\x06\x63\x61ncel\x12\x1b\n\ttimeout_s\x18\x04 \x01(\x01R\x08timeoutSB\x08\n\x06\x61\x63tion\"\xbc\x01\n\rGenerateError\x12\x12\n\x04\x63ode\x18\x01 \x01(\rR\x04\x63ode\x12\x18\n\x07message\x18\x02 \x01(\tR\x07message\x12\x41\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\'.lodestar.v1.GenerateError.DetailsEntryR\x07\x64\x65tails\x1a:\n\x0c\x44\x65tailsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"\xa5\x01\n\x16TaggedGenerateResponse\x12\x10\n\x03tag\x18\x01 \x01(\x04R\x03tag\x12;\n\x08response\x18\x02 \x01(\x0b\x32\x1d.lodestar.v1.GenerateResponseH\x00R\x08response\x12\x32\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1a.lodestar.v1.GenerateErrorH\x00R\x05\x65rrorB\x08\n\x06result\"Y\n\x14GenerateManyResponse\x12\x41\n\tresponses\x18\x01 \x03(\x0b\x32#.lodestar.v1.TaggedGenerateResponseR\tresponses\"}\n\x12\x43ountTokensRequest\x12\x34\n\x08messages\x18\x01 \x03(\x0b\x32\x18.lodestar.v1.ChatMessageR\x08messages\x12\x31\n\x05tools\x18\x02 \x03(\x0b\x32\x1b.lodestar.v1.ToolDefinitionR\x05tools\":\n\x13\x43ountTokensResponse\x12#\n\rprompt_tokens\x18\x01 \x01(\rR\x0cpromptTokens\"W\n\rWeightsHeader\x12\x1f\n\x0btotal_bytes\x18\x01 \x01(\x04R\ntotalBytes\x12%\n\x0epolicy_version\x18\x02 \x01(\x04R\rpolicyVersion\"\x9a\x01\n\x14UpdateWeightsRequest\x12\x34\n\x06header\x18\x01 \x01(\x0b\x32\x1a.lodestar.v1.WeightsHeaderH\x00R\x06header\x12\x16\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00R\x05\x63hunk\x12)\n\x0f\x63heckpoint_path\x18\x03 \x01(\tH\x00R\x0e\x63heckpointPathB\t\n\x07payload\"\x8a\x01\n\x15UpdateWeightsResponse\x12%\n\x0epolicy_version\x18\x01 \x01(\x04R\rpolicyVersion\x12\'\n\x0ftensors_updated\x18\x02 \x01(\rR\x0etensorsUpdated\x12!\n\x0cswap_seconds\x18\x03 \x01(\x01R\x0bswapSeconds\"\x15\n\x13GetModelInfoRequest\"\xcc\x02\n\x14GetModelInfoResponse\x12\x1d\n\nmodel_name\x18\x01 \x01(\tR\tmodelName\x12\x18\n\x07\x62\x61\x63kend\x18\x02 \x01(\tR\x07\x62\x61\x63kend\x12%\n\x0e\x63ontext_length\x18\x03 \x01(\rR\rcontextLength\x12$\n\x0emax_new_tokens\x18\x04 \x01(\rR\x0cmaxNewTokens\x12\x1d\n\nvocab_size\x18\x05 \x01(\rR\tvocabSize\x12\x41\n\x0epolicy_version\x18\x06 \x01(\x0b\x32\x1a.lodestar.v1.PolicyVersionR\rpolicyVersion\x12(\n\x10tool_call_format\x18\x07 \x01(\tR\x0etoolCallFormat\x12\"\n\reos_token_ids\x18\x08 \x03(\rR\x0b\x65osTokenIds2\xb7\x03\n\x10InferenceService\x12I\n\x08Generate\x12\x1c.lodestar.v1.GenerateRequest\x1a\x1d.lodestar.v1.GenerateResponse0\x01\x12W\n\x0cGenerateMany\x12 .lodestar.v1.GenerateManyRequest\x1a!.lodestar.v1.GenerateManyResponse(\x01\x30\x01\x12P\n\x0b\x43ountTokens\x12\x1f.lodestar.v1.CountTokensRequest\x1a .lodestar.v1.CountTokensResponse\x12X\n\rUpdateWeights\x12!.lodestar.v1.UpdateWeightsRequest\x1a\".lodestar.v1.UpdateWeightsResponse(\x01\x12S\n\x0cGetModelInfo\x12 .lodestar.v1.GetModelInfoRequest\x1a!.lodestar.v1.GetModelInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,39 +37,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONTINUATION']._serialized_start=70
   _globals['_CONTINUATION']._serialized_end=150
   _globals['_GENERATEREQUEST']._serialized_start=153
-  _globals['_GENERATEREQUEST']._serialized_end=596
-  _globals['_GENERATEDELTA']._serialized_start=599
-  _globals['_GENERATEDELTA']._serialized_end=789
-  _globals['_TOOLCALLDELTA']._serialized_start=791
-  _globals['_TOOLCALLDELTA']._serialized_end=905
-  _globals['_GENERATEFINAL']._serialized_start=908
-  _globals['_GENERATEFINAL']._serialized_end=1423
-  _globals['_GENERATERESPONSE']._serialized_start=1426
-  _globals['_GENERATERESPONSE']._serialized_end=1557
-  _globals['_GENERATEMANYREQUEST']._serialized_start=1560
-  _globals['_GENERATEMANYREQUEST']._serialized_end=1724
-  _globals['_GENERATEERROR']._serialized_start=1727
-  _globals['_GENERATEERROR']._serialized_end=1915
-  _globals['_GENERATEERROR_DETAILSENTRY']._serialized_start=1857
-  _globals['_GENERATEERROR_DETAILSENTRY']._serialized_end=1915
-  _globals['_TAGGEDGENERATERESPONSE']._serialized_start=1918
-  _globals['_TAGGEDGENERATERESPONSE']._serialized_end=2083
-  _globals['_GENERATEMANYRESPONSE']._serialized_start=2085
-  _globals['_GENERATEMANYRESPONSE']._serialized_end=2174
-  _globals['_COUNTTOKENSREQUEST']._serialized_start=2176
-  _globals['_COUNTTOKENSREQUEST']._serialized_end=2301
-  _globals['_COUNTTOKENSRESPONSE']._serialized_start=2303
-  _globals['_COUNTTOKENSRESPONSE']._serialized_end=2361
-  _globals['_WEIGHTSHEADER']._serialized_start=2363
-  _globals['_WEIGHTSHEADER']._serialized_end=2450
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=2453
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=2607
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=2610
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=2748
-  _globals['_GETMODELINFOREQUEST']._serialized_start=2750
-  _globals['_GETMODELINFOREQUEST']._serialized_end=2771
-  _globals['_GETMODELINFORESPONSE']._serialized_start=2774
-  _globals['_GETMODELINFORESPONSE']._serialized_end=3106
-  _globals['_INFERENCESERVICE']._serialized_start=3109
-  _globals['_INFERENCESERVICE']._serialized_end=3548
+  _globals['_GENERATEREQUEST']._serialized_end=627
+  _globals['_GENERATEDELTA']._serialized_start=630
+  _globals['_GENERATEDELTA']._serialized_end=820
+  _globals['_TOOLCALLDELTA']._serialized_start=822
+  _globals['_TOOLCALLDELTA']._serialized_end=936
+  _globals['_GENERATEFINAL']._serialized_start=939
+  _globals['_GENERATEFINAL']._serialized_end=1483
+  _globals['_GENERATERESPONSE']._serialized_start=1486
+  _globals['_GENERATERESPONSE']._serialized_end=1617
+  _globals['_GENERATEMANYREQUEST']._serialized_start=1620
+  _globals['_GENERATEMANYREQUEST']._serialized_end=1784
+  _globals['_GENERATEERROR']._serialized_start=1787
+  _globals['_GENERATEERROR']._serialized_end=1975
+  _globals['_GENERATEERROR_DETAILSENTRY']._serialized_start=1917
+  _globals['_GENERATEERROR_DETAILSENTRY']._serialized_end=1975
+  _globals['_TAGGEDGENERATERESPONSE']._serialized_start=1978
+  _globals['_TAGGEDGENERATERESPONSE']._serialized_end=2143
+  _globals['_GENERATEMANYRESPONSE']._serialized_start=2145
+  _globals['_GENERATEMANYRESPONSE']._serialized_end=2234
+  _globals['_COUNTTOKENSREQUEST']._serialized_start=2236
+  _globals['_COUNTTOKENSREQUEST']._serialized_end=2361
+  _globals['_COUNTTOKENSRESPONSE']._serialized_start=2363
+  _globals['_COUNTTOKENSRESPONSE']._serialized_end=2421
+  _globals['_WEIGHTSHEADER']._serialized_start=2423
+  _globals['_WEIGHTSHEADER']._serialized_end=2510
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=2513
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=2667
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=2670
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=2808
+  _globals['_GETMODELINFOREQUEST']._serialized_start=2810
+  _globals['_GETMODELINFOREQUEST']._serialized_end=2831
+  _globals['_GETMODELINFORESPONSE']._serialized_start=2834
+  _globals['_GETMODELINFORESPONSE']._serialized_end=3166
+  _globals['_INFERENCESERVICE']._serialized_start=3169
+  _globals['_INFERENCESERVICE']._serialized_end=3608
 # @@protoc_insertion_point(module_scope)

@@ -62,6 +62,7 @@ class GenerateRequest(_message.Message):
     CONTINUATION_FIELD_NUMBER: _builtins.int
     STREAM_FIELD_NUMBER: _builtins.int
     ENABLE_THINKING_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Caller-chosen id for logs and cancellation; the server generates one when empty."""
     model: _builtins.str
@@ -70,6 +71,11 @@ class GenerateRequest(_message.Message):
     """Stream text/tool-call deltas. When false only the final event is sent."""
     enable_thinking: _builtins.bool
     """Enable model reasoning where the chat template supports it (unset: the template's default)."""
+    session_id: _builtins.str
+    """The caller's session (a gateway session id). A gateway with several inference replicas sends every
+    call of a session to one replica, whose prefix cache holds the session's earlier calls; the server
+    only logs it.
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]:
         """The conversation so far, in order."""
@@ -101,10 +107,11 @@ class GenerateRequest(_message.Message):
         continuation: Global___Continuation | None = ...,
         stream: _builtins.bool = ...,
         enable_thinking: _builtins.bool | None = ...,
+        session_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_enable_thinking", b"_enable_thinking", "continuation", b"continuation", "enable_thinking", b"enable_thinking", "sampling", b"sampling", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_enable_thinking", b"_enable_thinking", "continuation", b"continuation", "enable_thinking", b"enable_thinking", "messages", b"messages", "model", b"model", "request_id", b"request_id", "sampling", b"sampling", "stream", b"stream", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_enable_thinking", b"_enable_thinking", "continuation", b"continuation", "enable_thinking", b"enable_thinking", "messages", b"messages", "model", b"model", "request_id", b"request_id", "sampling", b"sampling", "session_id", b"session_id", "stream", b"stream", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__enable_thinking: _TypeAlias = _typing.Literal["enable_thinking"]  # noqa: Y015
     _WhichOneofArgType__enable_thinking: _TypeAlias = _typing.Literal["_enable_thinking", b"_enable_thinking"]  # noqa: Y015
@@ -207,6 +214,7 @@ class GenerateFinal(_message.Message):
     TOOL_CALL_PARSE_ERROR_FIELD_NUMBER: _builtins.int
     MATCHED_STOP_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    SERVED_BY_FIELD_NUMBER: _builtins.int
     finish_reason: _common_pb2.FinishReason.ValueType
     policy_version: _builtins.int
     """The policy version whose weights sampled every token of this call."""
@@ -218,6 +226,8 @@ class GenerateFinal(_message.Message):
     """The stop sequence that ended generation, when finish_reason is STOP_SEQUENCE."""
     request_id: _builtins.str
     """Server-side request id."""
+    served_by: _builtins.str
+    """The replica that generated it: its `--replica-id` (default host:port of its gRPC address)."""
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """The exact prompt ids the model saw."""
@@ -250,10 +260,11 @@ class GenerateFinal(_message.Message):
         tool_call_parse_error: _builtins.bool = ...,
         matched_stop: _builtins.str = ...,
         request_id: _builtins.str = ...,
+        served_by: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion_logprobs", b"completion_logprobs", "completion_token_ids", b"completion_token_ids", "continuation_used", b"continuation_used", "finish_reason", b"finish_reason", "matched_stop", b"matched_stop", "message", b"message", "policy_version", b"policy_version", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "tool_call_parse_error", b"tool_call_parse_error", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion_logprobs", b"completion_logprobs", "completion_token_ids", b"completion_token_ids", "continuation_used", b"continuation_used", "finish_reason", b"finish_reason", "matched_stop", b"matched_stop", "message", b"message", "policy_version", b"policy_version", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "served_by", b"served_by", "tool_call_parse_error", b"tool_call_parse_error", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -81,6 +81,7 @@ class Proxy:
         context = context_key(request.tools)
         policy = session.session.sampling_policy if session.session.HasField("sampling_policy") else None
         generate = self._generate_request(request, response_id, policy)
+        generate.session_id = session.session_id  # several replicas: every call of a session on one
         roles = [message.role for message in request.messages]
         match = self._chains.find(session.session_id, context, keys, roles=roles)
         found = match.link
@@ -126,7 +127,7 @@ class Proxy:
                     completion_token_ids=final.completion_token_ids, completion_logprobs=final.completion_logprobs,
                     finish_reason=final.finish_reason, completion=completion, policy_version=final.policy_version,
                     usage=final.usage, continued_from_sequence=continued, first_token_ms=first_token_ms,
-                    chain_start=start,
+                    chain_start=start, inference_replica=final.served_by,
                 )  # fmt: skip
                 link_keys = [*keys, *message_keys([completion])]
                 link = ChainLink(-1, context, link_keys, _continuation(result_half, len(link_keys)))

@@ -37,6 +37,7 @@ from services.gateway.node.runtimes import DockerBackend, HostBackend, Runtimes
 from services.gateway.node.stages import ATTEMPT_LABEL, SessionStages
 from services.gateway.proxy import InferenceBackend, Proxy
 from services.gateway.quotas import QuotaLimits
+from services.gateway.replicas import ReplicaSet
 from services.gateway.retention import Retention, RetentionPolicy
 from services.gateway.servicer import GatewayServicer
 from services.gateway.sessions import SessionRegistry
@@ -64,9 +65,7 @@ class GatewayNode:
         self.node_id = settings.node_id or f"{socket.gethostname()}-{os.getpid()}"
         self.inference_target = settings.inference
         self._own_inference = inference is None
-        self.inference: InferenceBackend = inference or GrpcInference(
-            settings.inference, timeout_s=settings.request_timeout_s
-        )
+        self.inference: InferenceBackend = inference or inference_backend(settings)
         self.store = CaptureStore(settings.data_dir / CAPTURE_FILE, synchronous=settings.capture_synchronous)
         self.sessions = SessionRegistry(self.store)
         self.retention = Retention(self.store, self.sessions, RetentionPolicy(
@@ -214,9 +213,17 @@ class GatewayNode:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if self._own_inference and isinstance(self.inference, GrpcInference):
+        if self._own_inference and isinstance(self.inference, GrpcInference | ReplicaSet):
             await self.inference.close()
         await self.store.close()
+
+
+def inference_backend(settings: GatewaySettings) -> GrpcInference | ReplicaSet:
+    """One replica's client, or a ReplicaSet (session affinity, failover) when `inference` names several."""
+    targets = [target.strip() for target in settings.inference.split(",") if target.strip()]
+    if len(targets) == 1:
+        return GrpcInference(targets[0], timeout_s=settings.request_timeout_s)
+    return ReplicaSet(targets, timeout_s=settings.request_timeout_s, load_factor=settings.inference_load_factor)
 
 
 def settings_rollout(settings: GatewaySettings) -> str:

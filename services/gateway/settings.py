@@ -23,7 +23,12 @@ class GatewaySettings(EtcdClientSettings):
     http_tls_key: Path | None = None
     """PEM private key of --http-tls-cert."""
     inference: str = "127.0.0.1:50051"
-    """InferenceService address (host:port)."""
+    """InferenceService address (host:port), or several replicas' addresses separated by commas: every call of
+    a session then goes to one replica (consistent hashing with bounded load on the session id), and a
+    replica that fails before a call's first token is skipped for the next (services/gateway/replicas.py)."""
+    inference_load_factor: float = Field(default=1.25, ge=1.0)
+    """Several replicas: the most calls one replica serves at once, as a multiple of the mean per replica,
+    before a session's calls spill to the next replica on the ring."""
     rollout: str | None = None
     """RolloutService address: the node pulls sessions from it and runs them (needs --etcd); without it the
     node only proxies sessions opened by OpenSession."""

@@ -143,6 +143,8 @@ class Generation:
         self._messages_per_s = messages_per_s
         self._streams = 0
         """Streaming calls running now (they share the message budget)."""
+        self.replica_id = ""
+        """This replica's name, reported in every final (`GenerateFinal.served_by`); set once the server binds."""
 
     def stream_interval(self, running: int | None = None) -> float:
         """The flush interval of a stream starting while `running` others run (default: the streams running
@@ -253,6 +255,7 @@ class Generation:
             tool_call_parse_error=parsed.parse_error,
             matched_stop=stops.matched,
             request_id=request_id,
+            served_by=self.replica_id,
         )
         _log.info(
             "generate",

@@ -10,6 +10,7 @@ loads), starts the engine, then reports SERVING; SIGTERM drains in-flight RPCs a
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -117,6 +118,7 @@ async def serve(settings: InferenceSettings) -> None:
     service = InferenceService.create(settings)
     server = build_server(settings, service)
     await server.start()
+    service.replica_id = settings.replica_id or f"{socket.gethostname()}:{server.port}"
     try:
         await service.start()
         freeze_startup_heap()

@@ -60,6 +60,15 @@ class InferenceService:
         self._published_at = timestamp_pb2.Timestamp()
         self._ready = False
 
+    @property
+    def replica_id(self) -> str:
+        """This replica's name in every final (`GenerateFinal.served_by`)."""
+        return self._generation.replica_id
+
+    @replica_id.setter
+    def replica_id(self, value: str) -> None:
+        self._generation.replica_id = value
+
     @classmethod
     def create(cls, settings: InferenceSettings) -> InferenceService:
         """Build (not start) the service for `settings` (the model directory is required)."""

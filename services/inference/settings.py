@@ -20,6 +20,9 @@ class InferenceSettings(ServiceSettings):
     """Model directory (config, weights, tokenizer with chat template)."""
     model_name: str | None = None
     """Name reported to clients; defaults to the model directory's name."""
+    replica_id: str = ""
+    """This replica's name in every call it generates (`GenerateFinal.served_by`, `CallRecord.inference_replica`);
+    default: hostname:port."""
     script: Path | None = None
     """Scripted backend: JSON file of replies, one per turn."""
     max_new_tokens: int = 4096

@@ -7,19 +7,27 @@ for the channel within it (an inference server that is restarting is waited for,
 UNAVAILABLE and DEADLINE_EXCEEDED are retried with backoff (after asking GetModelInfo whether the
 timed-out attempt landed after all). A refusal (INVALID_ARGUMENT: names, shapes, dtypes, or a version
 not newer than the served one) is not retried: it raises `WeightsRefusedError` with inference's reason.
+
+Several replicas (`--inference A,B,C`): `FanoutPublisher` serializes the state once and pushes it to every
+replica at once (one thread each); it returns when every replica serves the version. A replica that stays
+unreachable through every retry is skipped with an error log (it is dead, and the gateway routes no session
+to it; a replica that comes back is brought up to date by the next push) as long as one replica took the
+version; a refusal from any replica stops training as with one.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import torch
 from safetensors.torch import save
 
-from lodestar.errors import FailedPreconditionError, LodestarError, UnavailableError
+from lodestar.errors import FailedPreconditionError, InvalidArgumentError, LodestarError, UnavailableError
 from lodestar.logging import get_logger
 from lodestar.v1 import inference_pb2, inference_pb2_grpc
 from services.trainer.rpc import RETRYABLE, details_of, domain_error, status_of, sync_channel
@@ -79,8 +87,10 @@ class WeightPublisher:
 
     def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
         """Make inference serve `state` as policy `version`; returns once it does."""
-        started = time.perf_counter()
-        payload = serialize(state)
+        return self.publish_payload(serialize(state), len(state), version, time.perf_counter())
+
+    def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult:
+        """`publish` of an already serialized state (`tensors` tensors); `started`: its perf_counter start."""
         last = ""
         for attempt in range(1, self._attempts + 1):
             try:
@@ -99,7 +109,7 @@ class WeightPublisher:
                 last = f"{code.name}: {details_of(error)}"
                 _log.warning("weight push failed, retrying", attempt=attempt, policy_version=version, error=last)
                 if self._landed(version):
-                    return PublishResult(version, len(state), len(payload), time.perf_counter() - started, attempt)
+                    return PublishResult(version, tensors, len(payload), time.perf_counter() - started, attempt)
                 if attempt < self._attempts:
                     time.sleep(self._backoff_s * 2 ** (attempt - 1))
                 continue
@@ -121,3 +131,66 @@ class WeightPublisher:
             return self.served_version() >= version
         except LodestarError:  # cannot ask: assume it did not land, the retry will tell
             return False
+
+
+class FanoutPublisher:
+    """WeightPublisher over several replicas (see the module docstring)."""
+
+    def __init__(self, targets: Sequence[str], **options: Any) -> None:
+        if not targets:
+            raise InvalidArgumentError("no inference replica to publish weights to")
+        self.publishers = [WeightPublisher(target, **options) for target in targets]
+        self.target = ",".join(targets)
+        self._pool = ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="publish")
+
+    def close(self) -> None:
+        for publisher in self.publishers:
+            publisher.close()
+        self._pool.shutdown(wait=False)
+
+    def served_version(self) -> int:
+        """The oldest version a reachable replica serves (LodestarError when none answers)."""
+        versions: list[int] = []
+        last: LodestarError | None = None
+        for publisher in self.publishers:
+            try:
+                versions.append(publisher.served_version())
+            except LodestarError as error:
+                last = error
+        if not versions:
+            assert last is not None
+            raise last
+        return min(versions)
+
+    def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
+        started = time.perf_counter()
+        payload = serialize(state)
+        futures = {
+            publisher.target: self._pool.submit(publisher.publish_payload, payload, len(state), version, started)
+            for publisher in self.publishers
+        }
+        results: list[PublishResult] = []
+        unreachable: dict[str, str] = {}
+        for target, future in futures.items():
+            try:
+                results.append(future.result())
+            except WeightsRefusedError:
+                raise
+            except UnavailableError as error:
+                unreachable[target] = error.message
+        if not results:
+            raise UnavailableError(f"no inference replica took policy version {version}: {unreachable}")
+        for target, why in unreachable.items():
+            _log.error("a replica missed a policy version (unreachable); the next push retries it",
+                       replica=target, policy_version=version, error=why)  # fmt: skip
+        return PublishResult(
+            version, len(state), len(payload), time.perf_counter() - started, max(r.attempts for r in results)
+        )
+
+
+def publisher_for(targets: str, **options: Any) -> WeightPublisher | FanoutPublisher:
+    """The publisher of `--inference`: one replica's, or a fan-out over several (comma-separated)."""
+    addresses = [target.strip() for target in targets.split(",") if target.strip()]
+    if len(addresses) == 1:
+        return WeightPublisher(addresses[0], **options)
+    return FanoutPublisher(addresses, **options)

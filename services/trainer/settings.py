@@ -20,7 +20,8 @@ class TrainerSettings(ServiceSettings):
     rollout: str = "127.0.0.1:50053"
     """RolloutService address (groups come from StreamGroups)."""
     inference: str = "127.0.0.1:50051"
-    """InferenceService address (weights are pushed with UpdateWeights); empty: push nothing."""
+    """InferenceService address (weights are pushed with UpdateWeights), or several replicas' addresses separated
+    by commas (serialized once, pushed to all at once: services/trainer/publish.py); empty: push nothing."""
     run: str | None = None
     """Run to train on (its groups only)."""
     model: Path | None = None

@@ -24,7 +24,7 @@ from services.trainer.loss import Aggregation, LossConfig
 from services.trainer.metrics import MetricsWriter
 from services.trainer.model import DTYPES, load_model, model_files
 from services.trainer.precision import ComputeCopy
-from services.trainer.publish import WeightPublisher
+from services.trainer.publish import publisher_for
 from services.trainer.rollout_client import RolloutClient
 from services.trainer.settings import TrainerSettings
 from services.trainer.status import Status, StatusBoard
@@ -112,7 +112,7 @@ def create_trainer(settings: TrainerSettings, parallel: Parallel | None = None, 
         else None
     )
     publisher = (
-        WeightPublisher(settings.inference, timeout_s=settings.push_timeout_s, attempts=settings.push_attempts)
+        publisher_for(settings.inference, timeout_s=settings.push_timeout_s, attempts=settings.push_attempts)
         if connect and main and settings.inference
         else None
     )
