@@ -1,10 +1,12 @@
-"""`lodestar run {create,status,cancel} --rollout HOST:PORT`: runs on a RolloutService.
+"""`lodestar run {create,status,cancel,delete,archive} --rollout HOST:PORT`: runs on a RolloutService.
 
 `create SPEC` reads a run spec (YAML or JSON; a string `tasks` names a JSONL file next to it), checks
 it, sends it with the tasks inline and prints the run id alone on stdout. `status RUN_ID` shows a live
 view (sessions by state, groups, reward mean, mean seconds per stage) refreshed until the run ends or
 Ctrl-C; `--once` renders it once, `--json` prints the `Run` as JSON. `cancel RUN_ID` cancels the run.
-Calls follow a standby's redirect to the leader.
+`delete RUN_ID` deletes a finished run's data from the store; `archive RUN_ID` first writes its scored
+trajectories to RUN_ID.parquet in the leader's archive folder (`--archive-dir`) and prints that path. Both
+refuse a running run (cancel it first). Calls follow a standby's redirect to the leader.
 """
 
 from __future__ import annotations
@@ -139,6 +141,21 @@ def _cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _delete(args: argparse.Namespace) -> int:
+    request = rollout_pb2.DeleteRunRequest(run_id=args.run_id)
+    reply = asyncio.run(_call(args.rollout, lambda stub: stub.DeleteRun(request)))
+    print(f"run {reply.run_id} deleted")
+    return 0
+
+
+def _archive(args: argparse.Namespace) -> int:
+    request = rollout_pb2.ArchiveRunRequest(run_id=args.run_id)
+    reply = asyncio.run(_call(args.rollout, lambda stub: stub.ArchiveRun(request)))
+    print(f"run {reply.run_id} archived ({reply.sessions} scored sessions, {reply.records} records) and deleted")
+    print(reply.path)
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `run` command group."""
     group = subparsers.add_parser("run", help="create, watch or cancel runs on the rollout service")
@@ -155,6 +172,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     canceller = commands.add_parser("cancel", help="cancel a run (its complete groups stay deliverable)")
     canceller.add_argument("run_id")
     canceller.set_defaults(handler=client_security.secured(_cancel))
-    for command in (creator, status, canceller):
+    deleter = commands.add_parser("delete", help="delete a finished run and all its data")
+    deleter.add_argument("run_id")
+    deleter.set_defaults(handler=client_security.secured(_delete))
+    archiver = commands.add_parser("archive", help="write a finished run's trajectories to Parquet, then delete it")
+    archiver.add_argument("run_id")
+    archiver.set_defaults(handler=client_security.secured(_archive))
+    for command in (creator, status, canceller, deleter, archiver):
         command.add_argument("--rollout", default=DEFAULT_ROLLOUT, metavar="HOST:PORT", help="RolloutService address")
         client_security.add_arguments(command)

@@ -93,6 +93,16 @@ class RolloutServiceStub:
                 request_serializer=lodestar_dot_v1_dot_rollout__pb2.ListFailedAttemptsRequest.SerializeToString,
                 response_deserializer=lodestar_dot_v1_dot_rollout__pb2.ListFailedAttemptsResponse.FromString,
                 _registered_method=True)
+        self.DeleteRun = channel.unary_unary(
+                '/lodestar.v1.RolloutService/DeleteRun',
+                request_serializer=lodestar_dot_v1_dot_rollout__pb2.DeleteRunRequest.SerializeToString,
+                response_deserializer=lodestar_dot_v1_dot_rollout__pb2.DeleteRunResponse.FromString,
+                _registered_method=True)
+        self.ArchiveRun = channel.unary_unary(
+                '/lodestar.v1.RolloutService/ArchiveRun',
+                request_serializer=lodestar_dot_v1_dot_rollout__pb2.ArchiveRunRequest.SerializeToString,
+                response_deserializer=lodestar_dot_v1_dot_rollout__pb2.ArchiveRunResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -185,6 +195,26 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteRun(self, request, context):
+        """Retention (runs last days; their data is kept until deleted, archived or expired).
+
+        Delete a finished run and all its data (groups, sessions, attempts, results) from the store; groups
+        nobody streamed are lost. FAILED_PRECONDITION for a running run (cancel it first), NOT_FOUND for an
+        unknown one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ArchiveRun(self, request, context):
+        """Archive a finished run: write its scored trajectories (the records `lodestar export` writes, at any
+        reward) to RUN_ID.parquet in the rollout leader's archive folder, then delete it as DeleteRun does.
+        FAILED_PRECONDITION for a running run, NOT_FOUND for an unknown one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -242,6 +272,16 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.ListFailedAttempts,
                     request_deserializer=lodestar_dot_v1_dot_rollout__pb2.ListFailedAttemptsRequest.FromString,
                     response_serializer=lodestar_dot_v1_dot_rollout__pb2.ListFailedAttemptsResponse.SerializeToString,
+            ),
+            'DeleteRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRun,
+                    request_deserializer=lodestar_dot_v1_dot_rollout__pb2.DeleteRunRequest.FromString,
+                    response_serializer=lodestar_dot_v1_dot_rollout__pb2.DeleteRunResponse.SerializeToString,
+            ),
+            'ArchiveRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.ArchiveRun,
+                    request_deserializer=lodestar_dot_v1_dot_rollout__pb2.ArchiveRunRequest.FromString,
+                    response_serializer=lodestar_dot_v1_dot_rollout__pb2.ArchiveRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -545,6 +585,60 @@ class RolloutService:
             '/lodestar.v1.RolloutService/ListFailedAttempts',
             lodestar_dot_v1_dot_rollout__pb2.ListFailedAttemptsRequest.SerializeToString,
             lodestar_dot_v1_dot_rollout__pb2.ListFailedAttemptsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lodestar.v1.RolloutService/DeleteRun',
+            lodestar_dot_v1_dot_rollout__pb2.DeleteRunRequest.SerializeToString,
+            lodestar_dot_v1_dot_rollout__pb2.DeleteRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ArchiveRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lodestar.v1.RolloutService/ArchiveRun',
+            lodestar_dot_v1_dot_rollout__pb2.ArchiveRunRequest.SerializeToString,
+            lodestar_dot_v1_dot_rollout__pb2.ArchiveRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -70,6 +70,18 @@ class RolloutServiceStub:
     """
     ListFailedAttempts: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.ListFailedAttemptsRequest, _rollout_pb2.ListFailedAttemptsResponse]
     """A run's failed attempts (infrastructure failures and attempts lost with their node), newest first."""
+    DeleteRun: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.DeleteRunRequest, _rollout_pb2.DeleteRunResponse]
+    """Retention (runs last days; their data is kept until deleted, archived or expired).
+
+    Delete a finished run and all its data (groups, sessions, attempts, results) from the store; groups
+    nobody streamed are lost. FAILED_PRECONDITION for a running run (cancel it first), NOT_FOUND for an
+    unknown one.
+    """
+    ArchiveRun: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.ArchiveRunRequest, _rollout_pb2.ArchiveRunResponse]
+    """Archive a finished run: write its scored trajectories (the records `lodestar export` writes, at any
+    reward) to RUN_ID.parquet in the rollout leader's archive folder, then delete it as DeleteRun does.
+    FAILED_PRECONDITION for a running run, NOT_FOUND for an unknown one.
+    """
 
 @_typing.type_check_only
 class RolloutServiceAsyncStub(RolloutServiceStub):
@@ -113,6 +125,18 @@ class RolloutServiceAsyncStub(RolloutServiceStub):
     """
     ListFailedAttempts: _aio.UnaryUnaryMultiCallable[_rollout_pb2.ListFailedAttemptsRequest, _rollout_pb2.ListFailedAttemptsResponse]  # type: ignore[assignment]
     """A run's failed attempts (infrastructure failures and attempts lost with their node), newest first."""
+    DeleteRun: _aio.UnaryUnaryMultiCallable[_rollout_pb2.DeleteRunRequest, _rollout_pb2.DeleteRunResponse]  # type: ignore[assignment]
+    """Retention (runs last days; their data is kept until deleted, archived or expired).
+
+    Delete a finished run and all its data (groups, sessions, attempts, results) from the store; groups
+    nobody streamed are lost. FAILED_PRECONDITION for a running run (cancel it first), NOT_FOUND for an
+    unknown one.
+    """
+    ArchiveRun: _aio.UnaryUnaryMultiCallable[_rollout_pb2.ArchiveRunRequest, _rollout_pb2.ArchiveRunResponse]  # type: ignore[assignment]
+    """Archive a finished run: write its scored trajectories (the records `lodestar export` writes, at any
+    reward) to RUN_ID.parquet in the rollout leader's archive folder, then delete it as DeleteRun does.
+    FAILED_PRECONDITION for a running run, NOT_FOUND for an unknown one.
+    """
 
 class RolloutServiceServicer(metaclass=_abc_1.ABCMeta):
     """RolloutService schedules sessions (task x sample) over gateway nodes and collects their results
@@ -219,5 +243,29 @@ class RolloutServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_rollout_pb2.ListFailedAttemptsResponse, _abc.Awaitable[_rollout_pb2.ListFailedAttemptsResponse]]:
         """A run's failed attempts (infrastructure failures and attempts lost with their node), newest first."""
+
+    @_abc_1.abstractmethod
+    def DeleteRun(
+        self,
+        request: _rollout_pb2.DeleteRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rollout_pb2.DeleteRunResponse, _abc.Awaitable[_rollout_pb2.DeleteRunResponse]]:
+        """Retention (runs last days; their data is kept until deleted, archived or expired).
+
+        Delete a finished run and all its data (groups, sessions, attempts, results) from the store; groups
+        nobody streamed are lost. FAILED_PRECONDITION for a running run (cancel it first), NOT_FOUND for an
+        unknown one.
+        """
+
+    @_abc_1.abstractmethod
+    def ArchiveRun(
+        self,
+        request: _rollout_pb2.ArchiveRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rollout_pb2.ArchiveRunResponse, _abc.Awaitable[_rollout_pb2.ArchiveRunResponse]]:
+        """Archive a finished run: write its scored trajectories (the records `lodestar export` writes, at any
+        reward) to RUN_ID.parquet in the rollout leader's archive folder, then delete it as DeleteRun does.
+        FAILED_PRECONDITION for a running run, NOT_FOUND for an unknown one.
+        """
 
 def add_RolloutServiceServicer_to_server(servicer: RolloutServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -88,12 +88,12 @@ def session_records(result: rollout_pb2.SessionResult, *, run_id: str, task_id: 
 
 def accepted_records(store: Store, run_id: str, min_reward: float) -> tuple[list[dict[str, Any]], ExportStats]:
     """Every SFT record of `run_id` whose session's counted reward is >= `min_reward` (task order, then sample)."""
-    state = store.load()
-    runs = {run.run_id: run for run in state.runs}
-    if run_id not in runs:
+    spec = store.run_spec(run_id)
+    if spec is None:
         raise NotFoundError(f"run {run_id!r} is not in the store")
-    tasks = runs[run_id].spec.tasks
-    scored = [s for s in state.sessions if s.run_id == run_id and s.status == SessionStatus.SCORED and s.counted]
+    tasks = spec.tasks
+    sessions = store.run_sessions(run_id)
+    scored = [s for s in sessions if s.status == SessionStatus.SCORED and s.counted]
     accepted = [s for s in scored if s.reward >= min_reward]
     task_of = {s.session_id: tasks[s.task_index].task_id if s.task_index < len(tasks) else "" for s in accepted}
     records: list[dict[str, Any]] = []

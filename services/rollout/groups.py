@@ -24,6 +24,7 @@ back. See docs/benchmarks.md (Rollout) for why: without it rollout races ahead a
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Protocol
 
 from lodestar.logging import get_logger
@@ -107,13 +108,11 @@ def is_stale(group: Group, run: Run, policy_version: int) -> bool:
 
 def next_group(scheduler: Scheduler, run: Run, start_after: int) -> tuple[Group | None, Changes]:
     """The group with delivery sequence `start_after + 1`, deciding the fate of the next undecided complete
-    groups (in completion order) if it has none yet; None when there is none yet."""
+    groups (in completion order) to find it; None when none is waiting yet. Groups delivered already
+    (`start_after < run.groups_delivered`) have left memory: the caller reads them from the store."""
     changes = Changes()
-    if start_after < len(run.delivery_order):
-        return scheduler.groups[run.delivery_order[start_after]], changes
-    while run.decided < len(run.completion_order):
-        group = scheduler.groups[run.completion_order[run.decided]]
-        run.decided += 1
+    while run.completion_order and run.groups_delivered <= start_after:
+        group = scheduler.groups[run.completion_order.popleft()]
         _leave_play(run, group)
         changes.runs.add(run.run_id)
         changes.groups.add(group.group_id)
@@ -126,37 +125,33 @@ def next_group(scheduler: Scheduler, run: Run, start_after: int) -> tuple[Group 
             continue
         run.groups_delivered += 1
         group.delivery_seq = run.groups_delivered
-        run.delivery_order.append(group.group_id)
-        if start_after < len(run.delivery_order):
+        if group.delivery_seq == start_after + 1:
             return group, changes
     return None, changes
 
 
 def restore_delivery(scheduler: Scheduler, run: Run) -> None:
-    """Rebuild a loaded run's derived stream and admission state from its groups."""
+    """Rebuild a loaded run's derived stream and admission state from its live groups."""
     groups = [scheduler.groups[gid] for gid in run.group_ids]
-    complete = sorted((g for g in groups if g.completion_seq > 0), key=lambda g: g.completion_seq)
-    run.completion_order = [g.group_id for g in complete]
-    run.delivery_order = [g.group_id for g in sorted(complete, key=lambda g: g.delivery_seq) if g.delivery_seq]
-    run.decided = sum(1 for g in complete if g.delivery_seq or g.dropped)
+    undecided = [g for g in groups if g.status is GroupStatus.COMPLETE and not g.done]
+    run.completion_order = deque(g.group_id for g in sorted(undecided, key=lambda g: g.completion_seq))
     for group in groups:
         group.started = any(scheduler.sessions[sid].attempt > 0 for sid in group.session_ids)
-    undecided = {g.group_id for g in complete if not (g.delivery_seq or g.dropped)}
-    run.groups_in_play = sum(
-        1 for g in groups if g.started and (g.status is GroupStatus.OPEN or g.group_id in undecided)
-    )
+    run.groups_in_play = sum(1 for g in groups if g.started and not g.done)
 
 
-def observe_policy_version(run: Run, version: int) -> None:
-    """Learn the trainer's pace: groups delivered per policy version since the last report."""
+def observe_policy_version(run: Run, version: int) -> bool:
+    """Learn the trainer's pace: groups delivered per policy version since the last report (True: the run's
+    estimate or mark changed; both are stored, so the pace survives a restart)."""
     last_version, last_delivered = run.version_mark
     if version <= last_version:
-        return
+        return False
     taken = run.groups_delivered - last_delivered
     if last_version > 0 and taken > 0:
         pace = taken / (version - last_version)
         run.batch_estimate = pace if run.batch_estimate <= 0 else 0.5 * run.batch_estimate + 0.5 * pace
     run.version_mark = (version, run.groups_delivered)
+    return True
 
 
 def admits_new_group(run: Run) -> bool:

@@ -17,6 +17,7 @@ from lodestar import errors
 from lodestar.election import Election
 from lodestar.etcd import EtcdClient, tls_from_settings
 from lodestar.logging import get_logger
+from services.rollout.retention import Retention
 from services.rollout.service import RolloutCore
 from services.rollout.settings import RolloutSettings
 from services.rollout.stores import describe, open_store
@@ -71,7 +72,8 @@ class LeaderRole:
 
     async def _lead(self, etcd: EtcdClient, lost: Awaitable[str]) -> None:
         store = await asyncio.to_thread(open_store, self._settings.store, synchronous=self._settings.store_synchronous)
-        core = RolloutCore(store, etcd, self._settings.etcd_prefix)
+        keep = Retention(period_s=self._settings.retention_days * 86400.0, archive_dir=self._settings.archive_dir)
+        core = RolloutCore(store, etcd, self._settings.etcd_prefix, keep=keep)
         await core.start()
         self.core, self.leader_address = core, self.address
         self.terms += 1

@@ -1,14 +1,19 @@
 """The rollout domain state: runs, groups (one per task) and sessions (task x sample), plus `Changes`,
 the record of what one scheduler operation changed, which the store persists in one transaction.
 
-The scheduler keeps this state in memory (it is the source of truth while the service leads) and the
-store holds a durable copy from which a restarted or newly elected leader rebuilds it. Result bodies
-(CallRecords) never live here: they go straight to the store and are read back when a group is sent.
+The scheduler keeps the live part of this state in memory (it is the source of truth while the service
+leads) and the store holds a durable copy of all of it, from which a restarted or newly elected leader
+rebuilds the live part. A group is live while it is open or complete but not yet delivered or dropped;
+once it is done (delivered, dropped, failed, cancelled) it and its sessions leave memory and the run keeps
+only their counts (`SessionTally`). A finished run whose groups are all done is a summary: the `Run` alone.
+Result bodies (CallRecords) never live here: they go straight to the store and are read back when a group
+is sent.
 """
 
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass, field
 
 from lodestar.v1 import rollout_pb2
@@ -91,6 +96,29 @@ class Group:
     started: bool = False
     """Some session of it was handed out (derived, not stored)."""
 
+    @property
+    def done(self) -> bool:
+        """Nothing more can happen to it: delivered, dropped, failed or cancelled (it may leave memory)."""
+        return self.status in (GroupStatus.FAILED, GroupStatus.CANCELLED) or self.delivery_seq > 0 or self.dropped
+
+
+@dataclass
+class SessionTally:
+    """Counts of a run's sessions that left memory with their done groups (the run's counters add them)."""
+
+    by_status: dict[SessionStatus, int] = field(default_factory=dict)
+    timed_out: int = 0
+    reward_sum: float = 0.0
+    """Sum of the rewards of scored sessions."""
+
+    def add(self, status: SessionStatus, outcome: int, reward: float, count: int = 1) -> None:
+        """Count `count` sessions of `status` and `outcome` whose rewards sum to `reward`."""
+        self.by_status[status] = self.by_status.get(status, 0) + count
+        if status is SessionStatus.SCORED:
+            self.reward_sum += reward
+            if outcome == rollout_pb2.SESSION_OUTCOME_TIMED_OUT:
+                self.timed_out += count
+
 
 @dataclass
 class Run:
@@ -101,26 +129,27 @@ class Run:
     """The spec with defaults filled in."""
     created_at: float
     state: int = rollout_pb2.RUN_STATE_RUNNING
-    group_ids: list[str] = field(default_factory=list)
+    group_ids: dict[str, None] = field(default_factory=dict)
+    """The run's groups in memory (live), in task order (an ordered set)."""
     groups_completed: int = 0
     groups_delivered: int = 0
     groups_dropped: int = 0
     infra_failures: int = 0
     stage_sums: dict[str, float] = field(default_factory=dict)
     stage_counts: dict[str, int] = field(default_factory=dict)
-    # Derived, in memory only (rebuilt on load): the group stream and admission control.
-    completion_order: list[str] = field(default_factory=list)
-    """Complete groups by completion sequence."""
-    delivery_order: list[str] = field(default_factory=list)
-    """Delivered groups by delivery sequence."""
-    decided: int = 0
-    """How many of `completion_order` have their fate (delivered or dropped) fixed."""
-    groups_in_play: int = 0
-    """Groups started and not yet delivered, dropped, failed or cancelled."""
+    finished_at: float = 0.0
+    """When the run completed or was cancelled (0 while running): retention counts from here."""
     batch_estimate: float = 0.0
     """Groups the trainer takes per policy version (0: unknown, no admission control)."""
     version_mark: tuple[int, int] = (0, 0)
     """(policy version, groups delivered) when the version was last reported."""
+    # Derived, in memory only (rebuilt on load): the group stream, admission control, counts of done groups.
+    completion_order: deque[str] = field(default_factory=deque)
+    """Complete groups whose fate (delivered or dropped) is not fixed yet, by completion sequence."""
+    groups_in_play: int = 0
+    """Groups started and not yet delivered, dropped, failed or cancelled."""
+    retired: SessionTally = field(default_factory=SessionTally)
+    """Sessions of the run's done groups (no longer in memory)."""
 
     @property
     def finished(self) -> bool:

@@ -18,19 +18,7 @@ import psycopg
 from lodestar import errors
 from lodestar.logging import get_logger
 from lodestar.v1 import rollout_pb2
-from services.rollout.model import AttemptRecord, StoredResult
-from services.rollout.store import (
-    _SCHEMA,
-    FAILED_ATTEMPTS_SQL,
-    NO_LIMIT,
-    SHOWN_RESULT_SQL,
-    Rows,
-    StoredState,
-    attempt_record,
-    load_state,
-    stored_result,
-    table_rows,
-)
+from services.rollout.store import _SCHEMA, ADDED_RUN_COLUMNS, Rows, SqlReads, table_rows
 
 CONNECT_TIMEOUT_S = 10
 STATEMENT_TIMEOUT_MS = 60_000
@@ -47,15 +35,24 @@ _KEYS = {
 }
 
 
-def _pg_schema() -> str:
-    schema = _SCHEMA.replace(" TEXT", ' TEXT COLLATE "C"').replace(" BLOB", " BYTEA")
-    return schema.replace(" INTEGER", " BIGINT").replace(" REAL", " DOUBLE PRECISION")
+def _pg_types(sql: str) -> str:
+    sql = sql.replace(" TEXT", ' TEXT COLLATE "C"').replace(" BLOB", " BYTEA")
+    return sql.replace(" INTEGER", " BIGINT").replace(" REAL", " DOUBLE PRECISION")
+
+
+def _pg_schema() -> list[str]:
+    """The schema's statements, then those adding the columns an older store lacks."""
+    added = [
+        _pg_types(f"ALTER TABLE runs ADD COLUMN IF NOT EXISTS {name} {kind} NOT NULL DEFAULT 0")
+        for name, kind in ADDED_RUN_COLUMNS
+    ]
+    return [statement for statement in _pg_types(_SCHEMA).split(";") if statement.strip()] + added
 
 
 _COLUMNS = {
     "run_specs": "run_id spec",
     "runs": "run_id ordinal created_at state groups_completed groups_delivered groups_dropped infra_failures "
-    "stage_json",
+    "stage_json finished_at batch_estimate mark_version mark_delivered",
     "groups": "group_id run_id task_index required status completion_seq delivery_seq dropped min_policy_version "
     "max_policy_version",
     "sessions": "session_id run_id group_id task_index sample status attempt failures node_id lease_id stage outcome "
@@ -84,7 +81,7 @@ def _upserts() -> dict[str, str]:
 _UPSERT = _upserts()
 
 
-class PostgresStore:
+class PostgresStore(SqlReads):
     """The `Store` on a PostgreSQL database; one connection, calls serialized by a lock."""
 
     def __init__(self, url: str, *, connect_timeout: int = CONNECT_TIMEOUT_S) -> None:
@@ -101,9 +98,8 @@ class PostgresStore:
         self._lock = threading.Lock()
         with self._lock, self._db.transaction():
             self._db.execute("SELECT pg_advisory_xact_lock(7470127)")  # concurrent first starts create once
-            for statement in _pg_schema().split(";"):
-                if statement.strip():
-                    self._db.execute(statement)
+            for statement in _pg_schema():
+                self._db.execute(statement)
 
     def close(self) -> None:
         self._db.close()
@@ -118,30 +114,20 @@ class PostgresStore:
 
     def _all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
-            return self._db.execute(sql, params).fetchall()
+            return self._db.execute(sql.replace("?", "%s"), params).fetchall()
+
+    def _transaction(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
+        with self._lock, self._db.transaction(), self._db.cursor() as cursor:
+            for sql, params in statements:
+                cursor.execute(sql.replace("?", "%s"), params)
 
     def counted_results(self, session_ids: Sequence[str]) -> list[rollout_pb2.SessionResult]:
         """The counted result of each session, in the order given (sessions without one are skipped)."""
         rows = self._all(
-            "SELECT session_id, result FROM results WHERE session_id = ANY(%s) AND counted = 1", (list(session_ids),)
+            "SELECT session_id, result FROM results WHERE session_id = ANY(?) AND counted = 1", (list(session_ids),)
         )
         found = {session_id: rollout_pb2.SessionResult.FromString(blob) for session_id, blob in rows}
         return [found[sid] for sid in session_ids if sid in found]
-
-    def attempts(self, session_id: str) -> list[AttemptRecord]:
-        rows = self._all("SELECT * FROM attempts WHERE session_id = %s ORDER BY attempt", (session_id,))
-        return [attempt_record(r) for r in rows]
-
-    def shown_result(self, session_id: str) -> StoredResult | None:
-        rows = self._all(SHOWN_RESULT_SQL.replace("?", "%s"), (session_id,))
-        return stored_result(rows[0] if rows else None)
-
-    def failed_attempts(self, run_id: str, limit: int) -> list[AttemptRecord]:
-        rows = self._all(FAILED_ATTEMPTS_SQL.replace("?", "%s"), (run_id, limit or NO_LIMIT))
-        return [attempt_record(r) for r in rows]
-
-    def load(self) -> StoredState:
-        return load_state(self._all)
 
 
 def _brief(error: BaseException) -> str:

@@ -10,7 +10,9 @@ the session as a new attempt until `max_attempts` failures, after which the sess
 reward). A session a node reports CANCELLED on its own (the node drains on SIGTERM) is requeued without counting
 a failure. Group completion and the group stream live in `groups`.
 
-Every operation returns `Changes` for the store; the caller persists them and deletes released keys.
+Every operation returns `Changes` for the store; the caller persists them and deletes released keys,
+then calls `forget_done` so that done groups (and their sessions) leave memory: memory holds the work in
+flight, the store everything.
 """
 
 from __future__ import annotations
@@ -82,13 +84,39 @@ def stage_seconds(result: rollout_pb2.SessionResult) -> dict[str, float]:
     return stages
 
 
+def ended_attempt_answer(session: Session, result: rollout_pb2.SessionResult) -> tuple[bool, Changes] | None:
+    """The answer to a result for an attempt that already ended (None: it is the running attempt).
+
+    A repeated report of a scored or failed attempt gets the first answer (idempotent); a late report of an
+    attempt cancelled meanwhile is recorded, not counted; FailedPreconditionError for a superseded attempt or
+    a node that does not hold the session. Also used for sessions that left memory (read from the store).
+    """
+    if result.outcome not in _OUTCOME_NAMES:
+        raise InvalidArgumentError("result outcome is unspecified")
+    same_attempt = session.attempt == result.attempt and session.node_id == result.node_id
+    if same_attempt and session.status in (SessionStatus.SCORED, SessionStatus.FAILED):
+        return session.counted, Changes()
+    if same_attempt and session.status is SessionStatus.CANCELLED:
+        return False, Changes(results=[StoredResult(result, counted=False)])  # late, recorded, not counted
+    if not same_attempt or session.status is not SessionStatus.RUNNING:
+        raise FailedPreconditionError(
+            f"attempt {result.attempt} of session {result.session_id} from node {result.node_id!r} is not "
+            f"the current one (current: attempt {session.attempt} on {session.node_id or 'no node'}, "
+            f"{session.status.value})"
+        )
+    return None
+
+
 class Scheduler:
     """All runs, groups and sessions of the service, and the queue of pending sessions."""
 
     def __init__(self) -> None:
         self.runs: dict[str, Run] = {}
+        """Every run of the store (finished ones as summaries)."""
         self.groups: dict[str, Group] = {}
+        """Live groups: open, or complete and not yet delivered or dropped."""
         self.sessions: dict[str, Session] = {}
+        """The sessions of live groups."""
         self.policy_version = 0
         self._queues: dict[str, list[tuple[int, int, str]]] = {}
         """run id -> its pending sessions, a heap in (task, sample) order (stale entries skipped)."""
@@ -111,7 +139,7 @@ class Scheduler:
             group_id = f"{run_id}-g{task_index}"
             session_ids = [f"{group_id}-s{sample}" for sample in range(spec.group_size)]
             self.groups[group_id] = Group(group_id, run_id, task_index, session_ids, required)
-            run.group_ids.append(group_id)
+            run.group_ids[group_id] = None
             changes.groups.add(group_id)
             for sample, session_id in enumerate(session_ids):
                 self.sessions[session_id] = Session(session_id, run_id, group_id, task_index, sample)
@@ -120,7 +148,8 @@ class Scheduler:
         return changes
 
     def restore(self, runs: Iterable[Run], group_list: Iterable[Group], sessions: Iterable[Session]) -> None:
-        """Load state read back from the store (a restart or a new leader)."""
+        """Load state read back from the store (a restart or a new leader): every run, the live groups and
+        their sessions (each run's `retired` tally counts the rest)."""
         self.runs = {run.run_id: run for run in runs}
         self.groups = {group.group_id: group for group in group_list}
         self.sessions = {session.session_id: session for session in sessions}
@@ -140,12 +169,14 @@ class Scheduler:
         heapq.heappush(queue, (session.task_index, session.sample, session.session_id))
         self._queued.add(session.session_id)
 
-    def report_policy_version(self, version: int) -> None:
+    def report_policy_version(self, version: int) -> Changes:
         """The trainer's policy version now; running runs learn the trainer's pace from it."""
         self.policy_version = version
+        changes = Changes(policy_version=version)
         for run in self.runs.values():
-            if not run.finished:
-                groups.observe_policy_version(run, version)
+            if not run.finished and groups.observe_policy_version(run, version):
+                changes.runs.add(run.run_id)
+        return changes
 
     def run(self, run_id: str) -> Run:
         run = self.runs.get(run_id)
@@ -197,15 +228,14 @@ class Scheduler:
         for run in self.runs.values():  # oldest run first
             queue = self._queues.get(run.run_id)
             while queue and len(result.assigned) < free_slots:
-                session = self.sessions[queue[0][2]]
-                if session.status is SessionStatus.PENDING and not run.finished:
+                session = self.sessions.get(queue[0][2])  # None: cancelled while queued, and forgotten since
+                if session is not None and session.status is SessionStatus.PENDING and not run.finished:
                     group = self.groups[session.group_id]
                     if not group.started and not groups.admits_new_group(run):
                         break  # the trainer is behind: start no new group of this run for now
                     self._assign(session, node_id, lease_id, now, result.changes)
                     result.assigned.append(session)
-                heapq.heappop(queue)
-                self._queued.discard(session.session_id)
+                self._queued.discard(heapq.heappop(queue)[2])
         return result
 
     def _assign(self, session: Session, node_id: str, lease_id: int, now: float, changes: Changes) -> None:
@@ -249,19 +279,9 @@ class Scheduler:
         A repeated report of an attempt that already ended returns the first answer (idempotent).
         """
         session = self.session(result.session_id)
-        if result.outcome not in _OUTCOME_NAMES:
-            raise InvalidArgumentError("result outcome is unspecified")
-        same_attempt = session.attempt == result.attempt and session.node_id == result.node_id
-        if same_attempt and session.status in (SessionStatus.SCORED, SessionStatus.FAILED):
-            return session.counted, Changes()
-        if same_attempt and session.status is SessionStatus.CANCELLED:
-            return False, Changes(results=[StoredResult(result, counted=False)])  # late, recorded, not counted
-        if not same_attempt or session.status is not SessionStatus.RUNNING:
-            raise FailedPreconditionError(
-                f"attempt {result.attempt} of session {result.session_id} from node {result.node_id!r} is not "
-                f"the current one (current: attempt {session.attempt} on {session.node_id or 'no node'}, "
-                f"{session.status.value})"
-            )
+        answered = ended_attempt_answer(session, result)
+        if answered is not None:
+            return answered
         run = self.runs[session.run_id]
         changes = Changes(runs={run.run_id}, sessions={session.session_id})
         changes.released.append((session.session_id, session.attempt))
@@ -298,6 +318,37 @@ class Scheduler:
         changes.results.append(StoredResult(result, counted))
         changes.merge(groups.settle(self, session.group_id))
         return counted, changes
+
+    def forget_done(self, group_ids: Iterable[str]) -> None:
+        """Drop the done ones of `group_ids` and their sessions from memory (their counts go to the run's
+        `retired` tally). Call it once their rows were snapshotted for the store: the store answers for them
+        from then on."""
+        for group_id in group_ids:
+            group = self.groups.get(group_id)
+            if group is None or not group.done:
+                continue
+            run = self.runs[group.run_id]
+            for session_id in group.session_ids:
+                session = self.sessions.pop(session_id)
+                run.retired.add(session.status, session.outcome, session.reward)
+                self._queued.discard(session_id)
+            del self.groups[group_id]
+            del run.group_ids[group_id]
+            if run.finished and not run.group_ids:
+                self._queues.pop(run.run_id, None)
+
+    def delete_run(self, run_id: str) -> None:
+        """Forget a finished run entirely (its store rows are deleted by the caller); FailedPreconditionError
+        for a running run (cancel it first)."""
+        run = self.run(run_id)
+        if not run.finished:
+            raise FailedPreconditionError(f"run {run_id} is running: cancel it before deleting it")
+        for group_id in list(run.group_ids):  # complete groups nobody streamed
+            for session_id in self.groups.pop(group_id).session_ids:
+                del self.sessions[session_id]
+                self._queued.discard(session_id)
+        self._queues.pop(run_id, None)
+        del self.runs[run_id]
 
     def _fail_attempt(self, session: Session, run: Run, changes: Changes) -> None:
         session.failures += 1

@@ -7,6 +7,11 @@ written before a hand-out is answered and deleted (in the background, best effor
 ended and its write landed; keys left behind while etcd was away are removed by the next
 reconciliation. Reconciliation (on start and after every etcd reconnection) runs alone: no hand-out
 claims keys while it compares the store's running attempts with etcd.
+
+Memory holds the work in flight: once a write is queued, the groups it made done (delivered, dropped,
+failed, cancelled) leave the scheduler with their sessions, and every read about them (views, the group
+stream's resume, a late or repeated result) goes to the store. Finished runs can be deleted or archived
+(exported to Parquet, then deleted), by hand or after `Retention.period_s`.
 """
 
 from __future__ import annotations
@@ -22,16 +27,18 @@ from lodestar import errors
 from lodestar.etcd import EtcdClient
 from lodestar.logging import get_logger
 from lodestar.v1 import rollout_pb2
-from services.rollout import browse, groups, views
+from services.rollout import browse, groups, retention, views
 from services.rollout.leases import Owners, Ownership, OwnershipWatch
 from services.rollout.model import Changes, Session
-from services.rollout.scheduler import Progress, Scheduler
+from services.rollout.scheduler import Progress, Scheduler, ended_attempt_answer
 from services.rollout.spec import validate_spec, with_defaults
 from services.rollout.store import Store, rows_for
 from services.rollout.writer import KeyReleaser, StoreWriter
 
 STREAM_RECHECK_S = 5.0
 """A waiting group stream re-checks its run at least this often (besides being woken)."""
+ARCHIVE_TIMEOUT_S = 600.0
+"""Longest wait for a run's archive (export + delete) before the RPC answers DEADLINE_EXCEEDED."""
 _log = get_logger("rollout.service")
 
 
@@ -72,8 +79,17 @@ class ClaimGate:
 class RolloutCore:
     """Runs, hand-outs, results and group streams of one leading rollout service."""
 
-    def __init__(self, store: Store, etcd: EtcdClient, prefix: str, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: Store,
+        etcd: EtcdClient,
+        prefix: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        keep: retention.Retention | None = None,
+    ) -> None:
         self.scheduler = Scheduler()
+        self.retention = keep or retention.Retention()
         self.store = store
         self.ownership = Ownership(etcd, prefix)
         self.watch = OwnershipWatch(self.ownership, self._reconcile, self._on_deleted)
@@ -92,7 +108,13 @@ class RolloutCore:
         self.scheduler.policy_version = state.policy_version
         running = len(self.scheduler.running())
         _log.info("rollout state loaded", runs=len(state.runs), sessions=len(state.sessions), running=running)
+        unstamped = {run.run_id for run in state.runs if run.finished and not run.finished_at}
+        for run_id in unstamped:  # finished before finish times were kept: retention counts from now
+            self.scheduler.runs[run_id].finished_at = self._clock()
+        await self._persist(Changes(runs=unstamped))
         self._spawn(self.watch.run(), "ownership-watch")
+        if self.retention.period_s > 0:
+            self._spawn(self._expire_loop(), "retention")
 
     async def stop(self) -> None:
         self.stopped = True
@@ -115,7 +137,12 @@ class RolloutCore:
         """Queue the write of `changes` (in order), wake group streams, and release the keys of ended
         attempts once the write landed."""
         scheduler = self.scheduler
+        for run_id in changes.runs:
+            run = scheduler.runs[run_id]
+            if run.finished and not run.finished_at:
+                run.finished_at = self._clock()
         written = self.writer.write(rows_for(changes, scheduler.runs, scheduler.groups, scheduler.sessions))
+        scheduler.forget_done(changes.groups)  # snapshotted: the store answers for done groups from now on
         for run_id in changes.group_events:
             self._run_events.pop(run_id, asyncio.Event()).set()
         if changes.released:
@@ -160,6 +187,35 @@ class RolloutCore:
         await self._persist(self.scheduler.cancel_run(run_id))
         return self.run_view(run_id)
 
+    async def delete_run(self, run_id: str) -> None:
+        """Delete a finished run from memory and the store (FailedPreconditionError while it runs)."""
+        self.scheduler.delete_run(run_id)
+        self._run_events.pop(run_id, asyncio.Event()).set()  # its waiting streams end
+        await self.writer.read(self.store.delete_run, run_id)
+        _log.info("run deleted", run=run_id)
+
+    async def archive_run(self, run_id: str) -> retention.Archived:
+        """Export a finished run's scored trajectories to Parquet under the archive folder, then delete it."""
+        if not self.scheduler.run(run_id).finished:
+            raise errors.FailedPreconditionError(f"run {run_id} is running: cancel it before archiving it")
+        try:
+            async with asyncio.timeout(ARCHIVE_TIMEOUT_S):
+                archived = await self.writer.read(retention.archive, self.store, run_id, self.retention.archive_dir)
+        except TimeoutError:
+            raise errors.DeadlineExceededError(f"archiving run {run_id} took over {ARCHIVE_TIMEOUT_S:.0f} s") from None
+        await self.delete_run(run_id)
+        _log.info("run archived", run=run_id, path=str(archived.path), records=archived.records)
+        return archived
+
+    async def _expire_loop(self) -> None:
+        """Delete finished runs once the retention period passed since they finished."""
+        while True:
+            for run_id in retention.expired(self.scheduler.runs.values(), self.retention.period_s, self._clock()):
+                with contextlib.suppress(errors.NotFoundError):
+                    await self.delete_run(run_id)
+                    _log.info("run expired", run=run_id, retention_s=self.retention.period_s)
+            await asyncio.sleep(self.retention.check_interval_s)
+
     # -- read-only views (dashboards) ------------------------------------------------------------
 
     def list_runs(self, limit: int) -> list[rollout_pb2.Run]:
@@ -167,21 +223,32 @@ class RolloutCore:
         runs = sorted(self.scheduler.runs.values(), key=lambda run: run.ordinal, reverse=True)
         return [self.run_view(run.run_id) for run in runs[: limit or None]]
 
-    def list_groups(self, run_id: str) -> list[rollout_pb2.GroupSummary]:
+    async def list_groups(self, run_id: str) -> list[rollout_pb2.GroupSummary]:
+        """The run's groups (task order): live ones from memory, the others from the store."""
         scheduler = self.scheduler
         run = scheduler.run(run_id)
         out = []
-        for group_id in run.group_ids:
-            group = scheduler.groups[group_id]
-            sessions = sorted((scheduler.sessions[sid] for sid in group.session_ids), key=lambda s: s.sample)
-            out.append(browse.group_summary(group, run, sessions))
+        for group, stored in await self.writer.read(self.store.run_groups, run_id):
+            live = scheduler.groups.get(group.group_id)
+            if live is not None:
+                group, stored = live, [scheduler.sessions[sid] for sid in live.session_ids]
+            out.append(browse.group_summary(group, run, sorted(stored, key=lambda s: s.sample)))
         return out
+
+    async def _session(self, session_id: str) -> Session:
+        """The session from memory while its group is live, else from the store (NotFoundError: none)."""
+        session = self.scheduler.sessions.get(session_id)
+        if session is None:
+            session = await self.writer.read(self.store.session, session_id)
+        if session is None:
+            raise errors.NotFoundError(f"no session {session_id!r}")
+        return session
 
     async def session_detail(
         self, request: rollout_pb2.GetSessionDetailRequest
     ) -> rollout_pb2.GetSessionDetailResponse:
-        session = self.scheduler.session(request.session_id)
-        summary = browse.session_summary(session, self.scheduler.runs[session.run_id])
+        session = await self._session(request.session_id)
+        summary = browse.session_summary(session, self.scheduler.run(session.run_id))
         attempts = await self.writer.read(self.store.attempts, session.session_id)
         shown = await self.writer.read(self.store.shown_result, session.session_id)
         return browse.session_detail(summary, attempts, shown, request)
@@ -192,8 +259,7 @@ class RolloutCore:
         return [browse.failed_attempt(record) for record in records]
 
     async def report_policy_version(self, version: int) -> int:
-        self.scheduler.report_policy_version(version)
-        await self._persist(Changes(policy_version=version))
+        await self._persist(self.scheduler.report_policy_version(version))
         return version
 
     # -- nodes -------------------------------------------------------------------------------------
@@ -222,7 +288,13 @@ class RolloutCore:
 
     async def complete(self, result: rollout_pb2.SessionResult) -> bool:
         """Record a node's result (fenced); returns whether it counted toward its group."""
-        counted, changes = self.scheduler.complete(result, self._clock())
+        if result.session_id in self.scheduler.sessions:
+            counted, changes = self.scheduler.complete(result, self._clock())
+        else:  # its group is done and left memory: a repeated or late report
+            answered = ended_attempt_answer(await self._session(result.session_id), result)
+            if answered is None:
+                raise errors.FailedPreconditionError(f"session {result.session_id} is not running")
+            counted, changes = answered
         if changes:
             await self._persist(changes)
         return counted
@@ -240,11 +312,17 @@ class RolloutCore:
             if self.stopped:
                 raise errors.UnavailableError("this rollout instance stopped leading: reconnect to the leader")
             event = self._run_events.setdefault(run_id, asyncio.Event())
-            group, changes = groups.next_group(self.scheduler, run, sent)
-            if changes:
-                await self._persist(changes)
+            if sent < run.groups_delivered:  # delivered before: it left memory
+                group = await self.writer.read(self.store.delivered_group, run_id, sent + 1)
+                if group is None:
+                    raise errors.NotFoundError(f"run {run_id} was deleted")
+                session_ids = group.session_ids
+            else:
+                group, changes = groups.next_group(self.scheduler, run, sent)
+                session_ids = groups.scored_session_ids(self.scheduler, group) if group is not None else []
+                if changes:
+                    await self._persist(changes)
             if group is not None:
-                session_ids = groups.scored_session_ids(self.scheduler, group)
                 results = await self.writer.read(self.store.counted_results, session_ids)
                 if tokens_only:
                     for result in results:

@@ -51,6 +51,20 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         core = await self._leading(context)
         return rollout_pb2.CancelRunResponse(run=await core.cancel_run(request.run_id))
 
+    async def DeleteRun(self, request: rollout_pb2.DeleteRunRequest, context: Context) -> rollout_pb2.DeleteRunResponse:
+        core = await self._leading(context)
+        await core.delete_run(request.run_id)
+        return rollout_pb2.DeleteRunResponse(run_id=request.run_id)
+
+    async def ArchiveRun(
+        self, request: rollout_pb2.ArchiveRunRequest, context: Context
+    ) -> rollout_pb2.ArchiveRunResponse:
+        core = await self._leading(context)
+        archived = await core.archive_run(request.run_id)
+        return rollout_pb2.ArchiveRunResponse(
+            run_id=request.run_id, path=str(archived.path), sessions=archived.sessions, records=archived.records
+        )
+
     async def AcquireSessions(
         self, request: rollout_pb2.AcquireSessionsRequest, context: Context
     ) -> rollout_pb2.AcquireSessionsResponse:
@@ -93,7 +107,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self, request: rollout_pb2.ListGroupsRequest, context: Context
     ) -> rollout_pb2.ListGroupsResponse:
         core = await self._leading(context)
-        return rollout_pb2.ListGroupsResponse(groups=core.list_groups(request.run_id))
+        return rollout_pb2.ListGroupsResponse(groups=await core.list_groups(request.run_id))
 
     async def GetSessionDetail(
         self, request: rollout_pb2.GetSessionDetailRequest, context: Context

@@ -32,6 +32,11 @@ class RolloutSettings(EtcdClientSettings):
     store_synchronous: str = "normal"
     """SQLite synchronous mode: normal (a committed write survives a crash of the process) or full (also
     power loss, slower)."""
+    retention_days: float = Field(default=0.0, ge=0.0)
+    """Finished runs (completed or cancelled) are deleted with all their data this many days after they
+    finished (0: kept until `lodestar run delete` or `lodestar run archive`)."""
+    archive_dir: Path = Path(".lodestar/archive")
+    """Where `lodestar run archive` writes RUN_ID.parquet, on the leader's host."""
 
     @field_validator("store", mode="before")
     @classmethod

@@ -19,7 +19,7 @@ _STATUS_COUNTER = {
 
 
 def run_view(run: Run, sessions: Iterable[Session], policy_version: int) -> rollout_pb2.Run:
-    """The run with its counters (sessions are the run's own)."""
+    """The run with its counters: `sessions` are the run's live ones, `run.retired` counts the others."""
     view = rollout_pb2.Run(run_id=run.run_id, state=rollout_pb2.RunState.ValueType(run.state))
     view.policy_version = policy_version
     view.spec.CopyFrom(run.spec)
@@ -27,8 +27,11 @@ def run_view(run: Run, sessions: Iterable[Session], policy_version: int) -> roll
     created.FromNanoseconds(int(run.created_at * 1e9))
     view.created_at.CopyFrom(created)
     counts = dict.fromkeys(_STATUS_COUNTER.values(), 0)
-    ready = timed_out = total = scored = 0
-    reward_sum = 0.0
+    for status, count in run.retired.by_status.items():
+        counts[_STATUS_COUNTER[status]] += count
+    total = sum(counts.values())
+    scored = counts["sessions_succeeded"]
+    timed_out, reward_sum, ready = run.retired.timed_out, run.retired.reward_sum, 0
     for session in sessions:
         total += 1
         counts[_STATUS_COUNTER[session.status]] += 1

@@ -86,7 +86,7 @@ def test_store_shown_result_and_failed_attempts(store_location: str) -> None:
     try:
         spec = make_spec(tasks=1, group_size=1)
         rows = Rows(specs=[("run-1", spec)])
-        rows.runs.append(("run-1", 1, 0.0, 1, 0, 0, 0, 0, '{"sums": {}, "counts": {}}'))
+        rows.runs.append(("run-1", 1, 0.0, 1, 0, 0, 0, 0, '{"sums": {}, "counts": {}}', 0.0, 0.0, 0, 0))
         rows.sessions.append(("s1", "run-1", "g1", 0, 0, "scored", 3, 1, "n", 1, 0, 1, 1.0, 1, 0, 0, 0.0))
         rows.attempts = [
             AttemptRecord("s1", 1, "n", 1, 1.0, 2.0, "infra_failed", "boom"),
