@@ -58,6 +58,8 @@ class TrainingSequence:
     advantages: list[float] = field(default_factory=list)
     temperatures: list[float] = field(default_factory=list)
     """Sampling temperature of each target's call: its logprob is recomputed under logits / temperature."""
+    versions: list[int] = field(default_factory=list)
+    """Policy version that sampled each target (its call's `policy_version`)."""
 
     @property
     def is_linear(self) -> bool:
@@ -113,6 +115,8 @@ class MicroBatch:
     """Start offset of each packed sequence."""
     temperatures: list[float] = field(default_factory=list)
     """Sampling temperature of each target (per-target list, length N); empty: 1.0 for every target."""
+    versions: list[int] = field(default_factory=list)
+    """Policy version that sampled each target (length N; empty: unknown)."""
 
 
 def sampled_temperature(call: common_pb2.CallRecord) -> float:

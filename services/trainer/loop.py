@@ -199,7 +199,8 @@ class Trainer:
         built = time.perf_counter()
 
         harness_of = {sample.sample_index: sample.harness for group in plan.groups for sample in group.samples}
-        totals, grad_norm, mismatch = self._forward_backward(micro_batches, MismatchTally(harness_of))
+        tally = MismatchTally(harness_of, version=self.state.policy_version)
+        totals, grad_norm, mismatch = self._forward_backward(micro_batches, tally)
         backward_done = time.perf_counter()
 
         self.optimizer.step()

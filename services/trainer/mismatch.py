@@ -4,8 +4,11 @@ Before an update the trainer's logprob of a sampled token must equal the one inf
 compute the same distribution (the run's sampling policy; services/trainer/forward.py). A gap means the
 PPO ratio and the TIS weight compare two different distributions, so the update for those tokens is
 biased: a harness whose sampling was not overridden, a model inference and trainer load differently, a
-precision problem. `MismatchTally` sums |trainer - inference| over a step's targets by the harness that
-ran each target's session (`Sample.harness`); `values()` gives the step metrics
+precision problem. Only tokens sampled by the policy version the trainer holds when the step starts are
+compared: a token of an older version (a stale sample) differs by the policy's own updates since, which is
+what the importance weight corrects, not a mismatch (with the quickstart's large learning rate that is
+several nats). `MismatchTally` sums |trainer - inference| over those targets by the harness that ran each
+target's session (`Sample.harness`); `values()` gives the step metrics
 `logprob_diff_mean/<harness>` and `logprob_diff_max/<harness>` (the step-wide `logprob_diff_mean/max` come
 from the loss), and `above()` the harnesses whose mean passed the trainer's `mismatch_warn_nats`.
 """
@@ -30,6 +33,8 @@ class MismatchTally:
 
     harness_of: Mapping[int, str]
     """Harness of each sample index of the step."""
+    version: int | None = None
+    """The policy version the trainer holds (only its tokens are compared); None: every token."""
     sums: dict[str, float] = field(default_factory=dict)
     counts: dict[str, float] = field(default_factory=dict)
     maxima: dict[str, float] = field(default_factory=dict)
@@ -37,7 +42,10 @@ class MismatchTally:
     def add(self, trainer_logprobs: torch.Tensor, batch: MicroBatch) -> None:
         """Tally one micro-batch: `trainer_logprobs` [N] against `batch.behaviour_logprobs` [N]."""
         gap = (trainer_logprobs.detach().float().cpu() - torch.tensor(batch.behaviour_logprobs)).abs().tolist()
-        for sample, value in zip(batch.target_samples, gap, strict=True):
+        versions: list[int | None] = list(batch.versions) or [None] * len(gap)
+        for sample, value, version in zip(batch.target_samples, gap, versions, strict=True):
+            if self.version is not None and version is not None and version != self.version:
+                continue  # a stale token: the policy moved since it was sampled
             harness = self.harness_of.get(sample) or UNKNOWN_HARNESS
             self.sums[harness] = self.sums.get(harness, 0.0) + value
             self.counts[harness] = self.counts.get(harness, 0.0) + 1.0
@@ -54,6 +62,7 @@ class MismatchTally:
         kept = [index for index, count in enumerate(counts) if count]
         return MismatchTally(
             self.harness_of,
+            self.version,
             sums={names[i]: sums[i] for i in kept},
             counts={names[i]: counts[i] for i in kept},
             maxima={names[i]: maxima[i] for i in kept},

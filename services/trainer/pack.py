@@ -31,6 +31,7 @@ def _concatenate(sequences: Sequence[TrainingSequence]) -> MicroBatch:
         batch.behaviour_logprobs.extend(sequence.behaviour_logprobs)
         batch.advantages.extend(sequence.advantages)
         batch.temperatures.extend(sequence.temperatures)
+        batch.versions.extend(sequence.versions)
     return batch
 
 

@@ -158,3 +158,23 @@ def test_no_warning_when_every_harness_is_under_the_threshold(trainer_model_dir:
     assert status.warning == ""
     assert status.last_record is not None
     assert set(status.last_record.values) >= {"logprob_diff_mean/pi", "logprob_diff_max/pi"}
+
+
+def test_stale_tokens_are_not_a_mismatch(trainer_model_dir: Path, tmp_path: Path) -> None:
+    """Step 2 trains on a group version 0 sampled (the trainer holds version 1): its tokens differ by the update,
+    which the importance weight corrects, so even 6 nats off they are neither a per-harness mismatch nor a
+    warning (step 1's fresh tokens are: the test above)."""
+    fresh = _by_harness(make_group(0), ["pi"] * 4, {})
+    stale = _by_harness(make_group(1), ["drifty"] * 4, {"drifty": -6.0})
+    trainer, _ = trainer_for(
+        trainer_model_dir, tmp_path, [fresh, stale], steps=2, groups_per_step=1, mismatch_warn_nats=3.0
+    )
+    trainer.run()
+    status = trainer.board.snapshot()
+    assert status.phase is Phase.STOPPED, status.error
+    first, second = [json.loads(text) for text in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert "logprob_diff_mean/pi" in first
+    assert second["policy_version"] == 2
+    assert second["logprob_diff_mean"] > 3.0, "the loss still sees the gap"
+    assert "logprob_diff_mean/drifty" not in second
+    assert status.warning == ""

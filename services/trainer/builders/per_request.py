@@ -29,6 +29,7 @@ def add_targets(
     sequence.behaviour_logprobs.extend(call.completion_logprobs[first : first + count])
     sequence.advantages.extend([sample.advantage] * count)
     sequence.temperatures.extend([sampled_temperature(call)] * count)
+    sequence.versions.extend([call.policy_version] * count)
 
 
 def add_call_targets(sequence: TrainingSequence, start: int, sample: Sample, call: common_pb2.CallRecord) -> None:
