@@ -56,6 +56,7 @@ def _open(page: Any, url: str) -> None:
     assert page.locator("#error").count() == 0, page.locator("#error").inner_text()
 
 
+@pytest.mark.slow
 def test_a_finished_run_in_the_browser(stack: DashboardStack, browser: Any, screenshots: Path) -> None:
     assert stack.run is not None
     run = stack.run

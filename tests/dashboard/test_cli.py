@@ -57,6 +57,7 @@ def _stop(process: subprocess.Popen[str], timeout: float) -> int:
             process.kill()
 
 
+@pytest.mark.slow
 def test_dashboard_command(stack: DashboardStack) -> None:
     assert stack.run is not None
     process = _lodestar("dashboard", "--rollout", stack.rollout_address, "--runs-dir", str(stack.root / "runs"),
@@ -72,6 +73,7 @@ def test_dashboard_command(stack: DashboardStack) -> None:
     assert _stop(process, 15) == 0
 
 
+@pytest.mark.slow
 def test_dashboard_refuses_every_interface_without_a_token() -> None:
     process = _lodestar("dashboard", "--host", "0.0.0.0", "--rollout", "127.0.0.1:1", "--port", "0")
     output, _ = process.communicate(timeout=60)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lodestar.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
@@ -56,6 +57,7 @@ def test_record_is_committed_before_the_stream_ends(gateway_stack: GatewayStack,
     assert record.finished_at.seconds >= record.started_at.seconds > 0
 
 
+@pytest.mark.slow
 def test_capture_survives_sigkill_of_the_gateway_process(gateway_stack: GatewayStack, tmp_path: Path) -> None:
     grpc_port, http_port = free_port(), free_port()
     data_dir = tmp_path / "killed-gateway"

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.gateway.cases import VALID
 from tests.gateway.http import post
 from tests.gateway.stack import GatewayStack
@@ -25,6 +27,7 @@ def lodestar(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_session_open_prints_a_working_key(gateway_stack: GatewayStack) -> None:
     opened = lodestar("session", "open", "--gateway", gateway_stack.grpc_address, "--label", "task=t1")
     assert opened.returncode == 0, opened.stderr
@@ -48,6 +51,7 @@ def test_session_open_prints_a_working_key(gateway_stack: GatewayStack) -> None:
     assert "unknown session" in missing.stderr
 
 
+@pytest.mark.slow
 def test_session_show_calls_and_json(gateway_stack: GatewayStack, tiny_model_dir: Path) -> None:
     gateway_stack.set_script({"replies": [{"text": "First answer."}, {"text": "Second answer."}]})
     key = lodestar("session", "open", "--gateway", gateway_stack.grpc_address).stdout.strip()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from lodestar.v1 import common_pb2, inference_pb2
 from services.gateway.continuation import ChainIndex, ChainLink, MessageKey, context_key, message_key, message_keys
 
@@ -112,6 +114,7 @@ def _best_lookup_s(index: ChainIndex, session: str, keys: list[MessageKey], repe
     return best
 
 
+@pytest.mark.slow
 def test_lookup_cost_does_not_grow_with_the_calls_of_a_session() -> None:
     """2,000 calls in one session: 20 sub-agent chains of 100 turns each. A lookup at the end costs what it
     costs in a session holding only its own chain (the old scan over every earlier call grew with them)."""

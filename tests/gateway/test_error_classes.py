@@ -66,6 +66,7 @@ def test_context_overflow_in_each_vendors_words(gateway_stack: GatewayStack, ses
 
 
 @pytest.mark.parametrize("dialect", list(VALID))
+@pytest.mark.slow
 def test_a_bug_in_inference_is_a_500_that_is_not_retried(gateway_stack_factory: StackFactory, dialect: str) -> None:
     # If anything retried the crashed Generate, the retry would get the second reply and answer 200.
     stack = gateway_stack_factory({"select": "sequence", "replies": [{"crash": True}, {"text": "second"}]})
@@ -81,6 +82,7 @@ def test_a_bug_in_inference_is_a_500_that_is_not_retried(gateway_stack_factory: 
     assert [call.sequence for call in stack.calls(session.session_id)] == [0]
 
 
+@pytest.mark.slow
 def test_sdk_error_types_for_a_bug(gateway_stack: GatewayStack, session: OpenedSession) -> None:
     gateway_stack.set_script({"replies": [{"crash": True}]})
     claude, oai, gemini = _clients(gateway_stack, session)

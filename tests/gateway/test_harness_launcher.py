@@ -89,6 +89,7 @@ FETCH = (
 )
 
 
+@pytest.mark.slow
 async def test_isolated_run_reaches_gateway_through_relay_and_nothing_else(tmp_path, http_server):
     launcher = Launcher(isolate_network=True)
     if not await launcher.isolation.available():
@@ -171,6 +172,7 @@ async def test_stdin_is_devnull_and_environment_is_clean(tmp_path, http_server, 
 
 
 @pytest.mark.parametrize("isolate", [False, True])
+@pytest.mark.slow
 async def test_timeout_kills_the_whole_process_group(tmp_path, http_server, isolate):
     launcher = Launcher(isolate_network=isolate)
     dirs = RunDirs.under(tmp_path)

@@ -126,6 +126,7 @@ def test_oversized_body_is_413(gateway_stack_factory: StackFactory, dialect: str
     assert post(stack.http_base_url, path, body, key=opened.key).status == 200
 
 
+@pytest.mark.slow
 def test_unavailable_inference_is_retryable(gateway_stack_factory: StackFactory) -> None:
     stack = gateway_stack_factory(inference=False)
     opened = stack.open_session()
@@ -224,6 +225,7 @@ def test_stream_event_sequences(gateway_stack: GatewayStack, session: OpenedSess
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.slow
 def test_tokens_are_streamed_as_generated(gateway_stack: GatewayStack, session: OpenedSession, dialect: str) -> None:
     words = "one two three four five six seven eight nine ten eleven twelve"
     gateway_stack.set_script({"token_delay_s": 0.1, "replies": [{"text": words}]})

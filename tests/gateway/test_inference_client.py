@@ -142,6 +142,7 @@ async def test_generations_share_one_stream() -> None:
         assert servicer.generate_calls == 0
 
 
+@pytest.mark.slow
 async def test_unavailable_before_any_response_is_retried_then_reported() -> None:
     servicer = StandIn([unavailable_tags])
     async with client_of(servicer) as client:

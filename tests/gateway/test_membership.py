@@ -17,6 +17,7 @@ from pathlib import Path
 
 import aiohttp
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lodestar.etcd import EtcdClient
@@ -124,6 +125,7 @@ def _gateway_process(
             process.wait(10)
 
 
+@pytest.mark.slow
 async def test_sigterm_removes_the_key_at_once(tmp_path: Path, etcd_endpoint: str, etcd_prefix: str) -> None:
     key = node_key("node-term", etcd_prefix)
     async with EtcdClient(etcd_endpoint) as etcd:
@@ -135,6 +137,7 @@ async def test_sigterm_removes_the_key_at_once(tmp_path: Path, etcd_endpoint: st
         assert gone_after < 5, f"key took {gone_after:.1f} s to go: expired (30 s TTL) rather than revoked?"
 
 
+@pytest.mark.slow
 async def test_sigkill_key_vanishes_after_the_ttl(tmp_path: Path, etcd_endpoint: str, etcd_prefix: str) -> None:
     key = node_key("node-kill", etcd_prefix)
     async with EtcdClient(etcd_endpoint) as etcd:
@@ -149,6 +152,7 @@ async def test_sigkill_key_vanishes_after_the_ttl(tmp_path: Path, etcd_endpoint:
         assert gone_after <= TTL_S + 1
 
 
+@pytest.mark.slow
 async def test_etcd_down_at_start_node_serves_and_registers_when_etcd_comes_up(
     tmp_path: Path, private_etcd: EtcdServer, etcd_prefix: str
 ) -> None:
@@ -172,6 +176,7 @@ async def test_etcd_down_at_start_node_serves_and_registers_when_etcd_comes_up(
         await node.stop(grace=0.5)
 
 
+@pytest.mark.slow
 async def test_lost_lease_re_registers_when_etcd_is_back(
     tmp_path: Path, private_etcd: EtcdServer, etcd_prefix: str
 ) -> None:

@@ -142,6 +142,7 @@ def test_failure_mid_stream_ends_the_stream_with_the_dialect_error(
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.slow
 def test_failure_before_the_first_token_is_a_plain_error_response(
     gateway_stack: GatewayStack, session: OpenedSession, dialect: str
 ) -> None:
@@ -202,6 +203,7 @@ def test_openai_chat_sdk_raises(gateway_stack: GatewayStack, session: OpenedSess
     continue_after_sdk_failure(gateway_stack, session, SECOND)
 
 
+@pytest.mark.slow
 def test_openai_responses_sdk_raises(gateway_stack: GatewayStack, session: OpenedSession) -> None:
     gateway_stack.set_script(SDK_SCRIPT)
     client = openai.OpenAI(base_url=gateway_stack.openai_base_url, api_key=session.key, max_retries=0)

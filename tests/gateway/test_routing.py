@@ -13,6 +13,7 @@ REPLICAS = ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]
 KEYS = [f"ses_{i:05d}" for i in range(3000)]
 
 
+@pytest.mark.slow
 def test_a_session_always_reaches_the_same_replica() -> None:
     router = AffinityRouter(REPLICAS)
     first = {key: router.pick(key) for key in KEYS}
@@ -20,12 +21,14 @@ def test_a_session_always_reaches_the_same_replica() -> None:
     assert all(router.pick(key) == replica for key, replica in first.items())
 
 
+@pytest.mark.slow
 def test_sessions_spread_evenly() -> None:
     shares = Counter(AffinityRouter(REPLICAS).pick(key) for key in KEYS)
     assert set(shares) == set(REPLICAS)
     assert all(0.25 < count / len(KEYS) < 0.42 for count in shares.values()), shares
 
 
+@pytest.mark.slow
 def test_a_joining_replica_takes_only_its_share_of_new_sessions() -> None:
     before = {key: AffinityRouter(REPLICAS).place(key) for key in KEYS}
     grown = AffinityRouter([*REPLICAS, "10.0.0.4:50051"])

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import threading
 
+import pytest
+
 from tests.gateway.conftest import StackFactory
 from tests.gateway.http import post
 
@@ -29,6 +31,7 @@ def test_a_session_past_its_calls_is_refused_in_its_dialect(gateway_stack_factor
     assert post(stack.http_base_url, "/v1/chat/completions", CHAT, key=other.key).status == 200, "per session"
 
 
+@pytest.mark.slow
 def test_calls_at_once_are_bounded_and_freed(gateway_stack_factory: StackFactory) -> None:
     stack = gateway_stack_factory({"replies": [{"text": "slow reply here"}], "token_delay_s": 0.2},
                                   session_max_concurrent_calls=1)  # fmt: skip

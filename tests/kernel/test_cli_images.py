@@ -36,6 +36,7 @@ def _lodestar(*argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_build_task_refuses_a_directory_without_dockerfile(tmp_path: Path):
     done = _lodestar("images", "build-task", str(tmp_path))
     assert done.returncode == 2
@@ -43,6 +44,7 @@ def test_build_task_refuses_a_directory_without_dockerfile(tmp_path: Path):
 
 
 @pytest.mark.skipif(shutil.which("docker") is None, reason="no docker client on this machine")
+@pytest.mark.slow
 def test_build_task_names_the_missing_base_image(tmp_path: Path):
     (tmp_path / "Dockerfile").write_text("ARG BASE\nFROM ${BASE}\n")
     done = _lodestar("images", "build-task", str(tmp_path), "--base", "lodestar/no-such-base:never")

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 
 from lodestar.cli.services import REGISTRY
 from lodestar.v1 import inference_pb2, inference_pb2_grpc
@@ -24,6 +25,7 @@ def test_registry_names_every_service_with_its_settings() -> None:
     assert all(service.settings.section == service.name for service in REGISTRY)
 
 
+@pytest.mark.slow
 def test_inference_serve_without_model_serves_the_tiny_model(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -54,6 +54,7 @@ async def server_process():
             await process.wait()
 
 
+@pytest.mark.slow
 async def test_sigterm_drains_in_flight_rpcs_and_refuses_new_ones(server_process) -> None:
     process, target = server_process
     async with grpc.aio.insecure_channel(target) as channel:
@@ -93,6 +94,7 @@ async def test_sigterm_drains_in_flight_rpcs_and_refuses_new_ones(server_process
     assert await _wait_for_line(process, "drained") == "drained"
 
 
+@pytest.mark.slow
 async def test_drain_cancels_rpcs_that_outlive_the_grace(tmp_path) -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable, str(SCRIPT), "--drain-seconds", "0.5", stdout=asyncio.subprocess.PIPE, cwd=SCRIPT.parents[2]

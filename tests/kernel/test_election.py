@@ -47,6 +47,7 @@ async def test_failover_when_the_leaders_lease_is_revoked(two_clients, etcd_pref
     await lease_b.revoke()
 
 
+@pytest.mark.slow
 async def test_failover_when_the_leader_stops_refreshing(two_clients, etcd_prefix: str) -> None:
     """A leader process that dies stops its keepalive; the follower takes over within about a TTL."""
     client_a, client_b = two_clients

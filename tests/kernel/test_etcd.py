@@ -51,6 +51,7 @@ async def test_put_get_delete_and_prefix(etcd: EtcdClient, etcd_prefix: str) -> 
     assert (await etcd.get_prefix(etcd_prefix)).items == []
 
 
+@pytest.mark.slow
 async def test_lease_keys_survive_with_keepalive_and_vanish_without(etcd: EtcdClient, etcd_prefix: str) -> None:
     kept = await etcd.grant_lease(2)
     dropped = await etcd.grant_lease(2, keepalive=False)
@@ -116,6 +117,7 @@ async def test_keepalive_reports_a_lease_revoked_elsewhere(etcd_endpoint: str, e
         assert time.monotonic() - started <= lease.ttl / 3 + 1
 
 
+@pytest.mark.slow
 async def test_keepalive_reports_loss_when_etcd_goes_away(private_etcd) -> None:
     async with EtcdClient(private_etcd.endpoint, timeout=1.0) as etcd:
         lease = await etcd.grant_lease(2)

@@ -63,6 +63,7 @@ def identity(pki: LocalPki, service: str, ca: LocalPki | None = None) -> EtcdTls
     return EtcdTls(ca=(ca or pki).ca, cert=own.cert, key=own.key)
 
 
+@pytest.mark.slow
 async def test_a_user_certificate_can_put_get_lease_and_watch(secure_etcd: str, pki: LocalPki) -> None:
     async with EtcdClient(secure_etcd, timeout=TIMEOUT_S, tls=identity(pki, "rollout")) as etcd:
         assert await etcd.ping()

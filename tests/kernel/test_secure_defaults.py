@@ -130,6 +130,7 @@ async def _refused(process: subprocess.Popen[bytes], what: str) -> str:
     return stderr.decode()
 
 
+@pytest.mark.slow
 async def test_a_service_process_bound_beyond_loopback_without_a_token_exits_before_binding(tmp_path: Path) -> None:
     port = free_port()
     stderr = await _refused(_serve(tmp_path, "--host", "0.0.0.0", "--port", str(port)), "a gateway on 0.0.0.0")
@@ -149,6 +150,7 @@ async def test_a_service_process_bound_beyond_loopback_without_a_token_exits_bef
             await asyncio.to_thread(served.communicate, timeout=30)
 
 
+@pytest.mark.slow
 async def test_a_gateway_with_plaintext_etcd_beyond_loopback_exits_before_serving(tmp_path: Path) -> None:
     """etcd's secure default (tests/kernel/test_etcd_tls.py has the rest): http:// beyond loopback needs
     --etcd-allow-insecure."""
@@ -203,6 +205,7 @@ async def limited() -> AsyncIterator[dict[str, str]]:
             await server.stop(0)
 
 
+@pytest.mark.slow
 async def test_a_request_above_a_servers_receive_limit_is_refused(limited: dict[str, str]) -> None:
     async def send(name: str, size: int) -> bytes:
         channel = connect(limited[name])  # the client side sends and receives up to 256 MiB

@@ -214,6 +214,7 @@ async def inference(pki: LocalPki, tmp_path: Path) -> AsyncIterator[str]:
         log.close()
 
 
+@pytest.mark.slow
 async def test_update_weights_without_the_token_leaves_the_policy(inference: str, pki: LocalPki) -> None:
     async with _identity(pki, "client", token=None).aio_channel(inference) as channel:
         stub = inference_pb2_grpc.InferenceServiceStub(channel)

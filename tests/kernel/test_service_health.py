@@ -141,6 +141,7 @@ def service_processes(etcd_endpoint: str, tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.mark.parametrize("name", list(DESCRIBED))
+@pytest.mark.slow
 async def test_cli_service_serves_health_and_reflection(service_processes: dict[str, str], name: str) -> None:
     service, method = DESCRIBED[name]
     await check_reflection(service_processes[name], service, method)
@@ -177,6 +178,7 @@ async def test_in_process_trainer_serves_health_and_reflection(tmp_path: Path) -
         await server.stop(0)
 
 
+@pytest.mark.slow
 async def test_in_process_rollout_serves_once_it_leads(etcd_endpoint: str, etcd_prefix: str, tmp_path: Path) -> None:
     """Rollout reports SERVING by itself once its instance won the leader election on the store (its own
     etcd prefix: the module's CLI rollout still leads under the default one)."""

@@ -56,12 +56,14 @@ def _ended(
     return code, text
 
 
+@pytest.mark.slow
 def test_every_step_done_is_success(tmp_path: Path) -> None:
     code, text = _ended(tmp_path, STEPS, run_state=rollout_pb2.RUN_STATE_RUNNING)
     assert code == 0
     assert "lodestar train: done" in text
 
 
+@pytest.mark.slow
 def test_a_run_whose_groups_ran_out_ends_normally_and_says_why(tmp_path: Path) -> None:
     code, text = _ended(tmp_path, 13, run_state=rollout_pb2.RUN_STATE_COMPLETED)
     assert code == 0
@@ -71,12 +73,14 @@ def test_a_run_whose_groups_ran_out_ends_normally_and_says_why(tmp_path: Path) -
     assert "read after step" not in text  # the trainer read nothing after its last step
 
 
+@pytest.mark.slow
 def test_a_run_used_up_mid_step_says_what_its_untrained_groups_scored(tmp_path: Path) -> None:
     code, text = _ended(tmp_path, 13, run_state=rollout_pb2.RUN_STATE_COMPLETED, untrained=25)
     assert code == 0
     assert "the 25 read after step 13 scored 0.969 on average" in " ".join(text.split()), text
 
 
+@pytest.mark.slow
 def test_a_trainer_stopped_for_lack_of_signal_ends_normally_and_says_why(tmp_path: Path) -> None:
     """The trainer's stop_after_no_signal_groups: the run still has tasks, but the last groups read had no
     reward signal; `lodestar train` ends with success and names the groups and what they scored."""
@@ -97,6 +101,7 @@ def test_a_trainer_stopped_for_lack_of_signal_ends_normally_and_says_why(tmp_pat
         (rollout_pb2.RUN_STATE_COMPLETED, "trainer unreachable", False, "failed"),
     ],
 )
+@pytest.mark.slow
 def test_other_early_ends_fail(tmp_path: Path, run_state: int, error: str, interrupted: bool, title: str) -> None:
     code, text = _ended(tmp_path, 13, run_state=run_state, error=error, interrupted=interrupted)
     assert code == 1

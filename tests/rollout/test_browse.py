@@ -81,6 +81,7 @@ def _result(session_id: str, attempt: int, reward: float) -> rollout_pb2.Session
     return rollout_pb2.SessionResult(session_id=session_id, attempt=attempt, node_id="n", reward=reward)
 
 
+@pytest.mark.slow
 def test_store_shown_result_and_failed_attempts(store_location: str) -> None:
     store = open_store(store_location)
     try:

@@ -10,6 +10,8 @@ import sys
 from asyncio.subprocess import PIPE
 from pathlib import Path
 
+import pytest
+
 from tests.rollout.helpers import Rollout
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "runs"
@@ -24,6 +26,7 @@ async def _lodestar(*argv: str) -> tuple[int, str, str]:
     return process.returncode or 0, out.decode(), err.decode()
 
 
+@pytest.mark.slow
 async def test_create_status_and_cancel(rollout: Rollout, tmp_path: Path) -> None:
     for name in ("command-agent.yaml", "tasks.jsonl"):
         shutil.copy(EXAMPLES / name, tmp_path / name)
@@ -55,6 +58,7 @@ async def test_create_status_and_cancel(rollout: Rollout, tmp_path: Path) -> Non
     assert "cancelled" in out
 
 
+@pytest.mark.slow
 async def test_bad_spec_and_unknown_run_fail_with_a_message(rollout: Rollout, tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text("groupSize: 0\ntasks: [{taskId: a}]\nharness: {kind: pi}\n")
     code, _, err = await _lodestar("run", "create", str(tmp_path / "bad.yaml"), "--rollout", rollout.address)

@@ -33,6 +33,7 @@ def _store_rows(path: Path, query: str) -> list[tuple[object, ...]]:
 
 
 @pytest.mark.parametrize("how", ["revoked", "expired"])
+@pytest.mark.slow
 async def test_a_lost_node_lease_requeues_its_sessions_as_new_attempts(
     rollout: Rollout, etcd: EtcdClient, tmp_path: Path, how: str
 ) -> None:

@@ -87,6 +87,7 @@ async def test_delete_and_archive_refuse_a_running_run_and_remove_every_row(
     assert _rows_of(store_location, kept) == 11  # the count sees a run: its row, spec, 3 groups, 6 sessions
 
 
+@pytest.mark.slow
 async def test_the_cli_deletes_and_archives(
     tmp_path: Path, etcd_endpoint: str, etcd_prefix: str, etcd: EtcdClient
 ) -> None:

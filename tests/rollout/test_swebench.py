@@ -160,6 +160,7 @@ def _git_apply(cwd: Path, patch: str) -> None:
     subprocess.run(["git", "apply"], input=patch, text=True, cwd=cwd, check=True)
 
 
+@pytest.mark.slow
 async def test_a_record_scores_end_to_end_from_repos_dir(tmp_path: Path):
     """A SWE-bench record built from swe-mini's slugify: repos_dir holds `lodestar__slugify.bundle`."""
     mini = json.loads((SWE_MINI / "tasks.jsonl").read_text().splitlines()[0])

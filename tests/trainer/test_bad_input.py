@@ -50,6 +50,7 @@ def _foreign_tokens(group: rollout_pb2.Group) -> None:
         (_foreign_tokens, "group bad has token id 1000000, outside the model's vocabulary of"),
     ],
 )
+@pytest.mark.slow
 def test_a_bad_group_skips_its_step_and_says_why(
     trainer_model_dir: Path, tmp_path: Path, spoil: Callable[[rollout_pb2.Group], None], reason: str
 ) -> None:
@@ -75,6 +76,7 @@ def inference(trainer_model_dir: Path, tmp_path: Path) -> Iterator[InferenceThre
         yield server
 
 
+@pytest.mark.slow
 async def test_weights_refused_by_inference_fail_the_trainer_with_the_reason(
     inference: InferenceThread, trainer_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -24,6 +24,7 @@ from tests.trainer.test_loop import trainer_for
 GROUPS = [make_group(seed) for seed in range(4)]
 
 
+@pytest.mark.slow
 def test_resume_continues_bit_identically(trainer_model_dir: Path, tmp_path: Path) -> None:
     straight, _ = trainer_for(trainer_model_dir, tmp_path / "a", GROUPS, steps=3)
     straight.run()

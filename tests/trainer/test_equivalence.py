@@ -54,6 +54,7 @@ def _step(
 
 
 @pytest.mark.parametrize("aggregation", list(Aggregation))
+@pytest.mark.slow
 def test_three_builders_give_the_same_loss_and_gradients(tiny_lm: Any, aggregation: Aggregation) -> None:
     reference = copy.deepcopy(tiny_lm)
     with torch.no_grad():

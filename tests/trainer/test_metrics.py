@@ -42,6 +42,7 @@ def test_jsonl_and_tensorboard_hold_every_step(tmp_path: Path) -> None:
     assert [event.wall_time for event in rewards] == [record.time for record in written]
 
 
+@pytest.mark.slow
 def test_lodestar_plot_writes_reward_and_throughput_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_run(tmp_path / "run", 4)
     assert main(["plot", str(tmp_path / "run"), "--out", str(tmp_path / "plots")]) == 0

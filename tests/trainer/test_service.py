@@ -48,6 +48,7 @@ async def wait_for(predicate: object, timeout: float = 60.0) -> None:
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.slow
 async def test_real_run_pushes_checkpoints_stops_and_resumes(
     inference: InferenceThread, trainer_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -142,6 +143,7 @@ async def test_real_run_pushes_checkpoints_stops_and_resumes(
     await rollout.stop(0)
 
 
+@pytest.mark.slow
 async def test_cli_serve_trains_from_a_config_table_and_drains_on_sigterm(
     trainer_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -80,6 +80,7 @@ async def test_the_backend_refuses_a_disallowed_mount_before_staging_anything(tm
     assert not DockerBackend(tmp_path / "sessions", node_id="n", reaper=False).mounts_allowed
 
 
+@pytest.mark.slow
 def test_a_node_fails_the_session_of_a_disallowed_mount_naming_it(
     node_factory: NodeFactory, standin: RolloutStandIn
 ) -> None:

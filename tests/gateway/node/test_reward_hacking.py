@@ -52,6 +52,7 @@ def slugify() -> rollout_pb2.Task:
     ],
     ids=["pytest.py", "conftest.py", "addopts", "tests-conftest.py"],
 )
+@pytest.mark.slow
 async def test_planted_test_infrastructure_scores_what_the_code_deserves(
     tmp_path: Path, slugify: rollout_pb2.Task, plant: dict[str, str]
 ):
@@ -68,6 +69,7 @@ async def test_planted_test_infrastructure_scores_what_the_code_deserves(
     assert set(plant) - {"hackplugin.py"} <= set(details["ignored_files"])
 
 
+@pytest.mark.slow
 async def test_the_agents_git_config_and_hooks_never_run(tmp_path: Path, slugify: rollout_pb2.Task) -> None:
     runtime = await _session(tmp_path, slugify)
     marker = tmp_path / f"pwned-{uuid.uuid4().hex}"

@@ -85,6 +85,7 @@ async def test_leftovers_of_a_dead_node_are_removed(tmp_path: Path):
     assert list((tmp_path / "sessions").iterdir()) == []
 
 
+@pytest.mark.slow
 async def test_processes_that_leave_the_process_group_are_killed_with_the_run(tmp_path: Path):
     launcher = Launcher()
     runtime = await HostBackend(tmp_path / "sessions", launcher).create("s", {})

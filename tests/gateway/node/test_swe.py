@@ -133,6 +133,7 @@ async def test_bad_repository_data_is_refused(tmp_path: Path, slugify: rollout_p
         await prepare_repository(repo, tmp_path / "work")
 
 
+@pytest.mark.slow
 async def test_unfixed_repository_scores_zero_with_per_test_outcomes(tmp_path: Path, slugify: rollout_pb2.Task):
     runtime = await _session(tmp_path, slugify)
 
@@ -146,6 +147,7 @@ async def test_unfixed_repository_scores_zero_with_per_test_outcomes(tmp_path: P
 
 
 @pytest.mark.parametrize("pristine", [True, False])
+@pytest.mark.slow
 async def test_the_fix_scores_one_and_edited_test_files_are_restored(
     tmp_path: Path, slugify: rollout_pb2.Task, pristine: bool
 ):
@@ -168,6 +170,7 @@ async def test_the_fix_scores_one_and_edited_test_files_are_restored(
     assert "def test_collapses_and_strips_dashes" in test_file
 
 
+@pytest.mark.slow
 async def test_an_agent_cannot_fake_the_hidden_test(tmp_path: Path, slugify: rollout_pb2.Task):
     """The agent writes a trivially passing test under the hidden test's name: the patch's version wins."""
     runtime = await _session(tmp_path, slugify)
@@ -180,6 +183,7 @@ async def test_an_agent_cannot_fake_the_hidden_test(tmp_path: Path, slugify: rol
     assert details["fail_to_pass"] == {"tests/test_slugify.py::test_collapses_and_strips_dashes": "failed"}
 
 
+@pytest.mark.slow
 async def test_breaking_a_passing_test_scores_zero_even_with_partial_credit(tmp_path: Path, slugify: rollout_pb2.Task):
     runtime = await _session(tmp_path, slugify)
     # Makes the hidden test pass and breaks the visible one.
@@ -193,6 +197,7 @@ async def test_breaking_a_passing_test_scores_zero_even_with_partial_credit(tmp_
     assert (reward, partial) == (0.0, 0.0)
 
 
+@pytest.mark.slow
 async def test_partial_credit_counts_passing_fail_to_pass_tests(tmp_path: Path, slugify: rollout_pb2.Task):
     task = rollout_pb2.Task()
     task.CopyFrom(slugify)
@@ -270,6 +275,7 @@ async def test_a_test_patch_that_does_not_apply_is_infrastructure(
         await _score(runtime, task, pristine=pristine)
 
 
+@pytest.mark.slow
 async def test_exit_code_parser(tmp_path: Path, slugify: rollout_pb2.Task):
     task = rollout_pb2.Task()
     task.CopyFrom(slugify)
@@ -317,6 +323,7 @@ async def test_every_swe_mini_task_fails_unfixed_and_passes_with_its_gold_patch(
     assert scores == dict.fromkeys(scores, (0.0, 1.0)), json.dumps(scores)
 
 
+@pytest.mark.slow
 def test_swe_mini_tasks_are_what_make_tasks_builds():
     """tasks.jsonl (base commits, test and gold patches) is reproducible from repos.py on this machine."""
     done = subprocess.run(
