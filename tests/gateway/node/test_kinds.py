@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from lodestar.errors import InvalidArgumentError
-from lodestar.kinds import COMMAND, HARNESS_KINDS, PI_APIS, VERIFIER_KINDS, harness_kinds
+from lodestar.kinds import COMMAND, HARNESS_KINDS, PI_APIS, RUNTIME_KINDS, VERIFIER_KINDS, harness_kinds
 from lodestar.v1 import rollout_pb2
 from services.gateway.node.attempt import Attempt
 from services.gateway.node.harnesses import Launcher, Pi
 from services.gateway.node.kinds import LAUNCHER_NAMES, harness_for
-from services.gateway.node.runtimes import HostBackend
+from services.gateway.node.runtimes import DockerBackend, HostBackend
 from services.gateway.node.stages import SessionStages
 from services.gateway.node.verifiers import VERIFIERS
 
@@ -24,6 +24,7 @@ def test_every_kernel_kind_has_its_adapter_verifier_and_runtime():
         spec = rollout_pb2.HarnessSpec(kind=kind, command=["true"] if kind == COMMAND else [])
         assert harness_for(spec, session_id="s", task_id="t").name == kind.split(":")[0].replace("_", "-")
     assert set(VERIFIERS) == set(VERIFIER_KINDS)
+    assert {HostBackend.kind, DockerBackend.kind} == set(RUNTIME_KINDS)
 
 
 @pytest.mark.parametrize("api", PI_APIS)
