@@ -18,6 +18,7 @@ flight, the store everything.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -334,7 +335,8 @@ class Scheduler:
                 self._queued.discard(session_id)
             del self.groups[group_id]
             del run.group_ids[group_id]
-            if run.finished and not run.group_ids:
+            if run.finished and not run.group_ids:  # a summary now: drop what its live state allocated
+                run.group_ids, run.completion_order = {}, deque()
                 self._queues.pop(run.run_id, None)
 
     def delete_run(self, run_id: str) -> None:

@@ -211,9 +211,14 @@ class RolloutCore:
         """Delete finished runs once the retention period passed since they finished."""
         while True:
             for run_id in retention.expired(self.scheduler.runs.values(), self.retention.period_s, self._clock()):
-                with contextlib.suppress(errors.NotFoundError):
+                try:
                     await self.delete_run(run_id)
-                    _log.info("run expired", run=run_id, retention_s=self.retention.period_s)
+                except errors.NotFoundError:  # deleted by hand meanwhile
+                    continue
+                except Exception as error:  # the store failed: try again next time
+                    _log.error("could not delete an expired run", run=run_id, exc_info=error)
+                    continue
+                _log.info("run expired", run=run_id, retention_s=self.retention.period_s)
             await asyncio.sleep(self.retention.check_interval_s)
 
     # -- read-only views (dashboards) ------------------------------------------------------------
