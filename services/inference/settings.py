@@ -43,9 +43,35 @@ class InferenceSettings(ServiceSettings):
     """Transformers backend: most sequences decoded together."""
     device: str = "cpu"
     """Transformers backend: torch device ("cpu", "cuda", "cuda:1")."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    kv_cache_bytes: int = 2 * 1024**3
-    """vLLM backend: KV cache size in bytes."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """Serving dtype; unset: bfloat16 on a CUDA device (`device` cuda..., or vLLM on a CUDA platform), float32
+    on CPU (where bf16 is slow and fp32 keeps trainer and inference logprobs within ~1e-6)."""
+    kv_cache_bytes: int = Field(default=0, ge=0)
+    """vLLM backend: KV cache size in bytes; 0: on CUDA sized by `gpu_memory_utilization`, on CPU 2 GiB."""
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """vLLM on CUDA with kv_cache_bytes 0: the share of the GPU's memory vLLM may take (weights, activations
+    and the KV cache in what is left)."""
+    max_model_len: int = Field(default=0, ge=0)
+    """vLLM backend: longest prompt + completion in tokens (bounds the KV cache a sequence may need); 0: the
+    model's context length (config.json)."""
+    max_num_seqs: int = Field(default=0, ge=0)
+    """vLLM backend: most sequences scheduled at once; 0: vLLM's default."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """vLLM backend: GPUs one replica shards its model over."""
+    enforce_eager: bool | None = None
+    """vLLM backend: no CUDA graphs; unset: eager on CPU (no graphs there), graphs on CUDA."""
+    prefix_caching: bool = True
+    """vLLM on CUDA: reuse the KV blocks of a prompt's cached prefix (the cache is reset at every weight
+    update, so no block computed under an older policy version is reused); on CPU vLLM's own default."""
+
+    def serving_dtype(self, cuda: bool | None = None) -> Literal["float32", "bfloat16", "float16"]:
+        """The dtype to serve in: `dtype`, or when unset bfloat16 on CUDA (`cuda`, default: `device` names a
+        CUDA device) and float32 elsewhere."""
+        if self.dtype is not None:
+            return self.dtype
+        on_cuda = self.device.startswith("cuda") if cuda is None else cuda
+        return "bfloat16" if on_cuda else "float32"
+
     tool_call_format: Literal["auto", "hermes", "qwen3_coder"] = "auto"
     """How the model writes tool calls; auto reads it from the chat template (XML `<function=` or hermes)."""
     weights_spool_dir: Path | None = None

@@ -105,6 +105,19 @@ def test_dockerfile(suffix: str) -> None:
     check_settings(service, env)
 
 
+def test_the_cuda_inference_image_can_compile_tritons_launcher() -> None:
+    """Triton builds a C launcher when vLLM starts on a GPU: the final stage installs a C compiler, and the
+    image serves on CUDA in bf16 with the KV cache sized by memory utilization (the settings' CUDA defaults)."""
+    _, (_, final) = parse(DEPLOY / "Dockerfile.inference-cuda")
+    run = " ".join(final.all("RUN"))
+    assert re.search(r"apt-get install [^&]*\bgcc\b", run), run
+    assert "libc6-dev" in run
+    env = env_of(final)
+    assert env["LODESTAR_INFERENCE_DEVICE"] == "cuda"
+    settings = load_settings(SETTINGS["inference"], env=env)
+    assert settings.serving_dtype() == "bfloat16"  # type: ignore[attr-defined]
+
+
 def test_the_etcd_image_runs_as_its_own_user() -> None:
     global_args, (stage,) = parse(DEPLOY / "Dockerfile.etcd")
     assert global_args == ["BASE=python:3.11-slim"]

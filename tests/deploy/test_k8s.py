@@ -104,6 +104,13 @@ def test_the_gpu_overlay_asks_for_gpus_and_the_local_one_for_none() -> None:
         assert int(resources["limits"]["nvidia.com/gpu"]) >= 1
         assert "nvidia.com/gpu" not in str(local[service])
     assert gpu["gateway"]["spec"]["replicas"] > 1  # the gateway-node tier scales out
+    inference = gpu["inference"]
+    assert (inference["kind"], inference["spec"]["serviceName"]) == ("StatefulSet", "inference")
+    count = inference["spec"]["replicas"]
+    assert count >= 2, "several replicas, each its own address"
+    env = _config_env(render("gpu"))
+    every = ",".join(f"inference-{i}.inference:50051" for i in range(count))
+    assert env["LODESTAR_GATEWAY_INFERENCE"] == env["LODESTAR_TRAINER_INFERENCE"] == every
     assert gpu["etcd"]["spec"]["replicas"] == 3
     rollout = gpu["rollout"]["spec"]["template"]["spec"]
     assert not rollout.get("volumes")  # a PostgreSQL store: leader and standby share no volume

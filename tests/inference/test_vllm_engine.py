@@ -118,7 +118,11 @@ async def probe(model: Path, work: Path) -> dict[str, Any]:
     ]
     await asyncio.sleep(0)  # they pass the admission gate before the swap closes it
     swap = asyncio.create_task(engine.update_weights(_update(work / "partial.safetensors", 5)))
-    await asyncio.sleep(0.05)
+    # "late" arrives once the swap has closed admission. The swap first writes the reload file: 5 ms in most
+    # runs, but 0.35-1.05 s measured in others on a loaded 2-core machine, so no fixed sleep can know.
+    deadline = time.monotonic() + 60
+    while engine._gate.is_set() and not swap.done() and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.001)  # (the engine exposes no event for it)
     late = asyncio.create_task(_collect(engine, "late", 16, **SAMPLED))
     steps = [first] + [step async for step in inflight]
     out["inflight"] = {

@@ -330,5 +330,5 @@ def create_engine(settings: InferenceSettings) -> TransformersEngine:
     if settings.model is None:
         raise InvalidArgumentError("the transformers backend needs --model DIR")
     return TransformersEngine(
-        settings.model, device=settings.device, dtype=settings.dtype, max_batch_size=settings.max_batch_size
+        settings.model, device=settings.device, dtype=settings.serving_dtype(), max_batch_size=settings.max_batch_size
     )

