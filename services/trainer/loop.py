@@ -61,6 +61,7 @@ from services.trainer.mismatch import MismatchTally, warning_text
 from services.trainer.pack import pack
 from services.trainer.precision import ComputeCopy
 from services.trainer.publish import PublishResult
+from services.trainer.pushing import BackgroundPush
 from services.trainer.sequences import build_step
 from services.trainer.status import Phase, StatusBoard, StopReason
 from services.trainer.stepstats import loss_over_ranks, step_values
@@ -78,6 +79,7 @@ class GroupSource(Protocol):
 
 class Publisher(Protocol):
     def publish(self, state: dict[str, torch.Tensor], version: int) -> PublishResult: ...
+    def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult: ...
     def served_version(self) -> int: ...
 
 
@@ -105,6 +107,9 @@ class LoopConfig:
     mismatch_warn_nats: float = 0.1
     """Warn (log, GetStatus.warning) when a harness's mean |trainer - inference| logprob in a step is above
     this (0: never); see services/trainer/mismatch.py."""
+    async_push: bool = False
+    """Push each version from a worker thread while the next step trains (one version in flight; rollout
+    hears the version once inference serves it): services/trainer/pushing.py."""
 
 
 @dataclass
@@ -146,6 +151,7 @@ class Trainer:
     _save_on_stop: bool = field(default=False, init=False)
     _step_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _saved_step: int = field(default=-1, init=False)
+    _pusher: BackgroundPush | None = field(default=None, init=False)
     _counters: dict[str, float] = field(
         default_factory=lambda: {"groups_no_signal": 0.0, "groups_stale": 0.0, "sessions_dropped": 0.0}, init=False
     )
@@ -180,6 +186,8 @@ class Trainer:
                     self._skip(plan)
             else:  # steps done; a Stop asked meanwhile still gets its checkpoint (alone: no rank must agree)
                 plan = _Plan(stop=StopReason.STEPS_DONE, save=self._save_on_stop and not self.parallel.distributed)
+            if self._pusher is not None:
+                self._pusher.wait()  # inference serves the last version (or its push's error fails the run)
             if plan.save or (self.config.checkpoint_every and 0 < self.state.step != self._saved_step):
                 self.save(None)
             self.board.update(phase=Phase.STOPPED, stop_reason=plan.stop)
@@ -188,6 +196,8 @@ class Trainer:
             _log.exception("trainer failed", error=reason, step=self.state.step)
             self.board.update(phase=Phase.FAILED, error=reason)
         finally:
+            if self._pusher is not None:
+                self._pusher.close()
             if self.metrics is not None:
                 self.metrics.close()
 
@@ -211,7 +221,7 @@ class Trainer:
         self._advance(steps=1, version=1, read=plan.read)
         optimized = time.perf_counter()
 
-        push = self._publish()
+        push_bytes, push_wait = self._publish()
         pushed = time.perf_counter()
 
         seconds = {
@@ -233,8 +243,9 @@ class Trainer:
             version_before=version_before,
             pass_threshold=self.config.pass_threshold,
             counters=self._counters,
-            push_bytes=push.payload_bytes if push else 0,
+            push_bytes=push_bytes,
         )
+        values["push_wait_s"] = push_wait
         values.update(mismatch.values())
         record = StepRecord(self.state.step, self.state.policy_version, values)
         self._warn_on_mismatch(mismatch)
@@ -352,22 +363,31 @@ class Trainer:
             logprobs: torch.Tensor = target_logprobs(self.reference, batch)
             return logprobs
 
-    def _publish(self) -> PublishResult | None:
-        """Push the new weights to inference and tell rollout (rank 0; the state gather is collective)."""
+    def _publish(self) -> tuple[int, float]:
+        """Push the new weights to inference and tell rollout (rank 0; the state gather is collective); with
+        `async_push` the push goes on in the background. Returns (payload bytes, seconds spent waiting for
+        inference to serve a version: the whole push when synchronous, the previous one's rest when not)."""
         if not self.parallel.distributed and self.publisher is None and self.source is None:
-            return None
+            return 0, 0.0
         weights = self.parallel.full_state(self.model)
         if not self.parallel.is_main:
-            return None
+            return 0, 0.0
+        if self.config.async_push and self.publisher is not None:
+            if self._pusher is None:
+                self._pusher = BackgroundPush(self.publisher, self._report_version)
+            return self._pusher.submit(weights, self.state.policy_version)
         result = self.publisher.publish(weights, self.state.policy_version) if self.publisher else None
-        if self.source is not None:
-            try:
-                self.source.report_policy_version(self.state.policy_version)
-            except LodestarError as error:  # best effort: the next step reports a newer version anyway
-                _log.warning(
-                    "policy version not reported", policy_version=self.state.policy_version, error=error.message
-                )
-        return result
+        self._report_version(self.state.policy_version)
+        return (result.payload_bytes, result.seconds) if result else (0, 0.0)
+
+    def _report_version(self, version: int) -> None:
+        """Tell rollout that inference serves `version` (best effort: the next step reports a newer one)."""
+        if self.source is None:
+            return
+        try:
+            self.source.report_policy_version(version)
+        except LodestarError as error:
+            _log.warning("policy version not reported", policy_version=version, error=error.message)
 
     def _sync_inference(self) -> None:
         """On a resumed run, make inference serve the resumed weights if it serves an older version."""

@@ -163,10 +163,12 @@ class FanoutPublisher:
         return min(versions)
 
     def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
-        started = time.perf_counter()
-        payload = serialize(state)
+        return self.publish_payload(serialize(state), len(state), version, time.perf_counter())
+
+    def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult:
+        """`publish` of an already serialized state: to every replica at once."""
         futures = {
-            publisher.target: self._pool.submit(publisher.publish_payload, payload, len(state), version, started)
+            publisher.target: self._pool.submit(publisher.publish_payload, payload, tensors, version, started)
             for publisher in self.publishers
         }
         results: list[PublishResult] = []
@@ -184,7 +186,7 @@ class FanoutPublisher:
             _log.error("a replica missed a policy version (unreachable); the next push retries it",
                        replica=target, policy_version=version, error=why)  # fmt: skip
         return PublishResult(
-            version, len(state), len(payload), time.perf_counter() - started, max(r.attempts for r in results)
+            version, tensors, len(payload), time.perf_counter() - started, max(r.attempts for r in results)
         )
 
 

@@ -91,6 +91,9 @@ class TrainerSettings(ServiceSettings):
     """Deadline of one UpdateWeights call."""
     push_attempts: int = 3
     """UpdateWeights attempts on UNAVAILABLE / DEADLINE_EXCEEDED before the trainer fails."""
+    async_push: bool = False
+    """Push each policy version from a worker thread while the next step trains (at most one version in
+    flight; rollout hears a version once inference serves it). Off: every step waits for its push."""
     rpc_timeout_s: float = 30.0
     """Deadline of ReportPolicyVersion (the group stream itself waits without one and reconnects for 10 min)."""
 

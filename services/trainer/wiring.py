@@ -62,6 +62,7 @@ def loop_config(settings: TrainerSettings) -> LoopConfig:
         pass_threshold=settings.pass_threshold,
         stop_after_no_signal_groups=settings.stop_after_no_signal_groups,
         mismatch_warn_nats=settings.mismatch_warn_nats,
+        async_push=settings.async_push,
     )
 
 

@@ -1,0 +1,97 @@
+"""Pushes that overlap the next step (services/trainer/pushing.py, `async_push`): one version in flight, rollout
+told only once inference serves it, a push's error raised in the trainer; and a real trainer over a real
+inference service (transformers backend, tiny model) ends with inference serving its last version."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from lodestar.errors import UnavailableError
+from services.trainer.publish import PublishResult, WeightPublisher
+from services.trainer.pushing import BackgroundPush
+from services.trainer.settings import TrainerSettings
+from services.trainer.status import Phase
+from services.trainer.wiring import create_trainer
+from tests.trainer.groups_helpers import RUN, FeedSource, make_group
+from tests.trainer.inference_helpers import InferenceThread, served_version
+
+
+class SlowPublisher:
+    """Takes `seconds` per push, records how many ran at once, fails on version `fail_at`."""
+
+    def __init__(self, seconds: float, fail_at: int = -1) -> None:
+        self.seconds, self.fail_at = seconds, fail_at
+        self.active = self.most_active = 0
+        self.versions: list[int] = []
+        self._lock = threading.Lock()
+
+    def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult:
+        with self._lock:
+            self.active += 1
+            self.most_active = max(self.most_active, self.active)
+        try:
+            time.sleep(self.seconds)
+            if version == self.fail_at:
+                raise UnavailableError(f"no inference replica took policy version {version}")
+            self.versions.append(version)
+            return PublishResult(version, tensors, len(payload), time.perf_counter() - started, 1)
+        finally:
+            with self._lock:
+                self.active -= 1
+
+
+def _state() -> dict[str, object]:
+    import torch
+
+    return {"w": torch.ones(4, 4)}
+
+
+def test_one_version_in_flight_and_rollout_hears_it_once_served() -> None:
+    publisher, served = SlowPublisher(0.3), []
+    push = BackgroundPush(publisher, served.append)
+    started = time.perf_counter()
+    size, waited = push.submit(_state(), 1)  # type: ignore[arg-type]
+    assert time.perf_counter() - started < 0.2, "submit returns while the push goes on"
+    assert (size > 0, waited, served) == (True, 0.0, [])
+    _, waited = push.submit(_state(), 2)  # type: ignore[arg-type]
+    assert waited > 0.1, "the second version waits for the first to land"
+    assert served == [1]
+    assert push.wait() > 0.1
+    assert (served, publisher.versions, publisher.most_active) == ([1, 2], [1, 2], 1)
+    push.close()
+
+
+def test_a_failed_push_is_raised_by_the_next_submit() -> None:
+    push = BackgroundPush(SlowPublisher(0.05, fail_at=1), lambda version: None)
+    push.submit(_state(), 1)  # type: ignore[arg-type]
+    with pytest.raises(UnavailableError, match="policy version 1"):
+        push.submit(_state(), 2)  # type: ignore[arg-type]
+    push.close()
+
+
+@pytest.mark.slow
+def test_a_trainer_with_async_push_ends_with_inference_serving_its_last_version(
+    trainer_model_dir: Path, tmp_path: Path
+) -> None:
+    groups = [make_group(seed) for seed in range(3)]
+    settings = TrainerSettings(run=RUN, model=trainer_model_dir, run_dir=tmp_path / "run", lr=1e-3,
+                               micro_batch_tokens=256, steps=3, async_push=True, inference="")  # fmt: skip
+    with InferenceThread.start(trainer_model_dir, tmp_path / "spool") as inference:
+        trainer = create_trainer(settings, connect=False)
+        source = FeedSource(groups)
+        trainer.source = source
+        trainer.publisher = WeightPublisher(inference.address, timeout_s=30)
+        base = served_version(inference.address)
+        trainer.run()
+        status = trainer.board.snapshot()
+        assert status.phase is Phase.STOPPED, status.error
+        assert served_version(inference.address) == base + 3
+    assert source.reported == [1, 2, 3]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in records] == [1, 2, 3]
+    assert all(r["push_bytes"] > 0 and "push_wait_s" in r for r in records)
