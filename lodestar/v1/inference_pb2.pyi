@@ -597,6 +597,7 @@ class GetModelInfoResponse(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
     TOOL_CALL_FORMAT_FIELD_NUMBER: _builtins.int
     EOS_TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    SERVING_DTYPE_FIELD_NUMBER: _builtins.int
     model_name: _builtins.str
     """Served model name (the model directory's name unless configured)."""
     backend: _builtins.str
@@ -608,6 +609,10 @@ class GetModelInfoResponse(_message.Message):
     vocab_size: _builtins.int
     tool_call_format: _builtins.str
     """Tool-call format the chat template uses ("hermes", "qwen3_coder")."""
+    serving_dtype: _builtins.str
+    """The dtype the weights are served in ("float32", "bfloat16", "float16"; empty: unknown). A trainer
+    pushes its weights in it: bf16 on a GPU is half the bytes of its fp32 master.
+    """
     @_builtins.property
     def policy_version(self) -> _common_pb2.PolicyVersion: ...
     @_builtins.property
@@ -625,10 +630,11 @@ class GetModelInfoResponse(_message.Message):
         policy_version: _common_pb2.PolicyVersion | None = ...,
         tool_call_format: _builtins.str = ...,
         eos_token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        serving_dtype: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy_version", b"policy_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "context_length", b"context_length", "eos_token_ids", b"eos_token_ids", "max_new_tokens", b"max_new_tokens", "model_name", b"model_name", "policy_version", b"policy_version", "tool_call_format", b"tool_call_format", "vocab_size", b"vocab_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "context_length", b"context_length", "eos_token_ids", b"eos_token_ids", "max_new_tokens", b"max_new_tokens", "model_name", b"model_name", "policy_version", b"policy_version", "serving_dtype", b"serving_dtype", "tool_call_format", b"tool_call_format", "vocab_size", b"vocab_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

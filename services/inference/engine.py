@@ -119,6 +119,8 @@ class EngineInfo:
     """Ids that end a turn (e.g. <|im_end|> and <|endoftext|>)."""
     paces_steps: bool = False
     """The engine honours `EngineRequest.hold_s` itself (cheaper than a consumer woken on every step)."""
+    dtype: str = ""
+    """The dtype the weights are served in ("float32", "bfloat16", "float16"; empty: none, e.g. scripted)."""
 
 
 @dataclass(frozen=True)

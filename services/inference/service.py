@@ -148,4 +148,5 @@ class InferenceService:
             ),
             tool_call_format=self.tool_format.name,
             eos_token_ids=info.eos_token_ids,
+            serving_dtype=info.dtype,
         )

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -79,6 +79,7 @@ class GroupSource(Protocol):
 
 class Publisher(Protocol):
     def publish(self, state: dict[str, torch.Tensor], version: int) -> PublishResult: ...
+    def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes: ...
     def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult: ...
     def served_version(self) -> int: ...
 

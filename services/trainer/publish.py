@@ -8,6 +8,10 @@ UNAVAILABLE and DEADLINE_EXCEEDED are retried with backoff (after asking GetMode
 timed-out attempt landed after all). A refusal (INVALID_ARGUMENT: names, shapes, dtypes, or a version
 not newer than the served one) is not retried: it raises `WeightsRefusedError` with inference's reason.
 
+The payload is in the dtype inference serves (GetModelInfo's `serving_dtype`, asked once): bf16 weights
+on a GPU replica are half the bytes of the trainer's fp32 master, and inference would cast them to bf16
+anyway. An inference that does not say (or cannot be asked) gets the state as it is.
+
 Several replicas (`--inference A,B,C`): `FanoutPublisher` serializes the state once and pushes it to every
 replica at once (one thread each); it returns when every replica serves the version. A replica that stays
 unreachable through every retry is skipped with an error log (it is dead, and the gateway routes no session
@@ -50,8 +54,14 @@ class PublishResult:
     attempts: int
 
 
-def serialize(state: Mapping[str, torch.Tensor]) -> bytes:
-    """One safetensors payload of `state` (contiguous CPU tensors, no shared storage)."""
+WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def serialize(state: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None) -> bytes:
+    """One safetensors payload of `state` (contiguous CPU tensors, no shared storage), its floating-point
+    tensors cast to `dtype` when given."""
+    if dtype is not None:
+        state = {name: t.to(dtype) if t.is_floating_point() else t for name, t in state.items()}
     return save(dict(state))
 
 
@@ -73,9 +83,24 @@ class WeightPublisher:
         self._backoff_s = backoff_s
         self._channel = sync_channel(target)
         self._stub = inference_pb2_grpc.InferenceServiceStub(self._channel)
+        self._wire: str | None = None
 
     def close(self) -> None:
         self._channel.close()
+
+    def wire_dtype(self) -> str:
+        """The dtype inference serves in ("" when it does not say or cannot be asked now)."""
+        if self._wire is None:
+            try:
+                info = self._stub.GetModelInfo(inference_pb2.GetModelInfoRequest(), timeout=min(self._timeout_s, 30.0))
+            except grpc.RpcError:
+                return ""
+            self._wire = info.serving_dtype if info.serving_dtype in WIRE_DTYPES else ""
+        return self._wire
+
+    def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes:
+        """The payload of `state` in the serving dtype."""
+        return serialize(state, WIRE_DTYPES.get(self.wire_dtype()))
 
     def served_version(self) -> int:
         """The version inference serves now."""
@@ -87,7 +112,8 @@ class WeightPublisher:
 
     def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
         """Make inference serve `state` as policy `version`; returns once it does."""
-        return self.publish_payload(serialize(state), len(state), version, time.perf_counter())
+        started = time.perf_counter()
+        return self.publish_payload(self.prepare(state), len(state), version, started)
 
     def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult:
         """`publish` of an already serialized state (`tensors` tensors); `started`: its perf_counter start."""
@@ -162,8 +188,14 @@ class FanoutPublisher:
             raise last
         return min(versions)
 
+    def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes:
+        """The payload of `state` in the replicas' serving dtype (as it is when they differ or do not say)."""
+        wire = {publisher.wire_dtype() for publisher in self.publishers}
+        return serialize(state, WIRE_DTYPES.get(wire.pop()) if len(wire) == 1 else None)
+
     def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
-        return self.publish_payload(serialize(state), len(state), version, time.perf_counter())
+        started = time.perf_counter()
+        return self.publish_payload(self.prepare(state), len(state), version, started)
 
     def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult:
         """`publish` of an already serialized state: to every replica at once."""

@@ -21,12 +21,13 @@ from typing import Protocol
 import torch
 
 from lodestar.logging import get_logger
-from services.trainer.publish import PublishResult, serialize
+from services.trainer.publish import PublishResult
 
 _log = get_logger("trainer.push")
 
 
 class PayloadPublisher(Protocol):
+    def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes: ...
     def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult: ...
 
 
@@ -46,7 +47,7 @@ class BackgroundPush:
         returns (payload bytes, seconds waited for the previous push)."""
         waited = self.wait()
         started = time.perf_counter()
-        payload = serialize(state)
+        payload = self._publisher.prepare(state)
         self._pending = self._pool.submit(self._push, payload, len(state), version, started)
         return len(payload), waited
 

@@ -88,6 +88,7 @@ async def test_model_info(stub, backend_server: ServerProcess, tiny_tokenizer: T
     assert tiny_tokenizer.token_id("<|im_end|>") in info.eos_token_ids
     assert info.tool_call_format == "hermes"
     assert info.model_name
+    assert info.serving_dtype == "float32", "on CPU both engines serve fp32 (the trainer pushes in it)"
 
 
 async def test_streaming_deltas_then_exactly_one_final(stub, chat_template: ChatTemplate) -> None:

@@ -23,9 +23,9 @@ T = TypeVar("T")
 class InferenceThread:
     """A transformers-backend inference server on 127.0.0.1:<free port>, served from a background thread."""
 
-    def __init__(self, model_dir: Path, spool_dir: Path) -> None:
+    def __init__(self, model_dir: Path, spool_dir: Path, **settings: Any) -> None:
         self.settings = InferenceSettings(
-            port=0, backend="transformers", model=model_dir, max_new_tokens=64, weights_spool_dir=spool_dir
+            port=0, backend="transformers", model=model_dir, max_new_tokens=64, weights_spool_dir=spool_dir, **settings
         )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="inference", daemon=True)
@@ -52,9 +52,10 @@ class InferenceThread:
 
     @classmethod
     @contextlib.contextmanager
-    def start(cls, model_dir: Path, spool_dir: Path) -> Iterator[InferenceThread]:
+    def start(cls, model_dir: Path, spool_dir: Path, **settings: Any) -> Iterator[InferenceThread]:
+        """`settings`: more InferenceSettings fields (e.g. dtype)."""
         spool_dir.mkdir(parents=True, exist_ok=True)
-        server = cls(model_dir, spool_dir)
+        server = cls(model_dir, spool_dir, **settings)
         server._thread.start()
         try:
             server._run(server._start())

@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+import torch
 
 from lodestar.errors import UnavailableError
-from services.trainer.publish import PublishResult, WeightPublisher
+from services.trainer.publish import PublishResult, WeightPublisher, serialize
 from services.trainer.pushing import BackgroundPush
 from services.trainer.settings import TrainerSettings
 from services.trainer.status import Phase
@@ -30,6 +32,9 @@ class SlowPublisher:
         self.versions: list[int] = []
         self._lock = threading.Lock()
 
+    def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes:
+        return serialize(state)
+
     def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult:
         with self._lock:
             self.active += 1
@@ -45,9 +50,7 @@ class SlowPublisher:
                 self.active -= 1
 
 
-def _state() -> dict[str, object]:
-    import torch
-
+def _state() -> dict[str, torch.Tensor]:
     return {"w": torch.ones(4, 4)}
 
 
@@ -55,10 +58,10 @@ def test_one_version_in_flight_and_rollout_hears_it_once_served() -> None:
     publisher, served = SlowPublisher(0.3), []
     push = BackgroundPush(publisher, served.append)
     started = time.perf_counter()
-    size, waited = push.submit(_state(), 1)  # type: ignore[arg-type]
+    size, waited = push.submit(_state(), 1)
     assert time.perf_counter() - started < 0.2, "submit returns while the push goes on"
     assert (size > 0, waited, served) == (True, 0.0, [])
-    _, waited = push.submit(_state(), 2)  # type: ignore[arg-type]
+    _, waited = push.submit(_state(), 2)
     assert waited > 0.1, "the second version waits for the first to land"
     assert served == [1]
     assert push.wait() > 0.1
@@ -68,9 +71,9 @@ def test_one_version_in_flight_and_rollout_hears_it_once_served() -> None:
 
 def test_a_failed_push_is_raised_by_the_next_submit() -> None:
     push = BackgroundPush(SlowPublisher(0.05, fail_at=1), lambda version: None)
-    push.submit(_state(), 1)  # type: ignore[arg-type]
+    push.submit(_state(), 1)
     with pytest.raises(UnavailableError, match="policy version 1"):
-        push.submit(_state(), 2)  # type: ignore[arg-type]
+        push.submit(_state(), 2)
     push.close()
 
 

@@ -57,3 +57,28 @@ def test_one_push_reaches_every_replica_and_a_dead_one_is_skipped(trainer_model_
     finally:
         nobody.close()
     assert isinstance(publisher_for("127.0.0.1:1"), WeightPublisher)
+
+
+def test_weights_travel_in_the_dtype_inference_serves(trainer_model_dir: Path, tmp_path: Path) -> None:
+    """A bf16 replica gets a bf16 payload (half the fp32 bytes), then serves the version; an fp32 one gets fp32."""
+    model = load_model(trainer_model_dir)
+    state = dedupe_tied(model, dict(model.state_dict()))
+    with (
+        InferenceThread.start(trainer_model_dir, tmp_path / "bf16", dtype="bfloat16") as bf16,
+        InferenceThread.start(trainer_model_dir, tmp_path / "fp32") as fp32,
+    ):
+        half, full = WeightPublisher(bf16.address, timeout_s=30), WeightPublisher(fp32.address, timeout_s=30)
+        try:
+            assert (half.wire_dtype(), full.wire_dtype()) == ("bfloat16", "float32")
+            small = half.publish(state, served_version(bf16.address) + 1)
+            large = full.publish(state, served_version(fp32.address) + 1)
+            assert served_version(bf16.address) == small.policy_version
+            assert small.payload_bytes < 0.55 * large.payload_bytes
+            mixed = FanoutPublisher([bf16.address, fp32.address], timeout_s=30)
+            try:
+                assert len(mixed.prepare(state)) == large.payload_bytes, "replicas that differ get the state as is"
+            finally:
+                mixed.close()
+        finally:
+            half.close()
+            full.close()

@@ -121,6 +121,7 @@ class TransformersEngine:
             vocab_size=int(config.vocab_size),
             eos_token_ids=eos,
             paces_steps=True,
+            dtype=str(self._dtype).removeprefix("torch."),
         )
         self._expected = {
             name: TensorMeta(name, tuple(tensor.shape), _SAFETENSORS_DTYPES.get(tensor.dtype, str(tensor.dtype)))

@@ -129,15 +129,16 @@ class VllmEngine:
         context = self._settings.max_model_len or int(
             config.get("max_position_embeddings") or config.get("max_seq_len") or 4096
         )
+        arguments = engine_args(self._settings, self._model_dir, context)
+        self._dtype = str(arguments["dtype"])
         self._info = EngineInfo(
             backend="vllm",
             context_length=context,
             vocab_size=int(config["vocab_size"]),
             eos_token_ids=TextTokenizer.load(self._model_dir).eos_token_ids,
             paces_steps=True,
+            dtype=self._dtype,
         )
-        arguments = engine_args(self._settings, self._model_dir, context)
-        self._dtype = str(arguments["dtype"])
         args = AsyncEngineArgs(**arguments)
         self._llm = AsyncLLM.from_engine_args(args)
         packed = (await self._llm.collective_rpc("lodestar_packed_modules"))[0]
