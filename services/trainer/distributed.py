@@ -56,6 +56,8 @@ class Parallel:
     rank: int = 0
     world: int = 1
     mode: Mode = "fsdp2"
+    device: str = "cpu"
+    """Where this rank's collectives put their tensors: NCCL (CUDA) refuses CPU tensors, gloo takes them."""
 
     @classmethod
     def from_env(cls, *, mode: Mode = "fsdp2", device: str = "cpu") -> Parallel:
@@ -66,9 +68,12 @@ class Parallel:
         if not dist.is_initialized():
             backend = "nccl" if device.startswith("cuda") else "gloo"
             dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
+        collective_device = "cpu"
         if device.startswith("cuda"):
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        return cls(rank=dist.get_rank(), world=dist.get_world_size(), mode=mode)
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local)
+            collective_device = f"cuda:{local}"
+        return cls(rank=dist.get_rank(), world=dist.get_world_size(), mode=mode, device=collective_device)
 
     @property
     def is_main(self) -> bool:
@@ -121,20 +126,24 @@ class Parallel:
         per_rank = -(-len(items) // self.world)
         return mine + [(items[0], 0.0)] * (per_rank - len(mine))
 
+    def collective_tensor(self, values: Sequence[float]) -> torch.Tensor:
+        """`values` as a float64 tensor on this rank's collective device (`device`)."""
+        return torch.tensor(list(values), dtype=torch.float64, device=self.device)
+
     def sum(self, values: Sequence[float]) -> list[float]:
         """Element-wise sum of `values` over ranks."""
         if not self.distributed:
             return list(values)
-        tensor = torch.tensor(list(values), dtype=torch.float64)
+        tensor = self.collective_tensor(values)
         dist.all_reduce(tensor)
-        return [float(value) for value in tensor.tolist()]
+        return [float(value) for value in tensor.cpu().tolist()]
 
     def max(self, values: Sequence[float]) -> list[float]:
         if not self.distributed:
             return list(values)
-        tensor = torch.tensor(list(values), dtype=torch.float64)
+        tensor = self.collective_tensor(values)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return [float(value) for value in tensor.tolist()]
+        return [float(value) for value in tensor.cpu().tolist()]
 
     def barrier(self) -> None:
         if self.distributed:

@@ -32,6 +32,13 @@ def load_model(model_dir: Path, *, device: str = "cpu", dtype: Dtype = "float32"
     return model.to(device).train()
 
 
+def enable_activation_checkpointing(model: Any) -> None:
+    """Keep only each decoder layer's input in the forward and recompute the layer in the backward: activation
+    memory per token drops from every layer's intermediates to one hidden state per layer, for one more forward
+    of compute. Non-reentrant checkpointing, so the tree layout keyword reaches the recomputed attention."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def model_files(model_dir: Path) -> list[Path]:
     """The non-weight files of a model directory (config, tokenizer, chat template) to copy into checkpoints."""
     return sorted(

@@ -22,7 +22,7 @@ from services.trainer.distributed import Parallel
 from services.trainer.loop import LoopConfig, Trainer
 from services.trainer.loss import Aggregation, LossConfig
 from services.trainer.metrics import MetricsWriter
-from services.trainer.model import DTYPES, load_model, model_files
+from services.trainer.model import DTYPES, enable_activation_checkpointing, load_model, model_files
 from services.trainer.precision import ComputeCopy
 from services.trainer.publish import publisher_for
 from services.trainer.rollout_client import RolloutClient
@@ -82,7 +82,11 @@ def create_trainer(settings: TrainerSettings, parallel: Parallel | None = None, 
             f"checkpoint {settings.resume} is of run {checkpoint.state.run_id!r}, not {config.run_id!r}"
         )
     compute_dtype = DTYPES[settings.dtype]
-    model = parallel.wrap(load_model(start, device=settings.device, dtype="float32"), compute_dtype)
+    loaded = load_model(start, device=settings.device, dtype="float32")
+    checkpointing = settings.activation_checkpointing
+    if checkpointing or (checkpointing is None and settings.device.startswith("cuda")):
+        enable_activation_checkpointing(loaded)  # before the compute copy, which keeps it
+    model = parallel.wrap(loaded, compute_dtype)
     compute = None if compute_dtype == torch.float32 or parallel.shards else ComputeCopy(model, compute_dtype)
     config = dataclasses.replace(config, vocab_size=int(model.config.vocab_size))
     reference: Any = None
