@@ -166,6 +166,9 @@ class Trainer:
 
     def _run(self) -> None:
         try:
+            device = self._device()
+            if device.type == "cuda":  # the current CUDA device is per thread: set it in the one that trains
+                torch.cuda.set_device(device)
             self._sync_inference()
             groups = self.source.groups(self.state.groups_read) if self.source and self.parallel.is_main else None
             last = self.state.step + self.config.steps if self.config.steps else None
@@ -204,15 +207,15 @@ class Trainer:
 
     def train_step(self, plan: _Plan) -> StepRecord:
         """One optimizer step on the plan's groups (module docstring, steps 2-6)."""
-        started = time.perf_counter()
+        started = self._clock()
         sequences, stats = build_step(plan.groups, self.config.builder, self.config.vocab_size)
         micro_batches = pack(sequences, self.config.micro_batch_tokens)
-        built = time.perf_counter()
+        built = self._clock()
 
         harness_of = {sample.sample_index: sample.harness for group in plan.groups for sample in group.samples}
         tally = MismatchTally(harness_of, version=self.state.policy_version)
         totals, grad_norm, mismatch = self._forward_backward(micro_batches, tally)
-        backward_done = time.perf_counter()
+        backward_done = self._clock()
 
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -220,10 +223,10 @@ class Trainer:
             self.compute.weights_from_master()
         version_before = self.state.policy_version
         self._advance(steps=1, version=1, read=plan.read)
-        optimized = time.perf_counter()
+        optimized = self._clock()
 
         push_bytes, push_wait = self._publish()
-        pushed = time.perf_counter()
+        pushed = self._clock()
 
         seconds = {
             "time_build": built - started,
@@ -380,6 +383,19 @@ class Trainer:
         result = self.publisher.publish(weights, self.state.policy_version) if self.publisher else None
         self._report_version(self.state.policy_version)
         return (result.payload_bytes, result.seconds) if result else (0, 0.0)
+
+    def _device(self) -> torch.device:
+        """The device the model trains on (its first parameter's; a sharded one's local device)."""
+        parameter = next(self.model.parameters(), None)
+        device = getattr(parameter, "device", None) if parameter is not None else None
+        return device if isinstance(device, torch.device) else torch.device("cpu")
+
+    def _clock(self) -> float:
+        """perf_counter after the GPU's queued work (CUDA runs asynchronously: an unsynchronized timestamp
+        would charge a step's kernels to whatever phase happens to wait for them)."""
+        if self._device().type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
 
     def _report_version(self, version: int) -> None:
         """Tell rollout that inference serves `version` (best effort: the next step reports a newer one)."""
