@@ -4,12 +4,13 @@ drain grace, a session that ends within it is scored."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 import pytest
 
@@ -21,26 +22,35 @@ from tests.gateway.node.standin import RolloutStandIn, assignment
 pytestmark = pytest.mark.slow
 
 
-def _node(stack: StackFactory, standin: RolloutStandIn, etcd: tuple[str, str], data_dir: Path, log: IO[bytes],
-          *flags: str) -> subprocess.Popen[bytes]:  # fmt: skip
+@contextlib.contextmanager
+def _node(stack: StackFactory, standin: RolloutStandIn, etcd: tuple[str, str], tmp_path: Path,
+          *flags: str) -> Iterator[subprocess.Popen[bytes]]:  # fmt: skip
+    """`lodestar gateway serve` as a process (data in tmp_path/node, log in tmp_path/node.log), killed with every
+    harness process of tmp_path/pids when the block ends."""
     inference = stack({"replies": [{"text": "first"}]}).inference_address
     argv = [
         sys.executable, "-m", "lodestar.cli.main", "gateway", "serve", "--port", "0", "--http-port", "0",
         "--inference", inference, "--rollout", standin.address, "--etcd", etcd[0], "--etcd-prefix", etcd[1],
-        "--data-dir", str(data_dir), "--poll-interval-s", "0.2", "--log-json",
+        "--data-dir", str(tmp_path / "node"), "--poll-interval-s", "0.2", "--log-json",
         "--host-sandbox", "namespaces",  # its harnesses write the host's PIDFILE (the sandbox would hide it)
         *flags,
     ]  # fmt: skip
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env={**os.environ})
+    with (tmp_path / "node.log").open("wb") as log:
+        node = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env={**os.environ})
+        try:
+            yield node
+        finally:
+            if node.poll() is None:
+                node.kill()
+                node.wait()
+            kill_pids(read_pids(tmp_path / "pids"))
 
 
 def test_sigterm_hands_back_kills_and_cleans_up_in_flight_sessions(
     gateway_stack_factory: StackFactory, standin: RolloutStandIn, etcd_endpoint: str, etcd_prefix: str, tmp_path: Path
 ):
     data_dir, pidfile = tmp_path / "node", tmp_path / "pids"
-    log = (tmp_path / "node.log").open("wb")
-    node = _node(gateway_stack_factory, standin, (etcd_endpoint, etcd_prefix), data_dir, log)
-    try:
+    with _node(gateway_stack_factory, standin, (etcd_endpoint, etcd_prefix), tmp_path) as node:
         standin.offer(*(assignment(f"s{i}", command=HANG_AGENT, env={"PIDFILE": str(pidfile)}) for i in range(2)))
         standin.wait_for(lambda: len(read_pids(pidfile)) == 4, 60, "both harnesses to hang")
         node.send_signal(signal.SIGTERM)
@@ -52,12 +62,6 @@ def test_sigterm_hands_back_kills_and_cleans_up_in_flight_sessions(
             assert len(result.calls) == 1
         assert wait_dead(read_pids(pidfile)), "every harness process is gone"
         assert list((data_dir / "sessions").iterdir()) == [], "every workspace is removed"
-    finally:
-        if node.poll() is None:
-            node.kill()
-            node.wait()
-        kill_pids(read_pids(pidfile))
-        log.close()
 
 
 def test_a_drain_grace_lets_running_sessions_finish_and_hands_back_the_rest(
@@ -66,10 +70,8 @@ def test_a_drain_grace_lets_running_sessions_finish_and_hands_back_the_rest(
     """Two run slots: `done` ends within the grace (scored), `hang` does not (handed back after it), `waiting`
     never got a slot (handed back at once)."""
     data_dir, pidfile, release = tmp_path / "node", tmp_path / "pids", tmp_path / "release"
-    log = (tmp_path / "node.log").open("wb")
     flags = ("--slots", "2", "--drain-grace-s", "8")
-    node = _node(gateway_stack_factory, standin, (etcd_endpoint, etcd_prefix), data_dir, log, *flags)
-    try:
+    with _node(gateway_stack_factory, standin, (etcd_endpoint, etcd_prefix), tmp_path, *flags) as node:
         env = {"PIDFILE": str(pidfile)}
         standin.offer(assignment("done", command=HANG_AGENT, env={**env, "RELEASE": str(release)}),
                       assignment("hang", command=HANG_AGENT, env=env))  # fmt: skip
@@ -89,9 +91,3 @@ def test_a_drain_grace_lets_running_sessions_finish_and_hands_back_the_rest(
         assert results["hang"].outcome == rollout_pb2.SESSION_OUTCOME_CANCELLED
         assert results["hang"].error == "node draining: not finished within the drain grace (8 s)"
         assert list((data_dir / "sessions").iterdir()) == []
-    finally:
-        if node.poll() is None:
-            node.kill()
-            node.wait()
-        kill_pids(read_pids(pidfile))
-        log.close()
