@@ -64,6 +64,12 @@ class _StreamUnaryDefaultDeadline(_DefaultDeadline, grpc.aio.StreamUnaryClientIn
         return await continuation(self._details(client_call_details), request_iterator)
 
 
+def split_targets(targets: str) -> list[str]:
+    """The addresses of a comma-separated list ("a:50051, b:50051"), blanks dropped: several replicas of a
+    service, or a leader and its standby."""
+    return [target.strip() for target in targets.split(",") if target.strip()]
+
+
 def connect(target: str, *, default_timeout: float = DEFAULT_TIMEOUT_S, max_attempts: int = 5) -> grpc.aio.Channel:
     """A channel to `target` ("host:port") with retries and default unary deadlines; TLS and the
     control-plane token come from the process's `lodestar.grpc.security.current()`."""

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from lodestar.errors import InvalidArgumentError
 from lodestar.etcd import tls_from_settings
+from lodestar.grpc.client import split_targets
 from lodestar.grpc.server import GrpcServer, service_name
 from lodestar.heap import freeze_startup_heap
 from lodestar.logging import get_logger
@@ -220,7 +221,7 @@ class GatewayNode:
 
 def inference_backend(settings: GatewaySettings) -> GrpcInference | ReplicaSet:
     """One replica's client, or a ReplicaSet (session affinity, failover) when `inference` names several."""
-    targets = [target.strip() for target in settings.inference.split(",") if target.strip()]
+    targets = split_targets(settings.inference)
     if len(targets) == 1:
         return GrpcInference(targets[0], timeout_s=settings.request_timeout_s)
     return ReplicaSet(targets, timeout_s=settings.request_timeout_s, load_factor=settings.inference_load_factor)

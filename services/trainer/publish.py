@@ -32,6 +32,7 @@ import torch
 from safetensors.torch import save
 
 from lodestar.errors import FailedPreconditionError, InvalidArgumentError, LodestarError, UnavailableError
+from lodestar.grpc.client import split_targets
 from lodestar.logging import get_logger
 from lodestar.v1 import inference_pb2, inference_pb2_grpc
 from services.trainer.rpc import RETRYABLE, details_of, domain_error, status_of, sync_channel
@@ -224,7 +225,7 @@ class FanoutPublisher:
 
 def publisher_for(targets: str, **options: Any) -> WeightPublisher | FanoutPublisher:
     """The publisher of `--inference`: one replica's, or a fan-out over several (comma-separated)."""
-    addresses = [target.strip() for target in targets.split(",") if target.strip()]
+    addresses = split_targets(targets)
     if len(addresses) == 1:
         return WeightPublisher(addresses[0], **options)
     return FanoutPublisher(addresses, **options)

@@ -22,7 +22,7 @@ from lodestar.errors import (
     NotFoundError,
     UnavailableError,
 )
-from lodestar.grpc.client import LeaderChannel
+from lodestar.grpc.client import LeaderChannel, split_targets
 from lodestar.grpc.errors import error_from_rpc
 from lodestar.logging import get_logger
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
@@ -58,7 +58,7 @@ class GrpcRollout:
     leader failover."""
 
     def __init__(self, targets: str | Sequence[str]) -> None:
-        addresses = [t.strip() for t in targets.split(",")] if isinstance(targets, str) else list(targets)
+        addresses = split_targets(targets) if isinstance(targets, str) else list(targets)
         self.targets = [address for address in addresses if address]
         if not self.targets:
             raise InvalidArgumentError("--rollout needs at least one address")
