@@ -39,6 +39,7 @@ class ServiceSettings(BaseModel):
     port: int = 0
     """gRPC port; 0 picks a free one (printed at start)."""
     log_level: str = "info"
+    """Lowest level logged: debug, info, warning or error (an unknown name means info)."""
     log_json: bool | None = None
     """JSON log lines; unset means JSON when stderr is not a terminal."""
     drain_seconds: float = 10.0

@@ -72,6 +72,7 @@ class TrainerSettings(ServiceSettings):
     lr: float = 1e-6
     """AdamW learning rate (constant)."""
     weight_decay: float = 0.0
+    """AdamW weight decay (0: none)."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this (0 disables clipping)."""
     checkpoint_every: int = 0
