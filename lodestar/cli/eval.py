@@ -38,7 +38,10 @@ import grpc.aio
 from rich.console import Console
 from rich.table import Table
 
+from lodestar import kinds
 from lodestar.cli import client_security
+from lodestar.cli.flags import add_deprecated_alias
+from lodestar.cli.up import BACKENDS
 from lodestar.errors import DeadlineExceededError, InvalidArgumentError
 from lodestar.grpc.client import LeaderChannel
 from lodestar.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
@@ -157,9 +160,9 @@ async def _stack(args: argparse.Namespace) -> AsyncIterator[str]:
     )
     try:
         with _console.status("starting etcd, inference, rollout and a gateway node"):
-            await cluster.start_etcd(timeout=args.start_timeout)
+            await cluster.start_etcd(timeout=args.start_timeout_s)
             specs = [s for s in up._service_specs(settings, data_dir, cluster.etcd_url) if s.name != "trainer"]
-            await cluster.start_services(specs, timeout=args.start_timeout)
+            await cluster.start_services(specs, timeout=args.start_timeout_s)
         rollout = next(s for s in specs if s.name == "rollout")
         yield f"127.0.0.1:{rollout.port}"
     finally:
@@ -179,7 +182,7 @@ async def _evaluate(args: argparse.Namespace) -> list[dict[str, Any]]:
             for harness, spec in specs.items():
                 runs[harness] = await _create_run(channel, spec)
             with _console.status(f"evaluating {', '.join(runs)} ({len(task_ids)} tasks x {args.samples})"):
-                await _wait(channel, list(runs.values()), time.monotonic() + args.timeout)
+                await _wait(channel, list(runs.values()), time.monotonic() + args.timeout_s)
             scores = []
             for harness, run_id in runs.items():
                 groups = await _groups(channel, run_id, timeout=120.0)
@@ -227,13 +230,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     command.add_argument(
         "tasks", type=Path, metavar="TASKS", help="run spec (YAML/JSON), tasks JSONL, or a task-set directory"
     )
-    command.add_argument("--harness", action="append", required=True, help="harness kind; repeat for several")
+    command.add_argument(
+        "--harness",
+        action="append",
+        required=True,
+        choices=kinds.harness_kinds(),
+        metavar="KIND",
+        help=f"harness kind ({', '.join(kinds.HARNESS_KINDS)}, pi:<api>); repeat for several",
+    )
     command.add_argument("--samples", type=int, default=4, help="samples per task: K of pass@K (default 4)")
     command.add_argument("--model", type=Path, default=None, help="serve this model on a stack of our own")
     command.add_argument("--rollout", default=DEFAULT_ROLLOUT, metavar="HOST:PORT", help="stack to attach to")
-    command.add_argument("--verifier", default="exact_match", help="verifier kind for a JSONL TASKS file")
+    command.add_argument(
+        "--verifier", default="exact_match", choices=kinds.VERIFIER_KINDS, help="verifier kind for a JSONL TASKS file"
+    )
     command.add_argument("--verifier-config", default="", help="verifier config (JSON) for a JSONL TASKS file")
-    command.add_argument("--runtime", choices=["host", "docker"], default=None, help="runtime.kind of the runs")
+    command.add_argument("--runtime", choices=kinds.RUNTIME_KINDS, default=None, help="runtime.kind of the runs")
     command.add_argument("--image", default="", help="runtime.image of the runs (the default session image)")
     command.add_argument(
         "--sampling",
@@ -243,11 +255,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "harness samples as it asks (how it ships)",
     )
     command.add_argument("--pass-threshold", type=float, default=1.0, help="a sample passes at reward >= this")
-    command.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the runs")
+    command.add_argument("--timeout-s", type=float, default=3600.0, help="seconds to wait for the runs (default 3600)")
+    add_deprecated_alias(command, "--timeout-s", "--timeout")
     command.add_argument("--json", action="store_true", help="print the scores as JSON")
     command.add_argument("--data-dir", type=Path, default=Path(".lodestar/eval"), help="own stack's state (--model)")
-    command.add_argument("--backend", default="transformers", choices=["transformers", "vllm", "scripted"])
+    command.add_argument(
+        "--backend", default="transformers", choices=BACKENDS, help="own stack's inference backend (--model)"
+    )
     command.add_argument("--slots", type=int, default=2, help="sessions the own stack's node runs at once")
-    command.add_argument("--start-timeout", type=float, default=180.0, help="seconds to wait for each start")
+    command.add_argument(
+        "--start-timeout-s", type=float, default=180.0, help="seconds each own service may take to serve (--model)"
+    )
+    add_deprecated_alias(command, "--start-timeout-s", "--start-timeout")
     client_security.add_arguments(command)
     command.set_defaults(handler=client_security.secured(_handle))

@@ -73,9 +73,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     from services.rollout.sft_files import FORMATS
 
     command = subparsers.add_parser("export", help="a run's accepted trajectories as SFT data (JSONL or Parquet)")
-    command.add_argument("run_id", metavar="RUN_ID")
+    command.add_argument("run_id", metavar="RUN_ID", help="the run to export")
     command.add_argument("--min-reward", type=float, default=1.0, help="keep sessions with reward >= R (default 1)")
-    command.add_argument("--format", choices=FORMATS, default="chat-jsonl")
+    command.add_argument("--format", choices=FORMATS, default="chat-jsonl", help="output format (default chat-jsonl)")
     command.add_argument("--out", type=Path, default=None, help="output file (default RUN_ID-sft.jsonl|.parquet)")
     command.add_argument(
         "--store",

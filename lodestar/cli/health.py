@@ -13,6 +13,7 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lodestar.cli import client_security
+from lodestar.cli.flags import add_deprecated_alias
 from lodestar.grpc.security import current
 
 
@@ -28,15 +29,16 @@ async def _check(address: str, service: str, timeout: float) -> str:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    status = asyncio.run(_check(args.address, args.service, args.timeout))
+    status = asyncio.run(_check(args.address, args.service, args.timeout_s))
     print(f"{args.address} {args.service or '(server)'}: {status}")
     return 0 if status == "SERVING" else 1
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("health", help="check a service's gRPC health (exit 0 when SERVING)")
-    parser.add_argument("address", help="HOST:PORT")
+    parser.add_argument("address", metavar="HOST:PORT", help="address of the service to check")
     parser.add_argument("--service", default="", help="service name (default: the whole server)")
-    parser.add_argument("--timeout", type=float, default=3.0)
+    parser.add_argument("--timeout-s", type=float, default=3.0, help="seconds to wait for the reply (default 3)")
+    add_deprecated_alias(parser, "--timeout-s", "--timeout")
     client_security.add_arguments(parser)
     parser.set_defaults(handler=client_security.secured(_handle))

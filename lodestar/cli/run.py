@@ -26,6 +26,7 @@ from rich.live import Live
 from rich.table import Table
 
 from lodestar.cli import client_security
+from lodestar.cli.flags import add_deprecated_alias
 from lodestar.grpc.client import LeaderChannel
 from lodestar.grpc.errors import error_from_rpc
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
@@ -117,7 +118,7 @@ async def _watch(args: argparse.Namespace, console: Console) -> None:
     run = await _get(args.rollout, args.run_id)
     with Live(render(run), console=console, refresh_per_second=4) as live:
         while run.state == rollout_pb2.RUN_STATE_RUNNING:
-            await asyncio.sleep(args.interval)
+            await asyncio.sleep(args.interval_s)
             run = await _get(args.rollout, args.run_id)
             live.update(render(run))
 
@@ -164,19 +165,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     creator.add_argument("spec", type=Path, help="run spec (YAML or JSON; see docs/runs.md)")
     creator.set_defaults(handler=client_security.secured(_create))
     status = commands.add_parser("status", help="show a run's progress (live until it ends)")
-    status.add_argument("run_id")
+    status.add_argument("run_id", metavar="RUN_ID", help="the run to show")
     status.add_argument("--once", action="store_true", help="render once and exit")
     status.add_argument("--json", action="store_true", help="print the Run as JSON")
-    status.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    status.add_argument("--interval-s", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    add_deprecated_alias(status, "--interval-s", "--interval")
     status.set_defaults(handler=client_security.secured(_status))
     canceller = commands.add_parser("cancel", help="cancel a run (its complete groups stay deliverable)")
-    canceller.add_argument("run_id")
+    canceller.add_argument("run_id", metavar="RUN_ID", help="the run to cancel")
     canceller.set_defaults(handler=client_security.secured(_cancel))
     deleter = commands.add_parser("delete", help="delete a finished run and all its data")
-    deleter.add_argument("run_id")
+    deleter.add_argument("run_id", metavar="RUN_ID", help="the run to delete")
     deleter.set_defaults(handler=client_security.secured(_delete))
     archiver = commands.add_parser("archive", help="write a finished run's trajectories to Parquet, then delete it")
-    archiver.add_argument("run_id")
+    archiver.add_argument("run_id", metavar="RUN_ID", help="the run to archive")
     archiver.set_defaults(handler=client_security.secured(_archive))
     for command in (creator, status, canceller, deleter, archiver):
         command.add_argument("--rollout", default=DEFAULT_ROLLOUT, metavar="HOST:PORT", help="RolloutService address")

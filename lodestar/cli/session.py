@@ -23,6 +23,7 @@ import grpc
 from google.protobuf import json_format
 
 from lodestar.cli import client_security, session_view
+from lodestar.cli.flags import add_deprecated_alias
 from lodestar.errors import InvalidArgumentError
 from lodestar.grpc.errors import error_from_rpc
 from lodestar.grpc.security import current
@@ -51,8 +52,8 @@ def _call(args: argparse.Namespace, rpc: Callable[[gateway_pb2_grpc.GatewayServi
 
 
 def _open(args: argparse.Namespace) -> int:
-    request = gateway_pb2.OpenSessionRequest(run_id=args.run_id, labels=_labels(args.label))
-    reply = _call(args, lambda stub: stub.OpenSession(request, timeout=args.timeout))
+    request = gateway_pb2.OpenSessionRequest(run_id=args.run, labels=_labels(args.label))
+    reply = _call(args, lambda stub: stub.OpenSession(request, timeout=args.timeout_s))
     session = reply.session
     if args.json:
         print(json.dumps({"session_id": session.session_id, "session_key": session.session_key,
@@ -65,14 +66,14 @@ def _open(args: argparse.Namespace) -> int:
 
 def _close(args: argparse.Namespace) -> int:
     request = gateway_pb2.CloseSessionRequest(session_id=args.session_id)
-    reply = _call(args, lambda stub: stub.CloseSession(request, timeout=args.timeout))
+    reply = _call(args, lambda stub: stub.CloseSession(request, timeout=args.timeout_s))
     print(f"session {reply.session.session_id} closed after {reply.session.call_count} calls")
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
     request = gateway_pb2.GetSessionRequest(session_id=args.session_id)  # an id or a key
-    reply = _call(args, lambda stub: stub.GetSession(request, timeout=args.timeout))
+    reply = _call(args, lambda stub: stub.GetSession(request, timeout=args.timeout_s))
     if args.json:
         print(json_format.MessageToJson(reply, indent=1))
         return 0
@@ -98,21 +99,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     group = subparsers.add_parser("session", help="open, close or inspect gateway sessions")
     commands = group.add_subparsers(dest="session_command", required=True, metavar="COMMAND")
     opener = commands.add_parser("open", help="open a session and print its key (the harness's API key)")
-    opener.add_argument("--run-id", default="", help="run to file the session under")
+    opener.add_argument("--run", default="", metavar="RUN_ID", help="run to file the session under")
+    add_deprecated_alias(opener, "--run", "--run-id")
     opener.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="label (repeatable)")
     opener.add_argument("--json", action="store_true", help="print id, key and base URL as JSON")
     opener.set_defaults(handler=_open)
     closer = commands.add_parser("close", help="close a session (its key is refused from then on)")
-    closer.add_argument("session_id")
+    closer.add_argument("session_id", metavar="SESSION_ID", help="the session to close")
     closer.set_defaults(handler=_close)
     shower = commands.add_parser("show", help="print a session and its captured calls")
-    shower.add_argument("session_id", metavar="SESSION_ID_OR_KEY")
+    shower.add_argument("session_id", metavar="SESSION_ID_OR_KEY", help="the session, by its id or its key")
     shower.add_argument("--calls", action="store_true", help="each call: prompt tail, sampled tokens, logprobs")
     shower.add_argument("--json", action="store_true", help="the session and its CallRecords as proto JSON")
     shower.add_argument("--model", type=Path, metavar="DIR", help="decode token ids with this model's tokenizer")
     shower.set_defaults(handler=_show)
     for command in (opener, closer, shower):
         command.add_argument("--gateway", required=True, metavar="HOST:PORT", help="GatewayService address")
-        command.add_argument("--timeout", type=float, default=10.0)
+        command.add_argument("--timeout-s", type=float, default=10.0, help="seconds to wait for the reply (default 10)")
+        add_deprecated_alias(command, "--timeout-s", "--timeout")
         client_security.add_arguments(command)
         command.set_defaults(handler=client_security.secured(command.get_default("handler")))

@@ -23,6 +23,7 @@ from rich.table import Table
 
 from lodestar.cli import up_tls
 from lodestar.cli.dashboard import DEFAULT_RUNS_DIR, start_local
+from lodestar.cli.flags import add_deprecated_alias
 from lodestar.cli.model import ensure_tiny_model
 from lodestar.cli.train_stack import write_addresses
 from lodestar.errors import UnavailableError
@@ -36,6 +37,8 @@ _console = Console(stderr=True)
 DEFAULT_PORTS = {"inference": 50051, "gateway": 50052, "rollout": 50053, "trainer": 50054}
 """The services' own default gRPC ports (their settings' defaults)."""
 DEFAULT_HTTP_PORT = 8080
+BACKENDS = ("transformers", "vllm", "scripted")
+"""The inference backends (`InferenceSettings.backend`)."""
 
 
 def _service_specs(args: argparse.Namespace, data_dir: Path, etcd_url: str) -> list[ServiceSpec]:
@@ -114,7 +117,7 @@ async def _up(args: argparse.Namespace) -> int:
         if args.model is None:
             await ensure_tiny_model(data_dir / "tiny-model", _console)
         with _console.status("starting etcd"):  # with --tls: TLS, client certificates and auth on
-            await cluster.start_etcd(timeout=args.timeout, tls=up_tls.etcd(data_dir) if args.tls else None)
+            await cluster.start_etcd(timeout=args.start_timeout_s, tls=up_tls.etcd(data_dir) if args.tls else None)
         specs = _service_specs(args, data_dir, cluster.etcd_url)
         secured: dict[str, str] = {}
         if args.tls:
@@ -123,7 +126,7 @@ async def _up(args: argparse.Namespace) -> int:
             _console.print(f"TLS: CA {pki.ca}, client certificate {client.tls_cert}, token in {token_file}")
             secured = {"tls": str(data_dir / "tls")}  # `lodestar train` attaches with the client identity
         with _console.status("starting inference, rollout, gateway, trainer"):
-            await cluster.start_services(specs, timeout=args.timeout)
+            await cluster.start_services(specs, timeout=args.start_timeout_s)
         _print_addresses(cluster)
         addresses = {spec.name: f"127.0.0.1:{spec.port}" for spec in cluster.specs}
         addresses |= {"etcd": cluster.etcd_url, "model": str(args.model or data_dir / "tiny-model"), **secured}
@@ -162,7 +165,9 @@ def _handle(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("up", help="run a local etcd and all four services on loopback")
     parser.add_argument("--data-dir", type=Path, default=Path(".lodestar/up"), help="state and logs")
-    parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm", "scripted"])
+    parser.add_argument(
+        "--backend", default="transformers", choices=BACKENDS, help="inference backend (default transformers)"
+    )
     parser.add_argument(
         "--model", type=Path, default=None, help="model directory to serve (default: build the offline tiny model)"
     )
@@ -174,7 +179,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--slots", type=int, default=4, help="sessions the gateway node runs at once")
     parser.add_argument("--ready-buffer", type=int, default=2, help="prepared sessions waiting for a run slot")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each start")
+    parser.add_argument(
+        "--start-timeout-s", type=float, default=120.0, help="seconds each service may take to serve (default 120)"
+    )
+    add_deprecated_alias(parser, "--start-timeout-s", "--timeout")
     parser.add_argument("--max-restarts", type=int, default=3, help="restarts per crashed service")
     parser.add_argument("--check", action="store_true", help="exit after the self-check passes")
     parser.add_argument(

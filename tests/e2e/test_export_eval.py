@@ -129,7 +129,7 @@ def test_eval_reports_pass_at_1_and_pass_at_k(stack: NodeStack, tmp_path: Path):
     spec.write_text(yaml.safe_dump({**_spec("eval"), "groupSize": 1}))
 
     done = _lodestar("eval", str(spec), "--harness", "command", "--samples", "3", "--rollout", stack.rollout.address,
-                     "--json", "--timeout", "200", timeout=300)  # fmt: skip
+                     "--json", "--timeout-s", "200", timeout=300)  # fmt: skip
 
     assert done.returncode == 0, done.stdout + done.stderr
     [result] = json.loads(done.stdout)

@@ -109,7 +109,7 @@ def test_a_harness_fixes_a_repository_in_its_container(stack: NodeStack, kind: s
 def test_lodestar_eval_swe_mini_with_claude_code_on_docker(stack: NodeStack):
     done = subprocess.run(
         [sys.executable, "-m", "lodestar.cli.main", "eval", str(SWE_MINI), "--harness", "claude_code",
-         "--runtime", "docker", "--samples", "1", "--rollout", stack.rollout.address, "--timeout", "900"],
+         "--runtime", "docker", "--samples", "1", "--rollout", stack.rollout.address, "--timeout-s", "900"],
         capture_output=True, text=True, timeout=960, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
 
