@@ -1,6 +1,6 @@
-"""TLS and token flags of client commands (`lodestar run ...`, `lodestar health`): the same files a service
-takes, for a CLI talking to a secured deployment. `LODESTAR_AUTH_TOKEN` supplies the token when no flag
-does (keeps it out of the process list)."""
+"""TLS and token flags of every command that calls a service (`lodestar run ...`, `health`, `session`, `eval`,
+`dashboard`, `train`): the same files a service takes, for a CLI talking to a secured deployment.
+`LODESTAR_AUTH_TOKEN` supplies the token when no flag does (keeps it out of the process list)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--auth-token-file", type=Path, default=None, help=f"control-plane token file (or ${TOKEN_ENV})"
     )
+
+
+def given(args: argparse.Namespace) -> list[str]:
+    """The flags as given (paths made absolute), for a service process this command starts with the same
+    identity; the token in `LODESTAR_AUTH_TOKEN` is not passed on (only a file keeps it off command lines)."""
+    flags = {"--tls-cert": args.tls_cert, "--tls-key": args.tls_key, "--tls-ca": args.tls_ca}
+    flags["--auth-token-file"] = args.auth_token_file
+    return [item for flag, path in flags.items() if path is not None for item in (flag, str(path.resolve()))]
 
 
 def configure(args: argparse.Namespace) -> None:

@@ -27,7 +27,7 @@ import grpc.aio
 from rich.console import Console
 from rich.live import Live
 
-from lodestar.cli import train_stack, train_view
+from lodestar.cli import client_security, train_stack, train_view
 from lodestar.cli.dashboard import start_local
 from lodestar.cli.run import _call
 from lodestar.cli.train_config import TrainConfig, load_train_config
@@ -141,7 +141,9 @@ def _ended_early(progress: train_view.Progress, steps_done: int, groups_trained:
     )
 
 
-async def _train(config: TrainConfig, console: Console, *, dashboard: bool = False) -> int:
+async def _train(
+    config: TrainConfig, console: Console, *, dashboard: bool = False, client: list[str] | None = None
+) -> int:
     from services.rollout.spec import load_spec_file  # the spec checks: only when running
 
     spec = load_spec_file(config.spec)
@@ -151,7 +153,7 @@ async def _train(config: TrainConfig, console: Console, *, dashboard: bool = Fal
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     started = time.monotonic()
-    stack = await train_stack.open_stack(config, console)
+    stack = await train_stack.open_stack(config, console, client or [])
     trainer_cluster = None
     error, checkpoint = "", ""
     board = await start_local(stack.rollout, config.run_dir, stack.model) if dashboard else None
@@ -245,7 +247,7 @@ def _handle(args: argparse.Namespace) -> int:
     if args.run_dir is not None:
         overrides["run_dir"] = args.run_dir.resolve()
     config = dataclasses.replace(config, **overrides)  # type: ignore[arg-type]
-    return asyncio.run(_train(config, Console(), dashboard=args.dashboard))
+    return asyncio.run(_train(config, Console(), dashboard=args.dashboard, client=client_security.given(args)))
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -262,4 +264,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="serve the run dashboard on loopback while training (docs/dashboard.md)",
     )
-    command.set_defaults(handler=_handle)
+    client_security.add_arguments(command)  # for --attach: a secured stack (train_stack.py)
+    command.set_defaults(handler=client_security.secured(_handle))

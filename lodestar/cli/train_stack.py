@@ -4,7 +4,11 @@ Attaching: `lodestar up` records its addresses and served model in `<data-dir>/a
 `.lodestar/up/addresses.json`). With `attach = "auto"` (the default) `lodestar train` uses that stack when the
 file exists and its rollout answers SERVING; `attach = "never"` always starts its own; any other value names
 an addresses file that must be up. A stack of `lodestar up --tls` is attached to with its `client` certificate
-and token, and the trainer started on it gets the `trainer` one. Its own stack is what `lodestar up` starts
+and token, and the trainer started on it gets the `trainer` one. Any other secured stack is attached to with
+`lodestar train`'s own TLS and token flags (`--tls-ca`, `--tls-cert`, `--tls-key`, `--auth-token-file`),
+which the trainer started on it gets too (it serves and calls with them: a `--tls-cert` must name localhost);
+the stack `lodestar train` starts itself is plaintext on loopback, so those flags without a stack to attach
+to are refused. Its own stack is what `lodestar up` starts
 minus the idle trainer: etcd, inference (the tiny model unless `model` is set), rollout and one gateway node,
 under `data_dir`; the node starts only once the trainer serves (`start_node`), so no sessions pile up under
 the initial policy while the trainer imports torch. The trainer itself is always a process of its own
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -24,7 +28,7 @@ from rich.console import Console
 from lodestar.cli import up_tls
 from lodestar.cli.model import ensure_tiny_model
 from lodestar.cli.train_config import UP_ADDRESSES, TrainConfig
-from lodestar.errors import UnavailableError
+from lodestar.errors import InvalidArgumentError, UnavailableError
 from lodestar.grpc import security
 from lodestar.local import LocalCluster, ServiceSpec, find_etcd, free_port, wait_serving
 
@@ -42,6 +46,8 @@ class Stack:
     """The addresses file of the `lodestar up` stack attached to."""
     tls_dir: Path | None = None
     """Where the attached `lodestar up --tls` stack keeps its CA, certificates and token."""
+    client: list[str] = field(default_factory=list)
+    """The TLS and token flags `lodestar train` attached with (another secured stack); its trainer gets them."""
 
 
 def write_addresses(path: Path, addresses: dict[str, str]) -> None:
@@ -114,16 +120,24 @@ async def _start_own(config: TrainConfig, console: Console) -> Stack:
     return stack
 
 
-async def open_stack(config: TrainConfig, console: Console) -> Stack:
-    """Attach to `lodestar up` or start a stack (see the module docstring)."""
+async def open_stack(config: TrainConfig, console: Console, client: list[str] | None = None) -> Stack:
+    """Attach to `lodestar up` or start a stack (see the module docstring); `client`: the TLS and token flags
+    `lodestar train` was given, for attaching only."""
     if config.attach != "never":
         path = UP_ADDRESSES if config.attach == "auto" else Path(config.attach)
         stack = await _attach(path)
         if stack is not None:
             console.print(f"attached to the lodestar up stack recorded in {path}")
+            if stack.tls_dir is None:
+                stack.client = list(client or [])
             return stack
         if config.attach != "auto":
             raise UnavailableError(f"no running stack at the addresses in {path} (is `lodestar up` running?)")
+    if client:
+        raise InvalidArgumentError(
+            "the TLS and token flags are for attaching to a secured stack; the one lodestar train starts itself "
+            "is plaintext on loopback (no stack to attach to answered)"
+        )
     return await _start_own(config, console)
 
 
@@ -136,6 +150,8 @@ async def start_trainer(config: TrainConfig, stack: Stack, run_id: str) -> tuple
     args += ["--rollout", stack.rollout, "--inference", stack.inference]
     if stack.tls_dir is not None:  # an up --tls stack: the trainer serves and calls with its own identity
         args += await asyncio.to_thread(up_tls.service_args, stack.tls_dir, "trainer")
+    else:  # another secured stack: the identity lodestar train attached with
+        args += stack.client
     try:
         await cluster.start_services([ServiceSpec("trainer", port, args)], timeout=config.start_timeout_s)
     except BaseException:

@@ -1,7 +1,7 @@
 """`lodestar up --tls`: a local CA, per-service certificates and a token are made on first use, every
 service serves mutual TLS with the control-plane token, etcd runs with TLS, client certificates and auth
 (rollout and the gateway reach it with theirs), the self-check passes over TLS, and `lodestar train`
-attaches to such a stack with its client identity."""
+attaches to such a stack with its client identity, or to any secured stack with its own TLS and token flags."""
 
 from __future__ import annotations
 
@@ -16,9 +16,12 @@ from pathlib import Path
 import grpc.aio
 import pytest
 from cryptography import x509
+from rich.console import Console
 
-from lodestar.cli import train_stack, up_tls
+from lodestar.cli import client_security, train_stack, up_tls
+from lodestar.cli.main import build_parser
 from lodestar.cli.run import _call
+from lodestar.cli.train_config import TrainConfig
 from lodestar.errors import UnauthenticatedError, UnavailableError
 from lodestar.grpc import security
 from lodestar.tls import SERVICES, ensure_local_pki
@@ -105,6 +108,22 @@ async def test_lodestar_train_attaches_to_an_up_tls_stack_with_its_client_identi
         trainer_args = up_tls.service_args(data / "tls", "trainer")
         assert str(data / "tls" / "trainer.pem") in trainer_args
         assert "--auth-token-file" in trainer_args
+
+        # Any other secured stack (an addresses file without `tls`): `lodestar train --tls-* --auth-token-file`.
+        security.configure(before)
+        other = tmp_path / "addresses.json"
+        other.write_text(json.dumps({key: value for key, value in addresses.items() if key != "tls"}))
+        pki = ensure_local_pki(data / "tls")
+        client = pki.identities["client"]
+        flags = ["--tls-cert", str(client.cert), "--tls-key", str(client.key), "--tls-ca", str(pki.ca)]
+        flags += ["--auth-token-file", str(data / "tls" / "token")]
+        args = build_parser().parse_args(["train", "t.toml", "--attach", str(other), *flags])
+        client_security.configure(args)
+        config = TrainConfig(tmp_path / "t.toml", tmp_path / "run.yaml", 1, tmp_path / "runs", attach=str(other))
+        attached = await train_stack.open_stack(config, Console(), client_security.given(args))
+        assert attached.tls_dir is None
+        assert attached.client == flags  # what the trainer it starts gets
+        assert (await _call(attached.rollout, lambda s: s.GetRun(request, timeout=10))).run.run_id == created.run.run_id
     finally:
         security.configure(before)
         if process.returncode is None:
