@@ -59,18 +59,21 @@ def render(progress: Progress) -> Group:
         str(run.groups_dropped),
     )
     trainer = Table(title=f"trainer: {progress.state}", show_edge=False)
-    for column in ("step", "reward mean", "pass rate", "tokens/s", "merge ratio", "logprob gap", "policy", "s/step"):
+    cells = {
+        "step": f"{progress.trainer.step}/{progress.steps}",
+        "reward mean": _value(values, "reward_mean", ".3f"),
+        "pass rate": _value(values, "pass_rate", ".2f"),  # not logged for partial-credit rewards
+        "tokens/s": _value(values, "tokens_per_second", ".0f"),
+        "merge ratio": _value(values, "merge_ratio", ".2f"),
+        "logprob gap": _value(values, "logprob_diff_mean", ".2g"),
+        "policy": str(progress.trainer.policy_version),
+        "s/step": _value(values, "time_step", ".1f"),
+    }
+    if values and "pass_rate" not in values:
+        del cells["pass rate"]
+    for column in cells:
         trainer.add_column(column, justify="right")
-    trainer.add_row(
-        f"{progress.trainer.step}/{progress.steps}",
-        _value(values, "reward_mean", ".3f"),
-        _value(values, "pass_rate", ".2f"),
-        _value(values, "tokens_per_second", ".0f"),
-        _value(values, "merge_ratio", ".2f"),
-        _value(values, "logprob_diff_mean", ".2g"),
-        str(progress.trainer.policy_version),
-        _value(values, "time_step", ".1f"),
-    )
+    trainer.add_row(*cells.values())
     if progress.trainer.warning:
         return Group(sessions, trainer, Text(f"WARNING {progress.trainer.warning}", style="bold red"))
     return Group(sessions, trainer)
@@ -82,8 +85,8 @@ def plain_line(progress: Progress) -> str:
     return (
         f"step {progress.trainer.step}/{progress.steps}"
         f"  reward {_value(values, 'reward_mean', '.3f')}"
-        f"  pass {_value(values, 'pass_rate', '.2f')}"
-        f"  tokens/s {_value(values, 'tokens_per_second', '.0f')}"
+        + (f"  pass {values['pass_rate']:.2f}" if "pass_rate" in values else "")
+        + f"  tokens/s {_value(values, 'tokens_per_second', '.0f')}"
         f"  merge {_value(values, 'merge_ratio', '.2f')}"
         f"  logprob gap {_value(values, 'logprob_diff_mean', '.2g')}"
         f"  policy v{progress.trainer.policy_version}"

@@ -100,7 +100,8 @@ class LoopConfig:
     max_grad_norm: float = 1.0
     checkpoint_every: int = 0
     checkpoint_dir: Path = Path(".lodestar/trainer/checkpoints")
-    pass_threshold: float = 1.0
+    pass_threshold: float | None = None
+    """Reward at or above which a sample passes (None: see `Trainer._pass_threshold`)."""
     vocab_size: int = 0
     """The model's vocabulary size: larger token ids in a group are bad input (0: unchecked)."""
     stop_after_no_signal_groups: int = 0
@@ -156,6 +157,8 @@ class Trainer:
     _counters: dict[str, float] = field(
         default_factory=lambda: {"groups_no_signal": 0.0, "groups_stale": 0.0, "sessions_dropped": 0.0}, init=False
     )
+    _partial_credit: bool = field(default=False, init=False)
+    """A reward other than 0 or 1 has been read (see `_pass_threshold`)."""
 
     # -- the loop --------------------------------------------------------------------------------------
 
@@ -245,7 +248,7 @@ class Trainer:
             lr=float(self.optimizer.param_groups[0]["lr"]),
             seconds=seconds,
             version_before=version_before,
-            pass_threshold=self.config.pass_threshold,
+            pass_threshold=self._pass_threshold([r for g in plan.groups for r in g.rewards] + plan.no_signal_rewards),
             counters=self._counters,
             push_bytes=push_bytes,
         )
@@ -348,6 +351,14 @@ class Trainer:
         totals = loss_over_ranks(self.parallel, totals)
         grad_norm = self.parallel.clip_grad_norm(self.model, self.config.max_grad_norm)
         return totals, grad_norm, mismatch.over_ranks(self.parallel)
+
+    def _pass_threshold(self, rewards: list[float]) -> float | None:
+        """The configured threshold; unset, 1.0 while every reward read so far is 0 or 1, else None (no
+        pass rate: partial credit defines no passing)."""
+        if self.config.pass_threshold is not None:
+            return self.config.pass_threshold
+        self._partial_credit = self._partial_credit or any(r not in (0.0, 1.0) for r in rewards)
+        return None if self._partial_credit else 1.0
 
     def _warn_on_mismatch(self, mismatch: MismatchTally) -> None:
         """Loudly (a warning line, GetStatus.warning until a later step replaces it) when some harness's

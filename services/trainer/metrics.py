@@ -3,7 +3,8 @@
 Every step's values are a flat name -> float map (the same names in the JSONL, in TensorBoard under
 `train/<name>`, and in TrainerService's StepMetrics.values). The names the loop writes:
 
-- rewards: `reward_mean`, `reward_std`, `pass_rate` (reward >= pass_threshold) over every scored session of
+- rewards: `reward_mean`, `reward_std`, `pass_rate` (reward >= pass_threshold; absent when no threshold is
+  set and the verifier has given partial credit: see TrainerSettings.pass_threshold) over every scored session of
   the groups the step read (also those without signal, which are not trained on: as GRPO implementations log
   it, so a policy whose groups saturate shows its reward), `reward_mean_trained` (the trained groups only),
   `groups`, `samples` (trained);

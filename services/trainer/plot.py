@@ -1,7 +1,8 @@
 """Reward and throughput curves of a run directory as PNG files (matplotlib, Agg backend: no display).
 
 `plot_run(run_dir)` reads `<run_dir>/metrics.jsonl` and writes
-- `reward.png`: reward mean (with a +-std band) and pass rate per step;
+- `reward.png`: reward mean (with a +-std band) and pass rate per step (when the last step has one: runs
+  whose verifier gives partial credit log none);
 - `throughput.png`: tokens trained per second of forward/backward and the merge ratio per step, with the
   step time split into build / forward-backward / optimizer / weight push.
 A resumed run appends to the same file; a step logged twice (a run resumed from an older checkpoint) is
@@ -43,16 +44,21 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     steps = [record.step for record in records]
 
-    figure, (rewards, passes) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    with_pass = "pass_rate" in records[-1].values
+    rows = 2 if with_pass else 1
+    figure, axes = plt.subplots(rows, 1, figsize=(8, 2 + 2 * rows), sharex=True, squeeze=False)
+    rewards = axes[0][0]
     mean, std = _series(records, "reward_mean"), _series(records, "reward_std")
     rewards.plot(steps, mean, marker="o", label="reward mean")
     rewards.fill_between(steps, [m - s for m, s in zip(mean, std, strict=True)],
                          [m + s for m, s in zip(mean, std, strict=True)], alpha=0.2, label="+-std")  # fmt: skip
     rewards.set_ylabel("reward")
     rewards.legend()
-    passes.plot(steps, _series(records, "pass_rate"), marker="o", color="tab:green")
-    passes.set_ylabel("pass rate")
-    passes.set_xlabel("step")
+    if with_pass:
+        passes = axes[1][0]
+        passes.plot(steps, _series(records, "pass_rate"), marker="o", color="tab:green")
+        passes.set_ylabel("pass rate")
+    axes[-1][0].set_xlabel("step")
     figure.suptitle(f"{run_dir.name}: reward")
     reward_path = out / "reward.png"
     figure.savefig(reward_path, dpi=100)

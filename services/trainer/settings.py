@@ -77,8 +77,10 @@ class TrainerSettings(ServiceSettings):
     """Clip the global gradient norm to this (0 disables clipping)."""
     checkpoint_every: int = 0
     """Write a checkpoint every N steps and at the end (0: only on SaveCheckpoint / Stop with save_checkpoint)."""
-    pass_threshold: float = 1.0
-    """A sample counts as passed in the pass-rate metric when its reward is at least this."""
+    pass_threshold: float | None = None
+    """A sample counts as passed in the pass-rate metric when its reward is at least this. Unset: reward 1.0
+    passes while the verifier's rewards are all 0 or 1 (a pass/fail verifier); once a partial reward appears,
+    no pass rate is logged (partial credit defines no passing), and the live view and plot leave it out."""
     device: str = "cpu"
     """torch device: cpu, cuda, cuda:1."""
     activation_checkpointing: bool | None = None

@@ -25,7 +25,7 @@ def step_values(
     lr: float,
     seconds: Mapping[str, float],
     version_before: int,
-    pass_threshold: float,
+    pass_threshold: float | None,
     counters: Mapping[str, float],
     push_bytes: int = 0,
 ) -> dict[str, float]:
@@ -37,7 +37,6 @@ def step_values(
         "reward_mean": reward_mean,
         "reward_std": reward_std,
         "reward_mean_trained": mean_std(trained)[0],
-        "pass_rate": sum(reward >= pass_threshold for reward in rewards) / len(rewards) if rewards else 0.0,
         "groups": float(len(groups)),
         "samples": float(sum(len(group.samples) for group in groups)),
         "calls": float(stats.calls),
@@ -56,6 +55,8 @@ def step_values(
         **seconds,
         **counters,
     }
+    if pass_threshold is not None:
+        values["pass_rate"] = sum(reward >= pass_threshold for reward in rewards) / len(rewards) if rewards else 0.0
     values["time_step"] = sum(seconds.values())
     forward_backward = seconds.get("time_forward_backward", 0.0)
     values["tokens_per_second"] = stats.sequence_tokens / forward_backward if forward_backward > 0 else 0.0

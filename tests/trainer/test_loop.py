@@ -36,7 +36,7 @@ def trainer_for(model_dir: Path, tmp_path: Path, groups: list, **overrides: obje
 
 def test_steps_update_weights_and_write_metrics(trainer_model_dir: Path, tmp_path: Path) -> None:
     groups = [make_group(0), make_group(1, rewards=(0.5, 0.5, 0.5, 0.5)), make_group(2), make_group(3)]
-    trainer, source = trainer_for(trainer_model_dir, tmp_path, groups, steps=2, groups_per_step=1)
+    trainer, source = trainer_for(trainer_model_dir, tmp_path, groups, steps=2, groups_per_step=1, pass_threshold=1.0)
     before = {name: tensor.clone() for name, tensor in trainer.model.state_dict().items()}
 
     trainer.run()
@@ -66,6 +66,21 @@ def test_steps_update_weights_and_write_metrics(trainer_model_dir: Path, tmp_pat
     assert abs(second["reward_mean_trained"] - 0.375) < 1e-9
     assert second["logprob_diff_max"] >= second["logprob_diff_mean"] > 0
     assert any((tmp_path / "run" / "tensorboard").iterdir())
+
+
+def test_pass_rate_without_a_threshold_only_while_rewards_are_pass_fail(
+    trainer_model_dir: Path, tmp_path: Path
+) -> None:
+    groups = [make_group(0, rewards=(1.0, 0.0, 0.0, 1.0)), make_group(1, rewards=(1.0, 0.0, 0.5, 0.0)), make_group(2)]
+    trainer, _ = trainer_for(trainer_model_dir, tmp_path, groups, steps=3, groups_per_step=1)
+
+    trainer.run()
+
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    assert lines[0]["pass_rate"] == 0.5, "a pass/fail verifier: reward 1 passes"
+    assert "pass_rate" not in lines[1], "partial credit defines no passing"
+    assert "pass_rate" not in lines[2], "not even once the rewards look pass/fail again"
 
 
 def test_infra_failed_sessions_never_reach_the_loss(trainer_model_dir: Path, tmp_path: Path) -> None:
