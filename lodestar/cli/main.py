@@ -15,6 +15,7 @@ from lodestar import __version__
 from lodestar.cli import dashboard, export, health, images, model, plot, run, services, session, train, up
 from lodestar.cli import eval as eval_cmd
 from lodestar.errors import LodestarError
+from lodestar.logging import configure_logging
 
 COMMAND_GROUPS = (services, up, health, model, session, run, plot, export, eval_cmd, train, images, dashboard)
 
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    configure_logging()  # stderr, whatever the command: stdout is for results (`eval --json`); `serve` redoes it
     try:
         code: int = args.handler(args)
     except LodestarError as error:

@@ -21,13 +21,14 @@ import json
 import signal
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import grpc.aio
 from rich.console import Console
 from rich.live import Live
 
-from lodestar.cli import client_security, train_stack, train_view
+from lodestar.cli import client_security, train_eval, train_stack, train_view
 from lodestar.cli.dashboard import start_local
 from lodestar.cli.run import _call
 from lodestar.cli.train_config import TrainConfig, load_train_config
@@ -35,6 +36,9 @@ from lodestar.errors import DeadlineExceededError, UnavailableError
 from lodestar.grpc.security import current
 from lodestar.sampling import check_trainable
 from lodestar.v1 import rollout_pb2, trainer_pb2, trainer_pb2_grpc
+
+if TYPE_CHECKING:
+    from services.rollout.evaluation import HarnessScore
 
 _DONE = (trainer_pb2.TRAINER_STATE_STOPPED, trainer_pb2.TRAINER_STATE_FAILED)
 _TRAINER_UNREACHABLE_S = 60.0
@@ -148,6 +152,9 @@ async def _train(
 
     spec = load_spec_file(config.spec)
     check_trainable(spec.sampling)  # the trainer recomputes the run's sampling distribution: docs/trainer.md
+    heldout = train_eval.heldout_spec(spec, config.eval) if config.eval is not None else None
+    before: HarnessScore | None = None
+    after: HarnessScore | None = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -158,6 +165,12 @@ async def _train(
     error, checkpoint = "", ""
     board = await start_local(stack.rollout, config.run_dir, stack.model) if dashboard else None
     try:
+        if heldout is not None and config.eval is not None and config.eval.before:
+            with console.status("starting the gateway node"):
+                await train_stack.start_node(config, stack)  # before the training run: the eval has the node
+            console.print(f"evaluating the starting policy on {len(heldout.tasks)} held-out tasks")
+            before = await train_eval.evaluate(stack.rollout, heldout, config.eval, console)
+            console.print(train_eval.table(before, None))
         reply = await _call(stack.rollout, lambda s: s.CreateRun(rollout_pb2.CreateRunRequest(spec=spec), timeout=60.0))
         run_id = reply.run.run_id
         if board is not None:
@@ -191,13 +204,29 @@ async def _train(
             progress.run = (await _call(stack.rollout, lambda s: s.GetRun(request, timeout=10.0))).run
         cancel = rollout_pb2.CancelRunRequest(run_id=run_id)
         await _call(stack.rollout, lambda s: s.CancelRun(cancel, timeout=30.0))
+        if heldout is not None and config.eval is not None and not error and not stop.is_set():
+            version = progress.trainer.policy_version
+            with console.status(f"waiting for inference to serve the final policy (v{version})"):
+                await train_eval.wait_for_version(stack.inference, version)
+            console.print(f"evaluating the final policy (v{version}) on {len(heldout.tasks)} held-out tasks")
+            try:
+                after = await train_eval.evaluate(stack.rollout, heldout, config.eval, console)
+            except DeadlineExceededError as failure:
+                error = f"the final evaluation did not finish: {failure.message}"
+        if before is not None or after is not None:
+            train_eval.write(config.run_dir, before, after, progress.trainer.step)
     finally:
         if board is not None:
             await board.close()
         with console.status("stopping the trainer" + ("" if stack.cluster is None else " and the stack")):
             await train_stack.close(trainer_cluster, stack.cluster)
     interrupted = stop.is_set()
-    return _report(config, console, progress, checkpoint, error, time.monotonic() - started, interrupted)
+    code = _report(config, console, progress, checkpoint, error, time.monotonic() - started, interrupted)
+    if before is not None or after is not None:
+        console.print(train_eval.table(before, after))
+        if line := train_eval.verdict(before, after):
+            console.print(line, highlight=False)
+    return code
 
 
 def _report(

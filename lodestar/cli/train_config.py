@@ -1,8 +1,10 @@
-"""The `[train]` table of a `lodestar train CONFIG` file: what to run, where, and how long.
+"""The `[train]` and `[eval]` tables of a `lodestar train CONFIG` file: what to run, where, how long, and
+what to evaluate the policy on before and after.
 
 The same TOML file's `[trainer]` table is the trainer service's own settings (docs/trainer.md); the
 trainer process `lodestar train` starts reads it with `--config`. Relative paths in `[train]` (`spec`,
-`model`) are relative to the config file; `run_dir` and `data_dir` are relative to the working directory.
+`model`) and `[eval]` (`tasks`) are relative to the config file; `run_dir` and `data_dir` are relative to
+the working directory.
 """
 
 from __future__ import annotations
@@ -15,6 +17,17 @@ from lodestar.errors import InvalidArgumentError
 
 UP_ADDRESSES = Path(".lodestar/up/addresses.json")
 """Where `lodestar up` records its addresses (the default of `attach = "auto"`)."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """The `[eval]` table: held-out tasks scored on the starting policy and on the final one."""
+
+    tasks: Path
+    samples: int = 4
+    before: bool = True
+    pass_threshold: float = 1.0
+    timeout_s: float = 1800.0
 
 
 @dataclass(frozen=True)
@@ -32,6 +45,8 @@ class TrainConfig:
     inference_replicas: int = 1
     timeout_s: float = 1800.0
     start_timeout_s: float = 180.0
+    eval: EvalConfig | None = None
+    """The `[eval]` table, when the file has one."""
 
 
 KEYS: dict[str, str] = {
@@ -57,6 +72,19 @@ KEYS: dict[str, str] = {
 }
 """Every key of the `[train]` table and what it means (docs/configuration.md is generated from it)."""
 _KEYS = set(KEYS)
+
+EVAL_KEYS: dict[str, str] = {
+    "tasks": "Held-out tasks (relative to the config file): a tasks JSONL file, run with the training spec's "
+    "harness, verifier and sampling policy; or a run spec file of its own. Keep them disjoint from the training "
+    "tasks.",
+    "samples": "Samples per task (pass@1 is averaged over them; more samples, a narrower interval).",
+    "before": "Also score the starting policy, before the first step (false: only the final policy).",
+    "pass_threshold": "A sample passes when its reward is at least this.",
+    "timeout_s": "Each evaluation (before, after) must end within this many seconds.",
+}
+"""Every key of the `[eval]` table: with one, `lodestar train` scores the policy it starts from and the one it
+ends with on these tasks (pass@1 with its 95% interval, mean reward), prints both and plots them next to the
+training reward; see lodestar/cli/train_eval.py."""
 
 
 def load_train_config(path: Path) -> TrainConfig:
@@ -92,10 +120,35 @@ def load_train_config(path: Path) -> TrainConfig:
         inference_replicas=_positive(path, "inference_replicas", table.get("inference_replicas", 1)),
         timeout_s=float(table.get("timeout_s", 1800.0)),
         start_timeout_s=float(table.get("start_timeout_s", 180.0)),
+        eval=_eval_config(path, base, document.get("eval")),
     )
 
 
-def _positive(path: Path, key: str, value: object) -> int:
+def _eval_config(path: Path, base: Path, table: object) -> EvalConfig | None:
+    if table is None:
+        return None
+    if not isinstance(table, dict) or "tasks" not in table:
+        raise InvalidArgumentError(f"{path}: [eval] needs `tasks` (a tasks JSONL or a run spec file)")
+    unknown = set(table) - set(EVAL_KEYS)
+    if unknown:
+        raise InvalidArgumentError(f"{path}: unknown [eval] keys: {', '.join(sorted(unknown))}")
+    before = table.get("before", True)
+    if not isinstance(before, bool):
+        raise InvalidArgumentError(f"{path}: [eval] before must be true or false")
+    timeout_s = float(table.get("timeout_s", 1800.0))
+    threshold = float(table.get("pass_threshold", 1.0))
+    if timeout_s <= 0:
+        raise InvalidArgumentError(f"{path}: [eval] timeout_s must be positive")
+    return EvalConfig(
+        tasks=base / str(table["tasks"]),
+        samples=_positive(path, "samples", table.get("samples", 4), table="eval"),
+        before=before,
+        pass_threshold=threshold,
+        timeout_s=timeout_s,
+    )
+
+
+def _positive(path: Path, key: str, value: object, *, table: str = "train") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgumentError(f"{path}: [train] {key} must be a positive integer, got {value!r}")
+        raise InvalidArgumentError(f"{path}: [{table}] {key} must be a positive integer, got {value!r}")
     return value

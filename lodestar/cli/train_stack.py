@@ -162,8 +162,8 @@ async def start_trainer(config: TrainConfig, stack: Stack, run_id: str) -> tuple
 
 async def start_node(config: TrainConfig, stack: Stack) -> None:
     """Start the gateway node of an own stack (after the trainer is up, so the first groups are fresh)."""
-    if stack.cluster is None or stack.node is None:
-        return
+    if stack.cluster is None or stack.node is None or stack.node in stack.cluster.specs:
+        return  # attached, or started already (the [eval] before training starts it first)
     started = stack.cluster.specs
     await stack.cluster.start_services([stack.node], timeout=config.start_timeout_s)
     stack.cluster.specs = [*started, stack.node]  # start_services keeps only the last list: stop all

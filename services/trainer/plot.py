@@ -2,7 +2,9 @@
 
 `plot_run(run_dir)` reads `<run_dir>/metrics.jsonl` and writes
 - `reward.png`: reward mean (with a +-std band) and pass rate per step (when the last step has one: runs
-  whose verifier gives partial credit log none);
+  whose verifier gives partial credit log none); with an `eval.json` in the run directory (`lodestar train`'s
+  `[eval]`), the held-out pass@1 of the starting and the final policy with their 95% intervals, at step 0
+  and at the last step;
 - `throughput.png`: tokens trained per second of forward/backward and the merge ratio per step, with the
   step time split into build / forward-backward / optimizer / weight push.
 A resumed run appends to the same file; a step logged twice (a run resumed from an older checkpoint) is
@@ -11,7 +13,9 @@ drawn from its last record.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from lodestar.errors import InvalidArgumentError
 from services.trainer.metrics import METRICS_FILE, StepRecord, read_metrics
@@ -30,6 +34,27 @@ def _records(run_dir: Path) -> list[StepRecord]:
 
 def _series(records: list[StepRecord], name: str) -> list[float]:
     return [record.values.get(name, 0.0) for record in records]
+
+
+def _heldout(axes: Any, run_dir: Path) -> None:
+    """The held-out pass@1 points of `<run_dir>/eval.json` (before: step 0, after: its step), if any."""
+    path = run_dir / "eval.json"
+    if not path.is_file():
+        return
+    scores = json.loads(path.read_text())
+    points = [(0, scores.get("before")), (int(scores.get("after_step", 0)), scores.get("after"))]
+    points = [(step, s) for step, s in points if s]
+    if not points:
+        return
+    steps = [step for step, _ in points]
+    values = [s["pass_at_1"] for _, s in points]
+    errors = [
+        [s["pass_at_1"] - s["pass_at_1_low"] for _, s in points],
+        [s["pass_at_1_high"] - s["pass_at_1"] for _, s in points],
+    ]
+    axes.errorbar(steps, values, yerr=errors, fmt="s", color="tab:red", capsize=5, label="held-out pass@1 (95% CI)")
+    for step, value in zip(steps, values, strict=True):
+        axes.annotate(f"{value:.2f}", (step, value), textcoords="offset points", xytext=(8, -4), color="tab:red")
 
 
 def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
@@ -53,6 +78,7 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     rewards.fill_between(steps, [m - s for m, s in zip(mean, std, strict=True)],
                          [m + s for m, s in zip(mean, std, strict=True)], alpha=0.2, label="+-std")  # fmt: skip
     rewards.set_ylabel("reward")
+    _heldout(rewards, run_dir)
     rewards.legend()
     if with_pass:
         passes = axes[1][0]

@@ -26,10 +26,9 @@ import torch
 from safetensors.torch import load_file
 
 from lodestar.cli.train_view import reward_rise
-from lodestar.v1 import rollout_pb2
 from services.trainer.settings import TrainerSettings
 from services.trainer.wiring import create_trainer
-from tests.e2e.train_cli import run_train
+from tests.e2e.train_cli import call_versions, run_train
 
 pytestmark = [pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -73,15 +72,6 @@ def _reward_by_version(store: Path, run_id: str) -> dict[int, tuple[int, float]]
     return {version: (count, mean) for version, count, mean in rows}
 
 
-def _call_versions(store: Path, run_id: str) -> set[int]:
-    """The policy versions reported by the calls of the run's results in the rollout store."""
-    found: set[int] = set()
-    with sqlite3.connect(store) as db:
-        for (blob,) in db.execute("SELECT result FROM results WHERE session_id LIKE ?", (f"{run_id}-%",)):
-            found |= {call.policy_version for call in rollout_pb2.SessionResult.FromString(blob).calls}
-    return found
-
-
 @pytest.mark.timeout(TIMEOUT_S + 180)
 def test_the_quickstart_learns(tmp_path: Path) -> None:
     config = _config(tmp_path)
@@ -110,7 +100,7 @@ def test_the_quickstart_learns(tmp_path: Path) -> None:
     assert by_version[final][1] - by_version[0][1] >= 0.3, (by_version, rewards)
     # Every step pushed a new version, and calls captured after it report it.
     assert [r["policy_version"] for r in records] == list(range(1, steps + 1))
-    versions = _call_versions(tmp_path / "stack" / "rollout.sqlite", run_id)
+    versions = call_versions(tmp_path / "stack" / "rollout.sqlite", run_id)
     assert set(range(steps)) <= versions, sorted(versions)
     # Prefix merging: each session's two calls became one sequence.
     assert all(r["merge_ratio"] > 1.0 for r in records), [r["merge_ratio"] for r in records]

