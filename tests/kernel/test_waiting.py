@@ -14,6 +14,13 @@ def test_wait_until_returns_the_first_truthy_value() -> None:
     assert wait_until(lambda: next(counter) >= 3 and "ready", 5, interval_s=0.001, what="the count") == "ready"
 
 
+def test_until_decides_which_value_ends_the_wait() -> None:
+    counter = itertools.count()
+    assert wait_until(lambda: next(counter), 5, interval_s=0.001, what="two", until=lambda n: n == 2) == 2
+    with pytest.raises(AssertionError, match=r"waiting for three; last value: \(1, 1\)"):
+        wait_until(lambda: (1, 1), 0.05, interval_s=0.01, what="three", until=lambda v: v == (1, 1, 1))
+
+
 def test_wait_until_fails_with_what_and_the_last_value() -> None:
     with pytest.raises(AssertionError, match=r"timed out after 0.05 s waiting for the light; last value: \[\]"):
         wait_until(list, 0.05, interval_s=0.01, what="the light")
