@@ -99,6 +99,57 @@ class Launcher:
         first. Raises FailedPreconditionError when the binary cannot start or the namespace set-up fails.
         """
         started = time.monotonic()
+        wrapping = await self._wrapping(invocation, gateway_url, binds)
+        pipes = _Pipes(self.max_output_bytes)
+        relay: GatewayRelay | None = None
+        setup_error: OSError | None = None
+        timed_out = False
+        # Torn down in this order on every exit path: the processes (the group, then what is left in the run's
+        # mount namespace), the set-up socket, the relay, the pipe readers. Stacks unwind last in, first out;
+        # what must outlive the processes is on `outliving`, which unwinds after `running`.
+        async with contextlib.AsyncExitStack() as outliving, contextlib.AsyncExitStack() as running:
+            outliving.push_async_callback(pipes.settle)
+            proc, channel = await self._start(invocation, wrapping, running)
+            processes = _RunProcesses(proc)
+            running.push_async_callback(processes.end)
+            pipes.read(proc)
+            if channel is not None:
+                try:
+                    listeners = await receive_setup(channel, timeout_s=min(30.0, timeout_s))
+                except OSError as exc:
+                    setup_error = exc
+                else:
+                    if binds and wrapping.sandboxed is None:  # bwrap's PID namespace ends them all
+                        processes.hold_mount_namespace()
+                    if wrapping.isolated:
+                        relay = GatewayRelay(listeners, wrapping.host, wrapping.port)
+                        outliving.push_async_callback(relay.close)
+                        await relay.start()
+            if setup_error is None:
+                timed_out = not await _exited(proc, deadline=started + timeout_s)
+        out, err = pipes.output()
+        if setup_error is not None:
+            detail = err.decode("utf-8", errors="replace").strip()[-500:]
+            raise FailedPreconditionError(f"{invocation.harness}: {setup_error}" + (f" ({detail})" if detail else ""))
+        result = HarnessResult(
+            harness=invocation.harness,
+            returncode=proc.returncode if proc.returncode is not None else -signal.SIGKILL,
+            stdout=out.decode("utf-8", errors="replace"),
+            stderr=err.decode("utf-8", errors="replace"),
+            timed_out=timed_out,
+            duration_s=time.monotonic() - started,
+            isolated=wrapping.isolated or wrapping.sandboxed is not None,
+            mounted=bool(binds),
+            sandboxed=wrapping.sandboxed is not None,
+        )
+        _log_finished(result, isolated=wrapping.isolated, relay=relay)
+        return result
+
+    async def _wrapping(
+        self, invocation: Invocation, gateway_url: str | None, binds: Sequence[tuple[Path, Path]]
+    ) -> _Wrapping:
+        """How this run is wrapped: in the sandbox, or in the namespaces this machine allows; raises
+        FailedPreconditionError when what the run needs cannot run here."""
         sandboxed: list[str] | None = None
         if self.sandbox is not None:
             ready, reason = await self.sandbox.available()
@@ -111,93 +162,36 @@ class Launcher:
             if binds and not await self.mounts.available():
                 raise FailedPreconditionError(f"{invocation.harness}: bind mounts need mount namespaces (unavailable)")
         host, port, addresses = gateway_address(gateway_url) if isolated and gateway_url else ("", 0, [])
-        channel: socket.socket | None = None
-        relay: GatewayRelay | None = None
-        if isolated or binds or sandboxed:
-            channel, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            with child_end:
-                argv = wrap(
-                    invocation.argv,
-                    child_end.fileno(),
-                    listen=(addresses, port) if isolated else None,
-                    binds=list(binds),
-                    chdir=invocation.cwd if binds else None,
-                    sandbox=sandboxed,
-                )
-                # Inside the namespace the helper changes into the (possibly mount-only) working directory.
-                proc = await self._spawn(
-                    invocation, argv, (child_end.fileno(),), channel, cwd=Path("/") if binds or sandboxed else None
-                )
-        else:
-            proc = await self._spawn(invocation, invocation.argv, (), None)
-        readers = [asyncio.create_task(self._read(proc.stdout)), asyncio.create_task(self._read(proc.stderr))]
-        timed_out = False
-        setup_error: OSError | None = None
-        mount_ns: str | None = None
-        mount_ns_fd: int | None = None
-        try:
-            if channel is not None:
-                try:
-                    listeners = await receive_setup(channel, timeout_s=min(30.0, timeout_s))
-                except OSError as exc:
-                    setup_error = exc
-                if binds and setup_error is None and sandboxed is None:  # bwrap's PID namespace ends them all
-                    mount_ns, mount_ns_fd = _hold_mount_namespace(proc.pid)
-                if isolated and setup_error is None:
-                    relay = GatewayRelay(listeners, host, port)
-                    await relay.start()
-            if setup_error is None:
-                timed_out = not await _exited(proc, deadline=started + timeout_s)
-        finally:
-            await _kill_group(proc)
-            if mount_ns is not None:
-                # Processes that left the group (setsid, daemonized tools) still share the run's mount namespace.
-                # The held descriptor keeps the namespace alive until the sweep is done, so its inode number
-                # cannot be reused by another session's new namespace (whose processes the sweep would kill).
-                _kill_namespace(mount_ns)
-            if mount_ns_fd is not None:
-                os.close(mount_ns_fd)
-            if channel is not None:
-                channel.close()
-            if relay is not None:
-                await relay.close()
-            done, pending = await asyncio.wait(readers, timeout=KILL_GRACE_S)
-            for task in pending:
-                task.cancel()
-        out, err = (task.result() if task in done and not task.cancelled() else b"" for task in readers)
-        if setup_error is not None:
-            detail = err.decode("utf-8", errors="replace").strip()[-500:]
-            raise FailedPreconditionError(f"{invocation.harness}: {setup_error}" + (f" ({detail})" if detail else ""))
-        result = HarnessResult(
-            harness=invocation.harness,
-            returncode=proc.returncode if proc.returncode is not None else -signal.SIGKILL,
-            stdout=out.decode("utf-8", errors="replace"),
-            stderr=err.decode("utf-8", errors="replace"),
-            timed_out=timed_out,
-            duration_s=time.monotonic() - started,
-            isolated=isolated or sandboxed is not None,
-            mounted=bool(binds),
-            sandboxed=sandboxed is not None,
-        )
-        log.info(
-            "harness run finished",
-            harness=invocation.harness,
-            returncode=result.returncode,
-            timed_out=timed_out,
-            duration_s=round(result.duration_s, 3),
-            isolated=isolated,
-            mounted=result.mounted,
-            sandboxed=result.sandboxed,
-            relayed_connections=relay.connections if relay else None,
-        )
-        return result
+        return _Wrapping(binds, sandboxed, isolated, host, port, addresses)
+
+    async def _start(
+        self, invocation: Invocation, wrapping: _Wrapping, cleanup: contextlib.AsyncExitStack
+    ) -> tuple[asyncio.subprocess.Process, socket.socket | None]:
+        """Start the run: directly, or through the namespace helper (netns_child.py) with a set-up socket
+        (returned; closed by `cleanup`) that reports when the namespaces are ready."""
+        binds, sandboxed, isolated = wrapping.binds, wrapping.sandboxed, wrapping.isolated
+        if not (isolated or binds or sandboxed):
+            return await self._spawn(invocation, invocation.argv, ()), None
+        channel, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        cleanup.callback(channel.close)
+        with child_end:
+            argv = wrap(
+                invocation.argv,
+                child_end.fileno(),
+                listen=(wrapping.addresses, wrapping.port) if isolated else None,
+                binds=list(binds),
+                chdir=invocation.cwd if binds else None,
+                sandbox=sandboxed,
+            )
+            # Inside the namespace the helper changes into the (possibly mount-only) working directory.
+            cwd = Path("/") if binds or sandboxed else None
+            return await self._spawn(invocation, argv, (child_end.fileno(),), cwd=cwd), channel
 
     async def _spawn(
         self,
         invocation: Invocation,
         argv: list[str],
         pass_fds: tuple[int, ...],
-        channel: socket.socket | None,
         *,
         cwd: Path | None = None,
     ) -> asyncio.subprocess.Process:
@@ -214,20 +208,95 @@ class Launcher:
                 pass_fds=pass_fds,
             )
         except OSError as exc:
-            if channel is not None:
-                channel.close()
             raise FailedPreconditionError(f"{invocation.harness}: cannot start {argv[0]}: {exc.strerror}") from exc
 
+
+@dataclass(frozen=True)
+class _Wrapping:
+    """How one run is wrapped (`Launcher._wrapping`)."""
+
+    binds: Sequence[tuple[Path, Path]]
+    sandboxed: list[str] | None
+    """The sandbox's bwrap argv; None: no sandbox."""
+    isolated: bool
+    """A loopback-only network, relayed to the gateway at (host, port)."""
+    host: str
+    port: int
+    addresses: list[str]
+    """What the harness may resolve the gateway host to (its listeners in the namespace)."""
+
+
+class _RunProcesses:
+    """A run's processes: its process group and, with binds, its mount namespace (`hold_mount_namespace`)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.mount_ns: str | None = None
+        self.mount_ns_fd: int | None = None
+
+    def hold_mount_namespace(self) -> None:
+        self.mount_ns, self.mount_ns_fd = _hold_mount_namespace(self.proc.pid)
+
+    async def end(self) -> None:
+        """Kill the process group, then whatever is left in the mount namespace."""
+        await _kill_group(self.proc)
+        if self.mount_ns is not None:
+            # Processes that left the group (setsid, daemonized tools) still share the run's mount namespace.
+            # The held descriptor keeps the namespace alive until the sweep is done, so its inode number
+            # cannot be reused by another session's new namespace (whose processes the sweep would kill).
+            _kill_namespace(self.mount_ns)
+        if self.mount_ns_fd is not None:
+            os.close(self.mount_ns_fd)
+
+
+class _Pipes:
+    """A run's stdout and stderr, each read to EOF by a task that keeps at most `max_bytes` (the rest is drained
+    and dropped)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._readers: list[asyncio.Task[bytes]] = []
+        self._done: set[asyncio.Task[bytes]] = set()
+
+    def read(self, proc: asyncio.subprocess.Process) -> None:
+        self._readers = [asyncio.create_task(self._read(proc.stdout)), asyncio.create_task(self._read(proc.stderr))]
+
+    async def settle(self) -> None:
+        """Give the readers a grace to reach EOF (a process that left the group may hold a pipe), then stop them."""
+        if not self._readers:
+            return
+        self._done, pending = await asyncio.wait(self._readers, timeout=KILL_GRACE_S)
+        for task in pending:
+            task.cancel()
+
+    def output(self) -> tuple[bytes, bytes]:
+        """(stdout, stderr) as read; empty for a reader that did not finish."""
+        out, err = (task.result() if task in self._done and not task.cancelled() else b"" for task in self._readers)
+        return out, err
+
     async def _read(self, stream: asyncio.StreamReader | None) -> bytes:
-        """Read a pipe to EOF, keeping at most max_output_bytes (the rest is drained and dropped)."""
         if stream is None:
             return b""
         kept = bytearray()
         while chunk := await stream.read(64 * 1024):
-            room = self.max_output_bytes - len(kept)
+            room = self.max_bytes - len(kept)
             if room > 0:
                 kept += chunk[:room]
         return bytes(kept)
+
+
+def _log_finished(result: HarnessResult, *, isolated: bool, relay: GatewayRelay | None) -> None:
+    log.info(
+        "harness run finished",
+        harness=result.harness,
+        returncode=result.returncode,
+        timed_out=result.timed_out,
+        duration_s=round(result.duration_s, 3),
+        isolated=isolated,
+        mounted=result.mounted,
+        sandboxed=result.sandboxed,
+        relayed_connections=relay.connections if relay else None,
+    )
 
 
 async def _exited(proc: asyncio.subprocess.Process, deadline: float) -> bool:
