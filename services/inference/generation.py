@@ -151,61 +151,16 @@ class Generation:
         now): see `stream_interval`."""
         return stream_interval(self._flush_s, self._messages_per_s, self._streams if running is None else running)
 
-    def _prompt(
-        self,
-        request: inference_pb2.GenerateRequest,
-        thinking: bool | None,
-        continuation: inference_pb2.Continuation | None,
-        vocab_size: int,
-    ) -> Prompt:
-        if continuation is not None:
-            check_token_ids(continuation.token_ids, vocab_size, "continuation.token_ids")
-        return self._template.prompt(
-            request.messages, request.tools, enable_thinking=thinking, continuation=continuation
-        )
-
     async def run(self, request: inference_pb2.GenerateRequest) -> AsyncIterator[inference_pb2.GenerateResponse]:
         started = time.perf_counter()
-        request_id = request.request_id or f"gen-{secrets.token_hex(8)}"  # (a uuid4 costs 4x as much)
-        continuation = request.continuation if request.HasField("continuation") else None
-        thinking = request.enable_thinking if request.HasField("enable_thinking") else None
-        info = self._engine.info()
-        if request.ByteSize() <= INLINE_RENDER_BYTES:  # tens of microseconds: less than the thread hop costs
-            prompt = self._prompt(request, thinking, continuation, info.vocab_size)
-        else:  # rendering and tokenizing a long harness prompt takes milliseconds: keep the event loop free
-            prompt = await asyncio.to_thread(self._prompt, request, thinking, continuation, info.vocab_size)
-        context = info.context_length
-        if len(prompt.ids) >= context:
-            raise ContextLengthExceededError(len(prompt.ids), context)
-        options = sampling_options(request.sampling, self._cap, context - len(prompt.ids))
-        stops = _Stops(tuple(stop for stop in request.sampling.stop if stop))
-        stream = request.stream
-        flush_s = self.stream_interval() if stream else 0.0
-        # The engine paces the steps itself when it can (the consumer is not woken for a step it would not
-        # send); not with stop sequences, where every step is searched so that generation stops right away.
-        paced = info.paces_steps and flush_s > 0 and not stops.stops
-        engine_request = EngineRequest(  # engine ids stay unique even when a client reuses its request_id
-            f"{request_id}#{secrets.token_hex(4)}",
-            prompt.ids,
-            options,
-            messages=tuple(request.messages),
-            tools=tuple(request.tools),
-            final_only=not stream and not stops.stops,
-            hold_s=flush_s if paced else 0.0,
-        )
-        schemas = {tool.name: tool_schema(tool) for tool in request.tools}
-        parser = AssistantParser(
-            self._fmt,
-            schemas,
-            starts_in_reasoning=prompt.opens_reasoning,
-            parse_tool_calls=request.tool_choice.mode != common_pb2.TOOL_CHOICE_MODE_NONE,
-        )
-        out = _Output(IncrementalDecoder(self._template.tokenizer), parser, stops)
+        call = await self._plan(request)
+        out = self._output(request, call)
+        stream, stops, flush_s, paced = call.stream, call.stops, call.flush_s, call.paced
         version: int | None = None
         engine_finish: str | None = None
         first_token_s: float | None = None
         last_sent = -math.inf
-        steps = self._engine.generate(engine_request)
+        steps = self._engine.generate(call.engine_request)
         self._streams += int(stream)
         try:
             async for step in steps:
@@ -225,7 +180,7 @@ class Generation:
         except BaseException as error:  # client gone (CancelledError / GeneratorExit) or engine failure
             _log.info(
                 "generate cancelled",
-                request_id=request_id,
+                request_id=call.request_id,
                 completion_tokens=len(out.ids),
                 reason=type(error).__name__,
             )
@@ -234,16 +189,83 @@ class Generation:
             self._streams -= int(stream)
             if isinstance(steps, AsyncGenerator):  # the engine frees the request's slot on close
                 await steps.aclose()
+        final = self._final(call, out, engine_finish, version)
+        _log_generated(call, final, first_token_s, started)
+        yield inference_pb2.GenerateResponse(final=final)
+
+    async def _plan(self, request: inference_pb2.GenerateRequest) -> _Call:
+        """Render the prompt, check it fits, resolve sampling and stops, and choose how the stream is paced."""
+        request_id = request.request_id or f"gen-{secrets.token_hex(8)}"  # (a uuid4 costs 4x as much)
+        info = self._engine.info()
+        prompt = await self._render(request, info.vocab_size)
+        context = info.context_length
+        if len(prompt.ids) >= context:
+            raise ContextLengthExceededError(len(prompt.ids), context)
+        options = sampling_options(request.sampling, self._cap, context - len(prompt.ids))
+        stops = _Stops(tuple(stop for stop in request.sampling.stop if stop))
+        stream = request.stream
+        flush_s = self.stream_interval() if stream else 0.0
+        # The engine paces the steps itself when it can (the consumer is not woken for a step it would not
+        # send); not with stop sequences, where every step is searched so that generation stops right away.
+        paced = info.paces_steps and flush_s > 0 and not stops.stops
+        engine_request = EngineRequest(  # engine ids stay unique even when a client reuses its request_id
+            f"{request_id}#{secrets.token_hex(4)}",
+            prompt.ids,
+            options,
+            messages=tuple(request.messages),
+            tools=tuple(request.tools),
+            final_only=not stream and not stops.stops,
+            hold_s=flush_s if paced else 0.0,
+        )
+        return _Call(request_id, prompt, stops, stream, flush_s, paced, engine_request)
+
+    async def _render(self, request: inference_pb2.GenerateRequest, vocab_size: int) -> Prompt:
+        """The prompt of `request`, rendered on the event loop when small, in a worker thread when large."""
+        continuation = request.continuation if request.HasField("continuation") else None
+        thinking = request.enable_thinking if request.HasField("enable_thinking") else None
+        if request.ByteSize() <= INLINE_RENDER_BYTES:  # tens of microseconds: less than the thread hop costs
+            return self._prompt(request, thinking, continuation, vocab_size)
+        # rendering and tokenizing a long harness prompt takes milliseconds: keep the event loop free
+        return await asyncio.to_thread(self._prompt, request, thinking, continuation, vocab_size)
+
+    def _prompt(
+        self,
+        request: inference_pb2.GenerateRequest,
+        thinking: bool | None,
+        continuation: inference_pb2.Continuation | None,
+        vocab_size: int,
+    ) -> Prompt:
+        if continuation is not None:
+            check_token_ids(continuation.token_ids, vocab_size, "continuation.token_ids")
+        return self._template.prompt(
+            request.messages, request.tools, enable_thinking=thinking, continuation=continuation
+        )
+
+    def _output(self, request: inference_pb2.GenerateRequest, call: _Call) -> _Output:
+        """An empty output with its decoder and the reasoning/tool-call parser the request asks for."""
+        schemas = {tool.name: tool_schema(tool) for tool in request.tools}
+        parser = AssistantParser(
+            self._fmt,
+            schemas,
+            starts_in_reasoning=call.prompt.opens_reasoning,
+            parse_tool_calls=request.tool_choice.mode != common_pb2.TOOL_CHOICE_MODE_NONE,
+        )
+        return _Output(IncrementalDecoder(self._template.tokenizer), parser, call.stops)
+
+    def _final(
+        self, call: _Call, out: _Output, engine_finish: str | None, version: int | None
+    ) -> inference_pb2.GenerateFinal:
+        """The final event: everything sampled, the parsed message, the finish reason and usage."""
+        prompt, stops, parser = call.prompt, call.stops, out.parser
         out.decode(final=True)
         parser.update(out.completion_text(), final=True)
         parsed = parser.result
         ids, logprobs = out.ids, out.logprobs
-        finish = _finish_reason(engine_finish, stops.cut >= 0, parsed)
-        final = inference_pb2.GenerateFinal(
+        return inference_pb2.GenerateFinal(
             prompt_token_ids=prompt.ids,
             completion_token_ids=ids,
             completion_logprobs=logprobs,
-            finish_reason=finish,
+            finish_reason=_finish_reason(engine_finish, stops.cut >= 0, parsed),
             message=_message(parsed, out.call_ids),
             usage=common_pb2.Usage(
                 prompt_tokens=len(prompt.ids),
@@ -254,21 +276,41 @@ class Generation:
             continuation_used=prompt.continuation_used,
             tool_call_parse_error=parsed.parse_error,
             matched_stop=stops.matched,
-            request_id=request_id,
+            request_id=call.request_id,
             served_by=self.replica_id,
         )
-        _log.info(
-            "generate",
-            request_id=request_id,
-            prompt_tokens=len(prompt.ids),
-            completion_tokens=len(ids),
-            continued_tokens=prompt.continued_tokens,
-            finish=common_pb2.FinishReason.Name(finish),
-            policy_version=final.policy_version,
-            first_token_ms=round((first_token_s or 0.0) * 1e3, 2),
-            duration_ms=round((time.perf_counter() - started) * 1e3, 2),
-        )
-        yield inference_pb2.GenerateResponse(final=final)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One Generate call as planned before the engine starts (`Generation._plan`)."""
+
+    request_id: str
+    prompt: Prompt
+    stops: _Stops
+    stream: bool
+    flush_s: float
+    """The stream's flush interval (0: not streamed, or one delta per engine step)."""
+    paced: bool
+    """The engine delivers a step only when it is due (`EngineRequest.hold_s`): each step is sent."""
+    engine_request: EngineRequest
+
+
+def _log_generated(
+    call: _Call, final: inference_pb2.GenerateFinal, first_token_s: float | None, started: float
+) -> None:
+    """The call's canonical log line."""
+    _log.info(
+        "generate",
+        request_id=call.request_id,
+        prompt_tokens=len(call.prompt.ids),
+        completion_tokens=len(final.completion_token_ids),
+        continued_tokens=call.prompt.continued_tokens,
+        finish=common_pb2.FinishReason.Name(final.finish_reason),
+        policy_version=final.policy_version,
+        first_token_ms=round((first_token_s or 0.0) * 1e3, 2),
+        duration_ms=round((time.perf_counter() - started) * 1e3, 2),
+    )
 
 
 @dataclass
