@@ -34,6 +34,7 @@ from services.gateway.node.harnesses import (
     RunDirs,
     make_harness,
 )
+from tests.waiting import eventually
 
 PY = sys.executable
 
@@ -46,13 +47,8 @@ def _alive(pid: int) -> bool:
     return "\nState:\tZ" not in status
 
 
-async def _wait_dead(pid: int, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        await asyncio.sleep(0.05)
-    return False
+async def _wait_dead(pid: int, timeout_s: float = 5.0) -> None:
+    await eventually(lambda: not _alive(pid), timeout_s, what=f"process {pid} to end")
 
 
 @pytest.fixture
@@ -183,7 +179,7 @@ async def test_timeout_kills_the_whole_process_group(tmp_path, http_server, isol
     assert not result.ok
     assert result.returncode < 0
     assert time.monotonic() - started < 10
-    assert await _wait_dead(int((dirs.workdir / "bg.pid").read_text()))
+    await _wait_dead(int((dirs.workdir / "bg.pid").read_text()))
 
 
 async def test_normal_exit_kills_leftover_background_processes(tmp_path, http_server):
@@ -194,7 +190,7 @@ async def test_normal_exit_kills_leftover_background_processes(tmp_path, http_se
     )
     assert result.ok
     assert result.stdout.strip() == "done"
-    assert await _wait_dead(int((dirs.workdir / "bg.pid").read_text()))
+    await _wait_dead(int((dirs.workdir / "bg.pid").read_text()))
 
 
 async def test_cancellation_kills_the_process_group(tmp_path, http_server):
@@ -206,14 +202,11 @@ async def test_cancellation_kills_the_process_group(tmp_path, http_server):
         )
     )
     pid_file = dirs.workdir / "main.pid"
-    for _ in range(200):
-        if pid_file.exists() and pid_file.read_text().strip():
-            break
-        await asyncio.sleep(0.02)
+    pid = await eventually(lambda: pid_file.exists() and pid_file.read_text().strip(), 10, what="the harness's pid")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await _wait_dead(int(pid_file.read_text()))
+    await _wait_dead(int(pid))
 
 
 def test_command_argv_template(tmp_path):

@@ -17,6 +17,7 @@ from tests.gateway.cases import COUNT, STREAM_PATHS, VALID, error_message, strea
 from tests.gateway.conftest import StackFactory
 from tests.gateway.http import post, request, sse
 from tests.gateway.stack import GatewayStack, OpenedSession
+from tests.waiting import wait_until
 
 DIALECTS = list(VALID)
 
@@ -261,20 +262,17 @@ def test_client_disconnect_cancels_generation(gateway_stack: GatewayStack, sessi
     for event in sse(gateway_stack.http_base_url, "/v1/chat/completions", body, key=session.key):
         if "word" in event.data:
             break  # closes the connection
-    deadline = time.perf_counter() + 5
-    while not finished and time.perf_counter() < deadline:
-        time.sleep(0.02)
-    assert finished, "generation was not stopped"
+    wait_until(lambda: finished, 5, interval_s=0.02, what="the generation to stop")
     assert finished[0] - started < 3.0  # the full reply would take ~10 s
     assert gateway_stack.calls(session.session_id) == []  # not answered, not captured
     database = gateway_stack.data_dir / "gateway" / CAPTURE_FILE
-    while time.perf_counter() < deadline:  # and its request half, written during generation, is dropped
+
+    def request_halves() -> int:
         with sqlite3.connect(database) as db:
-            if db.execute("SELECT COUNT(*) FROM requests").fetchone()[0] == 0:
-                break
-        time.sleep(0.05)
-    else:
-        raise AssertionError("the unanswered call's request half was not discarded")
+            return int(db.execute("SELECT COUNT(*) FROM requests").fetchone()[0])
+
+    # and its request half, written during generation, is dropped
+    wait_until(request_halves, 5, what="the unanswered call's request half discarded", until=lambda n: n == 0)
 
 
 def test_max_tokens_stop_reasons(gateway_stack: GatewayStack, session: OpenedSession) -> None:

@@ -20,6 +20,7 @@ from lodestar.grpc.server import GrpcServer, service_name
 from lodestar.v1 import inference_pb2, inference_pb2_grpc
 from services.gateway.inference_client import GrpcInference
 from services.inference.multiplex import Multiplexer
+from tests.waiting import eventually
 
 REQUEST = inference_pb2.GenerateRequest(request_id="r", stream=True)
 
@@ -182,10 +183,9 @@ async def test_a_consumer_that_leaves_cancels_its_tag() -> None:
         stream = client.generate(REQUEST)
         await anext(stream)
         await stream.aclose()  # the harness went away
-        for _ in range(100):
-            if any(r.WhichOneof("action") == "cancel" for r in servicer.received):
-                break
-            await asyncio.sleep(0.02)
+        await eventually(
+            lambda: any(r.WhichOneof("action") == "cancel" for r in servicer.received), 2, what="the cancel action"
+        )
         actions = [(r.tag, r.WhichOneof("action")) for r in servicer.received]
         assert actions == [(1, "generate"), (1, "cancel")]
 

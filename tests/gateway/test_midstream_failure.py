@@ -8,7 +8,6 @@ ANSWERED call. A failure before the first token keeps the plain 503/529 error re
 from __future__ import annotations
 
 import sqlite3
-import time
 from typing import Any
 
 import anthropic
@@ -22,6 +21,7 @@ from services.gateway.server import CAPTURE_FILE
 from tests.gateway.cases import STREAM_PATHS, error_message
 from tests.gateway.http import SseEvent, post, sse
 from tests.gateway.stack import GatewayStack, OpenedSession, assert_chain_extends
+from tests.waiting import wait_until
 
 DIALECTS = ["anthropic", "chat", "responses", "google"]
 FIRST, SECOND = "First answer.", "Second answer, after the retry."
@@ -98,23 +98,26 @@ def assert_failed_stream(dialect: str, events: list[SseEvent]) -> None:
 def assert_store_consistent(stack: GatewayStack) -> None:
     """Every request half left in the capture store belongs to a captured call (the failed one's is gone)."""
     database = stack.data_dir / "gateway" / CAPTURE_FILE
-    deadline = time.perf_counter() + 5
-    while True:  # the request half of an unanswered call is dropped in the background
+
+    def request_halves_and_calls() -> tuple[set[str], set[str]]:
         with sqlite3.connect(database) as db:
             requests = {row[0] for row in db.execute("SELECT call_id FROM requests")}
-            calls = {row[0] for row in db.execute("SELECT call_id FROM calls")}
-        if requests == calls or time.perf_counter() > deadline:
-            break
-        time.sleep(0.05)
-    assert requests == calls, requests - calls
+            return requests, {row[0] for row in db.execute("SELECT call_id FROM calls")}
+
+    # the request half of an unanswered call is dropped in the background
+    wait_until(request_halves_and_calls, 5, what="request halves = captured calls", until=lambda rc: rc[0] == rc[1])
 
 
 def assert_one_failure_logged(capsys: pytest.CaptureFixture[str]) -> None:
     """One clear log line (written just after the stream ends, so it may lag the client a moment)."""
-    output, deadline = "", time.perf_counter() + 5
-    while "call failed mid-stream" not in output and time.perf_counter() < deadline:
-        time.sleep(0.02)
+    output = ""
+
+    def logged() -> bool:
+        nonlocal output
         output += capsys.readouterr().out
+        return "call failed mid-stream" in output
+
+    wait_until(logged, 5, interval_s=0.02, what="the mid-stream failure logged")
     failures = [line for line in output.splitlines() if "call failed mid-stream" in line]
     assert len(failures) == 1, failures
     assert "status=200" in failures[0], failures

@@ -8,7 +8,6 @@ Tests queue assignments (`offer`), read every AcquireSessions request (`acquires
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import grpc
 
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
+from tests.waiting import wait_until
 
 
 class RolloutStandIn(rollout_pb2_grpc.RolloutServiceServicer):
@@ -52,12 +52,10 @@ class RolloutStandIn(rollout_pb2_grpc.RolloutServiceServicer):
             self._fenced.add((session_id, attempt))
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}; results={[self.describe(r) for r in self.results]}")
+        try:
+            wait_until(predicate, timeout, what=what)
+        except AssertionError as error:
+            raise AssertionError(f"{error}; results={[self.describe(r) for r in self.results]}") from None
 
     def wait_results(self, count: int, timeout: float = 60.0) -> list[rollout_pb2.SessionResult]:
         self.wait_for(lambda: len(self.results) >= count, timeout, f"{count} results")

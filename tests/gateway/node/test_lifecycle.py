@@ -26,6 +26,7 @@ from tests.gateway.node.conftest import (
     wait_dead,
 )
 from tests.gateway.node.standin import RolloutStandIn, assignment
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 TOOL_SCRIPT = {
@@ -232,10 +233,12 @@ def test_reported_sessions_leave_the_capture_store_and_unreported_ones_stay(
     standin.offer(assignment("lost", command=AGENT))
     standin.wait_for(lambda: standin.complete_calls == 2, 60, "the failed report")
 
-    deadline = time.monotonic() + 10
-    while (stored := stack.call(store.stored())) != (1, 1):
-        assert time.monotonic() < deadline, f"the store still holds (sessions, calls) = {stored}"
-        time.sleep(0.1)
+    wait_until(
+        lambda: stack.call(store.stored()),
+        10,
+        what="(sessions, calls) = (1, 1) stored",
+        until=lambda stored: stored == (1, 1),
+    )
     ((kept, _),) = stack.call(store.sessions())
     assert kept.labels["rollout_session_id"] == "lost"
     assert stack.node.retention.pruned == 1

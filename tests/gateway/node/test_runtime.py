@@ -13,6 +13,7 @@ import pytest
 from lodestar.errors import InvalidArgumentError
 from services.gateway.node.harnesses import Command, GatewayEndpoint, Launcher, Pi
 from services.gateway.node.runtimes import HostBackend
+from tests.waiting import eventually
 
 PROBE = (
     "import json, os\n"
@@ -94,11 +95,12 @@ async def test_processes_that_leave_the_process_group_are_killed_with_the_run(tm
     invocation = runtime.translate(Command(["bash", "-c", escape]).prepare(runtime.real, endpoint, "p"))
     result = await launcher.run(invocation, None, 1.5, binds=runtime.binds)
     assert result.timed_out
-    pid = int((runtime.real.home / "escaped.pid").read_text())
-    for _ in range(100):
-        status = Path(f"/proc/{pid}/status")
-        if not await asyncio.to_thread(status.exists) or "State:\tZ" in await asyncio.to_thread(status.read_text):
-            break
-        await asyncio.sleep(0.05)
-    else:
-        raise AssertionError("a process that called setsid outlived the run")
+    status = Path(f"/proc/{int((runtime.real.home / 'escaped.pid').read_text())}/status")
+
+    def gone() -> bool:
+        try:
+            return "State:\tZ" in status.read_text()
+        except FileNotFoundError:
+            return True
+
+    await eventually(lambda: asyncio.to_thread(gone), 5, what="the process that called setsid to end with the run")
