@@ -23,6 +23,7 @@ from services.inference.templates import ChatTemplate
 from services.inference.weights import check_tensors, read_checkpoint_meta, read_safetensors_meta
 from tests.inference.conftest import REPO, serve_inference
 from tests.inference.helpers import channel, collect, tool, tool_result, user
+from tests.waiting import eventually
 
 
 def engine_request(prompt: tuple[int, ...], max_tokens: int, seed: int = 0, **messages) -> EngineRequest:
@@ -44,9 +45,8 @@ async def test_closing_a_stream_frees_the_slot(engine: TransformersEngine) -> No
     assert all(step.finish_reason is None for step in steps)
     await long.aclose()
     short = [step async for step in engine.generate(engine_request((5, 6, 7), max_tokens=3, seed=2))]
-    await asyncio.sleep(0.05)
     assert short[-1].finish_reason in ("length", "stop")
-    assert engine._running() == 0
+    await eventually(engine._running, 5, what="no request running", until=lambda running: running == 0)
 
 
 async def test_context_overflow_is_refused(engine: TransformersEngine) -> None:
@@ -67,8 +67,12 @@ async def test_update_keeps_running_requests_on_their_version(
     assert {first.policy_version, *(step.policy_version for step in rest)} == {0}
     fresh = [step async for step in engine.generate(engine_request((5, 6), max_tokens=2, seed=4))]
     assert {step.policy_version for step in fresh} == {1}
-    await asyncio.sleep(0.05)
-    assert [group.version for group in engine._groups] == [1]  # the old weights were freed
+    await eventually(  # the old weights are freed
+        lambda: [group.version for group in engine._groups],
+        5,
+        what="only the new weights held",
+        until=lambda versions: versions == [1],
+    )
 
 
 def test_sampling_options_defaults_cap_and_validation() -> None:

@@ -28,6 +28,7 @@ from services.inference.templates import ChatTemplate
 from services.inference.tokenizer import TextTokenizer
 from services.inference.toolcalls import format_for
 from tests.inference.helpers import Collected, sampling, tool, user
+from tests.waiting import eventually
 
 BIG_FLUSH_S = 3600.0
 """A flush interval no test reaches: only the first and the last step go out."""
@@ -229,7 +230,7 @@ async def test_streams_share_a_message_budget(chat_template: ChatTemplate, tiny_
     assert gen.stream_interval() == 0.02
     assert gen.stream_interval(running=3) == 0.08  # what a stream starting beside 3 others would get
     alone = asyncio.create_task(run(gen, generate_request()))
-    await asyncio.sleep(0.03)
+    await eventually(lambda: gen._streams, 5, interval_s=0.002, what="the first stream to start")
     assert gen.stream_interval() == 0.04  # the first stream is still running (40 steps, 4 ms apart)
     beside, beside_times = await run(gen, generate_request())
     first, first_times = await alone
@@ -274,8 +275,7 @@ async def test_real_engine_first_delta_is_one_token_and_cancel_frees_the_slot(
         assert len(first.delta.token_ids) == 1  # out at once, not after the flush interval
         await asyncio.sleep(0.2)  # the engine keeps sampling; nothing is sent
         await long.aclose()
-        await asyncio.sleep(0.05)
-        assert engine._running() == 0
+        await eventually(engine._running, 5, what="no request running", until=lambda running: running == 0)
         # One slot: if the cancelled request still held it, this one would wait for 60,000 tokens.
         short = generation(engine, chat_template, 0.005).run(
             inference_pb2.GenerateRequest(messages=[user("hi")], stream=True, sampling=sampling(seed=4, max_tokens=4))
