@@ -12,21 +12,13 @@ import pytest
 
 from lodestar import errors
 from lodestar.etcd import EtcdClient, EventKind, WatchEvent
+from tests.waiting import eventually
 
 
 @pytest.fixture
 async def etcd(etcd_endpoint: str) -> AsyncIterator[EtcdClient]:
     async with EtcdClient(etcd_endpoint, timeout=3.0) as client:
         yield client
-
-
-async def eventually(check, timeout: float, interval: float = 0.1) -> float:
-    """Poll the async `check` until truthy; returns the seconds it took (fails after `timeout`)."""
-    started = time.monotonic()
-    while not await check():
-        assert time.monotonic() - started < timeout, f"condition not met within {timeout} s"
-        await asyncio.sleep(interval)
-    return time.monotonic() - started
 
 
 async def test_put_get_delete_and_prefix(etcd: EtcdClient, etcd_prefix: str) -> None:
@@ -72,8 +64,9 @@ async def test_lease_keys_survive_with_keepalive_and_vanish_without(etcd: EtcdCl
 
     await kept.stop_keepalive()
     assert kept.is_lost
-    waited = await eventually(lambda: _absent(etcd, etcd_prefix + "kept"), timeout=kept.ttl + 2.5)
-    assert waited > 0.5  # it expired by TTL, not at once
+    stopped = time.monotonic()
+    await eventually(lambda: _absent(etcd, etcd_prefix + "kept"), kept.ttl + 2.5, what="the unrefreshed key to expire")
+    assert time.monotonic() - stopped > 0.5  # it expired by TTL, not at once
 
 
 def keepalive_streams(endpoint: str) -> tuple[int, int]:
@@ -183,7 +176,7 @@ async def test_watch_cancel_ends_a_blocked_iteration(etcd: EtcdClient, etcd_pref
 
     consumer = asyncio.create_task(consume())
     await etcd.put(etcd_prefix + "x", "1")
-    await eventually(lambda: _truthy(seen), timeout=5, interval=0.02)
+    await eventually(lambda: seen, 5, interval_s=0.02, what="the first watch event")
     await watch.cancel()
     await asyncio.wait_for(consumer, timeout=2)  # the loop ended on its own, no exception
     await etcd.put(etcd_prefix + "x", "2")
@@ -197,10 +190,6 @@ async def test_watch_cancel_ends_a_blocked_iteration(etcd: EtcdClient, etcd_pref
         with pytest.raises(asyncio.CancelledError):
             await task
     assert await etcd.get(etcd_prefix + "x") is not None
-
-
-async def _truthy(items: list[WatchEvent]) -> bool:
-    return bool(items)
 
 
 async def test_watch_breaks_with_unavailable_when_etcd_goes_away(private_etcd) -> None:

@@ -6,7 +6,6 @@ RPCs (AcquireSessions with its in-flight attempts, CompleteSession with a result
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from lodestar.grpc.client import connect
 from lodestar.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from services.rollout.server import RolloutServer
 from services.rollout.settings import RolloutSettings
+from tests.waiting import eventually
 
 SCORED = rollout_pb2.SESSION_OUTCOME_SCORED
 TIMED_OUT = rollout_pb2.SESSION_OUTCOME_TIMED_OUT
@@ -94,9 +94,7 @@ class Rollout:
 
 
 async def wait_leading(server: RolloutServer, timeout: float = 20.0) -> None:
-    async with asyncio.timeout(timeout):
-        while server.role.core is None:  # noqa: ASYNC110 (polls another task's state)
-            await asyncio.sleep(0.02)
+    await eventually(lambda: server.role.core is not None, timeout, interval_s=0.02, what="the rollout server leading")
 
 
 @contextlib.asynccontextmanager

@@ -26,6 +26,7 @@ from lodestar.local import free_port, wait_serving
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
 from services.rollout.leader import leader_key
 from tests.rollout.helpers import make_spec, settings, sim_node, start_rollout, wait_leading
+from tests.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 LEADER_TTL_S = 2
@@ -91,7 +92,9 @@ async def test_standby_redirects_then_takes_over_when_the_leader_is_killed(
     with _serve(store, etcd_endpoint, etcd_prefix, ports[0], tmp_path / "a.log") as leader:
         await wait_serving(leader_address, 30)
         with _serve(store, etcd_endpoint, etcd_prefix, ports[1], tmp_path / "b.log"):
-            await asyncio.sleep(1.5)  # the standby starts and campaigns
+            await eventually(  # the standby starts, campaigns and finds the leader
+                lambda: asyncio.to_thread(_sync_redirect, standby_address), 30, what="the standby to name the leader"
+            )
             assert await _health(standby_address) == health_pb2.HealthCheckResponse.NOT_SERVING
             async with connect(standby_address) as channel:
                 with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -144,7 +147,7 @@ async def test_a_leader_that_loses_its_lease_steps_down_and_leads_again_from_the
     async with start_rollout(config) as rollout, EtcdClient(etcd_endpoint) as etcd:
         run_id = await rollout.create_run(make_spec(tasks=2, group_size=1))
         stream = asyncio.create_task(rollout.groups(run_id))
-        await asyncio.sleep(0.2)
+        await eventually(lambda: run_id in rollout.core._run_events, 10, what="the group stream waiting on the run")
         leader = await etcd.get(leader_key(etcd_prefix))
         assert leader is not None
         await EtcdLease(etcd, leader.lease_id, 2, expires_at=0).revoke()  # as if etcd expired it

@@ -4,7 +4,6 @@ unknown lease cannot acquire, early stop and cancelled runs reach the node throu
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import time
 from pathlib import Path
@@ -15,15 +14,21 @@ import pytest
 from lodestar.etcd import EtcdClient
 from lodestar.v1 import rollout_pb2
 from tests.rollout.helpers import INFRA_FAILED, Rollout, make_spec, sim_node
+from tests.waiting import eventually
 
 TTL_S = 2
 
 
 async def _wait_requeued(rollout: Rollout, run_id: str, pending: int, within: float) -> float:
+    """Seconds until the run has `pending` sessions pending (the lost ones requeued); fails after `within`."""
+
+    async def pending_now() -> int:
+        return (await rollout.get_run(run_id)).sessions_pending
+
     started = time.monotonic()
-    while (await rollout.get_run(run_id)).sessions_pending != pending:
-        assert time.monotonic() - started < within, "sessions were not requeued in time"
-        await asyncio.sleep(0.05)
+    await eventually(
+        pending_now, within, what=f"{pending} sessions pending (requeued)", until=lambda now: now == pending
+    )
     return time.monotonic() - started
 
 

@@ -5,7 +5,6 @@ and the run completes."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import grpc
@@ -16,6 +15,7 @@ from lodestar.v1 import rollout_pb2
 from tests.conftest import EtcdServer
 from tests.gateway.test_membership import _restart
 from tests.rollout.helpers import make_spec, settings, sim_node, start_rollout
+from tests.waiting import eventually
 
 
 async def test_a_restarted_service_resumes_the_run_from_its_store(
@@ -35,11 +35,9 @@ async def test_a_restarted_service_resumes_the_run_from_its_store(
         await dies.lease.revoke()  # a node dies while no rollout runs: nobody watches its keys
         async with start_rollout(config) as second:
             node.stub = second.stub
-            run = await second.get_run(run_id)
-            deadline = time.monotonic() + 10  # the first reconciliation with etcd runs right after leading
-            while run.sessions_running != 1 and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-                run = await second.get_run(run_id)
+            run = await eventually(  # the first reconciliation with etcd runs right after leading
+                lambda: second.get_run(run_id), 10, what="one session running", until=lambda r: r.sessions_running == 1
+            )
             assert (run.sessions_succeeded, run.sessions_running, run.groups_complete) == (2, 1, 1)
             assert run.sessions_pending == 3  # the dead node's session was requeued by reconciliation
             assert await node.complete(assigned[2])  # the surviving attempt still counts
@@ -68,18 +66,21 @@ async def test_etcd_stop_and_restart(tmp_path: Path, private_etcd: EtcdServer, e
             assert (await rollout.get_run(run_id)).sessions_pending == 2  # the refused hand-out left no trace
             await asyncio.to_thread(_restart, private_etcd)
             watch = rollout.core.watch
-            started = time.monotonic()
-            while watch.reconciliations < 2 or not watch.watching.is_set():
-                assert time.monotonic() - started < 15, "the ownership watch did not come back"
-                await asyncio.sleep(0.1)
+            await eventually(
+                lambda: (watch.reconciliations, watch.watching.is_set()),
+                15,
+                what="the ownership watch back: (reconciliations >= 2, watching)",
+                until=lambda seen: seen[0] >= 2 and seen[1],
+            )
             assert await node.complete(assigned[1])
             for assignment in await node.acquire(2):
                 assert await node.complete(assignment)
             # The key of the session completed while etcd was down was deleted by the reconciliation
             # (the node's lease, and so its keys, is still alive here).
-            started = time.monotonic()
-            while (await etcd.get_prefix(f"{etcd_prefix}rollout/owners/")).items:
-                assert time.monotonic() - started < 5, "stale ownership keys were not deleted"
-                await asyncio.sleep(0.1)
+
+            async def owner_keys() -> list[str]:
+                return [item.key for item in (await etcd.get_prefix(f"{etcd_prefix}rollout/owners/")).items]
+
+            await eventually(owner_keys, 5, what="stale ownership keys deleted", until=lambda keys: not keys)
         run = await rollout.get_run(run_id)
         assert (run.state, run.sessions_succeeded) == (rollout_pb2.RUN_STATE_COMPLETED, 4)

@@ -4,7 +4,6 @@ retention period deletes finished runs by itself; an older store without the new
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import time
 from collections.abc import Awaitable
@@ -20,6 +19,7 @@ from lodestar.v1 import common_pb2, rollout_pb2
 from services.rollout.stores import open_store
 from tests.rollout.helpers import SimNode, call_record, make_spec, settings, sim_node, start_rollout
 from tests.rollout.test_cli import _lodestar
+from tests.waiting import eventually
 
 
 def _rows_of(location: str, run_id: str) -> int:
@@ -120,10 +120,12 @@ async def test_finished_runs_expire_after_the_retention_period(
         running = await rollout.create_run(make_spec(tasks=1, group_size=1))
         finished_at = rollout.core.scheduler.runs[finished].finished_at
         assert finished_at > 0
-        deadline = time.monotonic() + 10
-        while finished in rollout.core.scheduler.runs and time.monotonic() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.1)
-        assert finished not in rollout.core.scheduler.runs
+        await eventually(
+            lambda: sorted(rollout.core.scheduler.runs),
+            10,
+            what="the finished run expired",
+            until=lambda ids: finished not in ids,
+        )
         assert time.time() - finished_at >= period_s
         assert rollout.core.scheduler.runs.keys() == {running}  # a running run never expires
     assert _rows_of(str(tmp_path / "rollout.sqlite"), finished) == 0
