@@ -13,20 +13,35 @@ Policies:
   off the run slot) and a group completes at `early_stop` of its sessions (the rest are cancelled).
 - `async...`: one big run; the trainer takes the next `batch_groups` groups from the stream whenever it
   is free (groups too stale at that moment are dropped by the stream) while rollout continues, and
-  reports each new policy version. With admission control (the scheduler's default) a run starts no
-  new group while 2.5 trainer batches of its groups are in play; `no-admission` disables that to show
+  reports each new policy version. With admission control (the scheduler's default, groups.py) a run
+  starts no new group while its lead of trainer batches is in play; `no-admission` disables that to show
   what it prevents. READY buffer (and early stop) as above; the scheduler serves the oldest group first.
+
+Groups without signal (`signal_p` < 1: every reward equal) are read and skipped by the trainer, which
+reads on until it has `batch_groups` groups with signal (dynamic sampling, services/trainer/loop.py).
+
+`python bench/rollout_sim.py` prints the staleness table of docs/benchmarks.md (Rollout): trainer idle
+and stale-dropped share for max_staleness 1, 2 and 4, with and without many no-signal groups, for a
+rollout-bound cluster (the default config) and a trainer-bound small node (`CAPITALS`).
 """
 
 from __future__ import annotations
 
+import argparse
 import heapq
 import math
 import random
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
+if __name__ == "__main__":  # run as a script: the repository root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lodestar.logging import configure_logging
 from lodestar.v1 import rollout_pb2
 from services.rollout import groups
+from services.rollout.model import Group
 from services.rollout.scheduler import Progress, Scheduler
 from services.rollout.spec import with_defaults
 
@@ -64,6 +79,15 @@ class SimConfig:
     p99_s: float = 900.0
     hours: float = 6.0
     seed: int = 0
+    signal_p: float = 1.0
+    """Probability that a group has signal (rewards not all equal); the trainer skips the others."""
+
+
+CAPITALS = SimConfig(
+    nodes=1, slots_per_node=8, group_size=8, batch_groups=4, train_s=40.0, init_s=1.0, median_s=2.5, p99_s=10.0,
+    hours=2.0,
+)  # fmt: skip
+"""A trainer-bound small node like examples/smollm2-capitals: 8 slots, ~2.5 s sessions, 4 groups per 40 s step."""
 
 
 @dataclass
@@ -77,6 +101,13 @@ class SimResult:
     """Share of run-slot time spent on sessions that were later cancelled (early stop)."""
     dropped_groups: int
     max_staleness_seen: int
+    delivered_groups: int = 0
+    """Groups the trainer read (with or without signal)."""
+
+    @property
+    def stale_share(self) -> float:
+        """Of the complete groups whose fate was decided, the share dropped as stale (sampling wasted)."""
+        return self.dropped_groups / max(self.dropped_groups + self.delivered_groups, 1)
 
 
 @dataclass
@@ -93,6 +124,7 @@ class Simulation:
     def __init__(self, config: SimConfig, policy: Policy) -> None:
         self.config, self.policy = config, policy
         self.rng = random.Random(config.seed)
+        self.signal_rng = random.Random(config.seed + 1)
         self.mu = math.log(config.median_s)
         self.sigma = math.log(config.p99_s / config.median_s) / 2.3263
         self.scheduler = Scheduler()
@@ -102,7 +134,8 @@ class Simulation:
         self.now = 0.0
         self.runs: list[str] = []
         self.delivered: dict[str, int] = {}
-        self.batch: list[groups.Group] = []
+        self.batch: list[Group] = []
+        self.with_signal = 0
         self.training = False
         self.busy_s = self.slot_s = self.cancelled_s = 0.0
         self.steps = self.trained_groups = self.max_stale = 0
@@ -149,6 +182,7 @@ class Simulation:
             cancelled_share=self.cancelled_s / max(self.slot_s, 1e-9),
             dropped_groups=sum(self.scheduler.runs[r].groups_dropped for r in self.runs),
             max_staleness_seen=self.max_stale,
+            delivered_groups=sum(self.scheduler.runs[r].groups_delivered for r in self.runs),
         )
 
     # -- nodes -------------------------------------------------------------------------------------
@@ -236,23 +270,28 @@ class Simulation:
         if self.training:
             return
         scheduler = self.scheduler
+        read = False
         for run_id in self.runs:
             run = scheduler.runs[run_id]
             if not self.policy.asynchronous and not run.finished:
                 continue
-            while len(self.batch) < self.config.batch_groups:
-                group, _ = groups.next_group(scheduler, run, self.delivered[run_id])
+            while self.with_signal < self.config.batch_groups:
+                group, changes = groups.next_group(scheduler, run, self.delivered[run_id])
+                read = read or bool(changes.groups)
                 if group is None:
                     break
                 self.delivered[run_id] = group.delivery_seq
                 self.batch.append(group)
-        if len(self.batch) < self.config.batch_groups:
+                self.with_signal += self.signal_rng.random() < self.config.signal_p
+        if read:
+            self._pull_all()  # groups left play: new ones may be admitted (real nodes poll every second or so)
+        if self.with_signal < self.config.batch_groups:
             return
-        batch, self.batch = self.batch, []
+        batch, self.batch, self.with_signal = self.batch, [], 0
         self.max_stale = max(self.max_stale, *(scheduler.policy_version - g.min_policy_version for g in batch))
         self.training = True
         self.busy_s += self.config.train_s
-        self.trained_groups += len(batch)
+        self.trained_groups += self.config.batch_groups
         self._at(self.now + self.config.train_s, "trained")
 
     def _on_trained(self) -> None:
@@ -267,11 +306,50 @@ class Simulation:
 
 def simulate(config: SimConfig, policies: tuple[Policy, ...] = POLICIES) -> list[SimResult]:
     results = []
+    admits = groups.admits_new_group
     for policy in policies:
-        lead = groups.LEAD_BATCHES
-        groups.LEAD_BATCHES = lead if policy.admission else math.inf
+        groups.admits_new_group = admits if policy.admission else _admit_all
         try:
             results.append(Simulation(config, policy).run())
         finally:
-            groups.LEAD_BATCHES = lead
+            groups.admits_new_group = admits
     return results
+
+
+def _admit_all(*_: object, **__: object) -> bool:
+    return True
+
+
+STALENESS_BOUNDS = (1, 2, 4)
+SIGNAL_PS = (1.0, 0.55)
+
+
+def staleness_rows(config: SimConfig, early_stop: float) -> list[tuple[int, float, SimResult]]:
+    """(max_staleness, signal_p, result) of the admission-controlled async policy for each bound and signal."""
+    rows = []
+    for signal_p in SIGNAL_PS:
+        for bound in STALENESS_BOUNDS:
+            policy = Policy(f"async, max_staleness {bound}", True, 4, early_stop, max_staleness=bound)
+            (result,) = simulate(replace(config, signal_p=signal_p), (policy,))
+            rows.append((bound, signal_p, result))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Trainer idle and stale-dropped share by max_staleness.")
+    parser.add_argument("--seed", type=int, default=0, help="random seed of session durations and group signal")
+    args = parser.parse_args()
+    configure_logging("error")  # not a line per dropped group
+    for name, config, early_stop in (("cluster", SimConfig(), 0.75), ("capitals", CAPITALS, 1.0)):
+        print(f"{name}: {config}, early stop {early_stop}")
+        print("max_staleness | signal p | trainer idle | stale dropped | dropped/delivered | groups trained/min")
+        for bound, signal_p, r in staleness_rows(replace(config, seed=args.seed), early_stop):
+            print(
+                f"{bound} | {signal_p:.2f} | {r.trainer_idle:.1%} | {r.stale_share:.1%} | "
+                f"{r.dropped_groups}/{r.delivered_groups} | {r.groups_per_min:.2f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
