@@ -15,15 +15,20 @@ would otherwise never finish the run); else it takes the next delivery sequence 
 `StreamGroups(start_after=k)` sends the groups with delivery sequence > k, so a consumer that reconnects
 with the number it already received loses and repeats nothing.
 
-Admission control: once the trainer has reported two policy versions, each run estimates how many
-groups the trainer takes per version (`batch_estimate`) and starts no new group while
-`LEAD_BATCHES x batch_estimate` of its groups are in play (started, not yet delivered or dropped).
-Sessions of started groups are always handed out. Without version reports (evaluation runs) nothing is held
-back. See docs/benchmarks.md (Rollout) for why: without it rollout races ahead and its groups go stale.
+Admission control: a run starts no new group while `in_play_limit` of its groups are in play (started,
+not yet delivered or dropped); sessions of started groups are always handed out. The limit is a lead of
+`lead_batches(max_staleness)` trainer batches: LEAD_BATCHES, but at most max_staleness (a group started
+behind L batches is read about L versions later). The batch is `batch_estimate`, the groups the trainer
+takes per policy version (with or without signal), learned from deliveries between version reports (from
+the first report on, for a trainer that starts at version 0); before that, once a reader took a group,
+what it took so far (its first batch, being read). While nobody has read a group (evaluation or export
+runs, or a trainer still waiting for its first group) nothing is held back. See docs/benchmarks.md
+(Rollout) for why: without it rollout races ahead and its groups go stale.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Protocol
 
@@ -32,8 +37,8 @@ from lodestar.v1 import rollout_pb2
 from services.rollout.model import LIVE, Changes, Group, GroupStatus, Run, Session, SessionStatus
 
 LEAD_BATCHES = 2.5
-"""Trainer batches' worth of groups a run keeps in play once the trainer's pace is known (chosen with
-bench/rollout_sim.py: 2.0 left the trainer 4% idle, 3.0 dropped 2.6x more stale groups than 2.5)."""
+"""The most trainer batches' worth of groups a run keeps in play (chosen with bench/rollout_sim.py at
+max_staleness 4: 2.0 left the trainer 4% idle, 3.0 dropped 2.6x more stale groups than 2.5)."""
 _log = get_logger("rollout.groups")
 
 
@@ -142,20 +147,43 @@ def restore_delivery(scheduler: Scheduler, run: Run) -> None:
 
 def observe_policy_version(run: Run, version: int) -> bool:
     """Learn the trainer's pace: groups delivered per policy version since the last report (True: the run's
-    estimate or mark changed; both are stored, so the pace survives a restart)."""
+    estimate or mark changed; both are stored, so the pace survives a restart). Version 1 as the first
+    report is a trainer's first step: what the run delivered before it is that step's batch."""
     last_version, last_delivered = run.version_mark
     if version <= last_version:
         return False
     taken = run.groups_delivered - last_delivered
-    if last_version > 0 and taken > 0:
+    if (last_version > 0 or version == 1) and taken > 0:
         pace = taken / (version - last_version)
         run.batch_estimate = pace if run.batch_estimate <= 0 else 0.5 * run.batch_estimate + 0.5 * pace
     run.version_mark = (version, run.groups_delivered)
     return True
 
 
+def lead_batches(max_staleness: int) -> float:
+    """Trainer batches' worth of groups a run keeps in play: LEAD_BATCHES, but at most max_staleness (and
+    at least one batch). A group started behind L batches in play is read about L policy versions later,
+    and dropped if that is more than max_staleness."""
+    return max(1.0, min(LEAD_BATCHES, float(max_staleness)))
+
+
+def in_play_limit(run: Run) -> float:
+    """How many groups of `run` may be in play (started, not yet delivered or dropped); inf: no limit.
+
+    `lead_batches` x the trainer's batch: its estimated pace, or before that what a reader took so far (its
+    first batch, being read)."""
+    if run.batch_estimate > 0:
+        batch = run.batch_estimate
+    elif run.groups_delivered > 0:
+        batch = float(run.groups_delivered)
+    else:
+        return math.inf  # nobody reads the run (yet): maybe nobody trains on it
+    return lead_batches(run.spec.max_staleness) * batch
+
+
 def admits_new_group(run: Run) -> bool:
-    return run.batch_estimate <= 0 or run.groups_in_play < LEAD_BATCHES * run.batch_estimate
+    """Whether `run` may start a new group now (see `in_play_limit`)."""
+    return run.groups_in_play < in_play_limit(run)
 
 
 def scored_session_ids(scheduler: Scheduler, group: Group) -> list[str]:
