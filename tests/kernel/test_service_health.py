@@ -21,6 +21,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lodestar.settings import load_settings
+from tests.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0
@@ -149,14 +150,13 @@ async def test_cli_service_serves_health_and_reflection(service_processes: dict[
 
 async def wait_status(stub: health_pb2_grpc.HealthStub, service: str, want: int, timeout_s: float = 30.0) -> None:
     request = health_pb2.HealthCheckRequest(service=service)
-    deadline = time.monotonic() + timeout_s
-    status = None
-    while time.monotonic() < deadline:
-        status = (await stub.Check(request, timeout=5)).status
-        if status == want:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{service} health stayed {status}, wanted {want}")
+
+    async def status() -> int:
+        return int((await stub.Check(request, timeout=5)).status)
+
+    await eventually(
+        status, timeout_s, interval_s=0.1, what=f"{service} health {want}", until=lambda seen: seen == want
+    )
 
 
 async def test_in_process_trainer_serves_health_and_reflection(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ inference's reason, visible through TrainerService.GetStatus."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from services.trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN, FeedSource, make_group
 from tests.trainer.inference_helpers import InferenceThread, served_version
 from tests.trainer.test_loop import trainer_for
+from tests.waiting import eventually
 
 
 def _other_run(group: rollout_pb2.Group) -> None:
@@ -97,13 +97,12 @@ async def test_weights_refused_by_inference_fail_the_trainer_with_the_reason(
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = trainer_pb2_grpc.TrainerServiceStub(channel)
-            status = await stub.GetStatus(trainer_pb2.GetStatusRequest(), timeout=10)
-            for _ in range(1200):  # up to 60 s on a loaded machine
-                if status.state == trainer_pb2.TRAINER_STATE_FAILED:
-                    break
-                await asyncio.sleep(0.05)
-                status = await stub.GetStatus(trainer_pb2.GetStatusRequest(), timeout=10)
-            assert status.state == trainer_pb2.TRAINER_STATE_FAILED
+            status = await eventually(  # up to 60 s on a loaded machine
+                lambda: stub.GetStatus(trainer_pb2.GetStatusRequest(), timeout=10),
+                60,
+                what="the trainer FAILED",
+                until=lambda status: status.state == trainer_pb2.TRAINER_STATE_FAILED,
+            )
             assert "refused the weights of policy version 1" in status.error
             assert "not newer than the served version 5" in status.error
     finally:

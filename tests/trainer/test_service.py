@@ -24,6 +24,7 @@ from services.trainer.settings import TrainerSettings
 from services.trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN, RolloutStandIn, group_from_calls, make_group, start_rollout
 from tests.trainer.inference_helpers import InferenceThread, generate, served_version, session_calls, text_message
+from tests.waiting import eventually
 
 REWARDS = (1.0, 0.0, 1.0, 0.0)
 REPO = Path(__file__).resolve().parents[2]
@@ -39,13 +40,6 @@ def inference(trainer_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 def real_group(address: str, index: int) -> object:
     sessions = [session_calls(address, f"g{index}-s{sample}", turns=2, seed=index * 10 + sample) for sample in range(4)]
     return group_from_calls(sessions, REWARDS, group_id=f"g{index}")
-
-
-async def wait_for(predicate: object, timeout: float = 60.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
 
 
 @pytest.mark.slow
@@ -87,12 +81,16 @@ async def test_real_run_pushes_checkpoints_stops_and_resumes(
             assert step_1["staleness_max"] == 0
             assert seen[-1].values["logprob_diff_max"] > 1e-3
             assert seen[-1].values["staleness_max"] == 1
-            await wait_for(lambda: standin.reported == [1, 2])
+            await eventually(
+                lambda: standin.reported, 60, what="steps 1 and 2 reported", until=lambda steps: steps == [1, 2]
+            )
 
-            status = await stub.GetStatus(trainer_pb2.GetStatusRequest(), timeout=10)
-            while status.state != trainer_pb2.TRAINER_STATE_WAITING:  # step 2's checkpoint is being written
-                await asyncio.sleep(0.05)
-                status = await stub.GetStatus(trainer_pb2.GetStatusRequest(), timeout=10)
+            status = await eventually(  # step 2's checkpoint is being written
+                lambda: stub.GetStatus(trainer_pb2.GetStatusRequest(), timeout=10),
+                60,
+                what="the trainer WAITING",
+                until=lambda status: status.state == trainer_pb2.TRAINER_STATE_WAITING,
+            )
             assert (status.step, status.policy_version, status.run_id) == (2, 2, RUN)
             assert status.state == trainer_pb2.TRAINER_STATE_WAITING
             assert status.error == ""

@@ -21,6 +21,7 @@ from services.trainer.wiring import create_trainer
 from tests.rollout.helpers import make_spec, settings, sim_node, start_rollout
 from tests.trainer.groups_helpers import RUN, SHAPE, RolloutStandIn, make_group
 from tests.trainer.groups_helpers import start_rollout as start_rollout_standin
+from tests.waiting import eventually
 
 REWARDS = (1.0, 0.0, 0.5, 0.0)
 
@@ -66,11 +67,7 @@ async def test_the_group_stream_reconnects_after_the_groups_it_already_read() ->
     received: list[str] = []
     reader = asyncio.create_task(asyncio.to_thread(lambda: received.extend(g.group_id for g in client.groups(0))))
     try:
-        for _ in range(1200):  # up to 60 s on a loaded machine
-            if len(received) == 2:
-                break
-            await asyncio.sleep(0.05)
-        assert received == ["g0", "g1"]
+        await eventually(lambda: list(received), 60, what="the first two groups", until=lambda ids: ids == ["g0", "g1"])
         await server.stop(0)  # rollout goes away mid-stream (a restart, a new leader)
         await asyncio.sleep(0.5)
         second = RolloutStandIn(groups)  # the same groups, and one more; this stream ends after them
