@@ -27,10 +27,25 @@ def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_StderrLogger.factory,
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=max(numeric_level, logging.WARNING), stream=sys.stderr, force=True)
+
+
+class _StderrLogger:
+    """Writes each line to whatever `sys.stderr` is at that moment (structlog's PrintLogger keeps the stream it
+    was made with: a CLI command run in-process by a test would keep pytest's capture file after it closed)."""
+
+    @classmethod
+    def factory(cls, *args: object) -> _StderrLogger:
+        del args
+        return cls()
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    log = debug = info = warn = warning = err = error = critical = exception = fatal = failure = msg
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:
