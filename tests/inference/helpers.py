@@ -18,6 +18,12 @@ from services.inference.sampling import processed_logprobs
 BASH_SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
 
 
+def cancelled_generations(server_log: str, request_id: str) -> list[dict[str, object]]:
+    """The "generate cancelled" records of `request_id` in an inference server's JSON log."""
+    records = [json.loads(line) for line in server_log.splitlines() if line.startswith("{") and request_id in line]
+    return [record for record in records if record.get("event") == "generate cancelled"]
+
+
 def text_message(role: int, text: str) -> common_pb2.ChatMessage:
     return common_pb2.ChatMessage(role=role, content=[common_pb2.ContentPart(text=common_pb2.TextPart(text=text))])
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from services.inference.templates import ChatTemplate
 from services.inference.tokenizer import TextTokenizer
 from tests.inference.conftest import SERVER_CAP, ServerProcess
 from tests.inference.helpers import (
+    cancelled_generations,
     channel,
     collect,
     push_weights,
@@ -35,6 +35,7 @@ from tests.inference.helpers import (
     user,
     weight_stream,
 )
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -259,20 +260,13 @@ async def test_cancellation_stops_generation(stub, backend_server: ServerProcess
         if seen == 2:
             break
     call.cancel()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        lines = [
-            json.loads(line)
-            for line in backend_server.log().splitlines()
-            if line.startswith("{") and "cancel-me" in line
-        ]
-        ended = [line for line in lines if line.get("event") == "generate cancelled"]
-        if ended:
-            assert ended[0]["completion_tokens"] < SERVER_CAP
-            break
-        await asyncio.sleep(0.2)
-    else:
-        pytest.fail("the server did not stop the cancelled generation")
+    ended = await eventually(
+        lambda: cancelled_generations(backend_server.log(), "cancel-me"),
+        20,
+        interval_s=0.2,
+        what="the server to stop the cancelled generation",
+    )
+    assert ended[0]["completion_tokens"] < SERVER_CAP
     after = (await collect(stub, request([user("still there?")], sampling=sampling(max_tokens=3)))).final
     assert len(after.completion_token_ids) >= 1
 

@@ -6,8 +6,6 @@ cancellation are per tag; the gateway's client (`GenerateStreams`) rebuilds the 
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
@@ -19,7 +17,8 @@ from lodestar.errors import ContextLengthExceededError, DeadlineExceededError
 from lodestar.v1 import inference_pb2, inference_pb2_grpc
 from services.gateway.inference_client import GenerateStreams
 from tests.inference.conftest import SERVER_CAP, ServerProcess
-from tests.inference.helpers import Collected, channel, collect, sampling, tool, user
+from tests.inference.helpers import Collected, cancelled_generations, channel, collect, sampling, tool, user
+from tests.waiting import eventually
 
 
 @pytest.fixture
@@ -163,18 +162,13 @@ async def test_cancel_stops_the_tag_and_frees_its_slot(stub, backend_server: Ser
     call.cancel()
     assert _collected(responses[8]).final.usage.completion_tokens >= 1
     assert not any(r.response.HasField("final") for r in responses[7])  # nothing more after the cancel
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        ended = [
-            json.loads(line)
-            for line in backend_server.log().splitlines()
-            if line.startswith("{") and "many-cancel-me" in line and '"generate cancelled"' in line
-        ]
-        if ended:
-            assert ended[0]["completion_tokens"] < SERVER_CAP
-            return
-        await asyncio.sleep(0.2)
-    pytest.fail("the server did not stop the cancelled generation")
+    ended = await eventually(
+        lambda: cancelled_generations(backend_server.log(), "many-cancel-me"),
+        20,
+        interval_s=0.2,
+        what="the server to stop the cancelled generation",
+    )
+    assert ended[0]["completion_tokens"] < SERVER_CAP
 
 
 async def test_deadline_ends_the_tag(stub) -> None:
