@@ -29,7 +29,8 @@ def fold(text: str) -> str:
 def all_capitals() -> tuple[str, ...]:
     """Every capital name and accepted spelling in capitals.py, folded."""
     spec = importlib.util.spec_from_file_location("smollm2_capitals", Path(__file__).with_name("capitals.py"))
-    assert spec is not None and spec.loader is not None
+    if spec is None or spec.loader is None:
+        raise ImportError("capitals.py not found next to verifier.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     names = {fold(name) for _, capital, alts in module.COUNTRIES + module.US_STATES for name in (capital, *alts)}
