@@ -20,6 +20,7 @@ import dataclasses
 import json
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -114,34 +115,70 @@ def _rewards(run_dir: Path) -> tuple[list[float], list[float], int]:
     return rewards, merges, groups
 
 
-def _ended_early(progress: train_view.Progress, steps_done: int, groups_trained: int) -> tuple[str, str]:
-    """(state, why) when the trainer stopped before its steps on its own for a reason that is not a failure:
+@dataclass(frozen=True)
+class Ending:
+    """Why the trainer stopped before its steps on its own without failing (`_ended_early`)."""
+
+    state: str
+    """`no signal left` (the trainer's stop_after_no_signal_groups) or `run used up` (every task sampled,
+    every group read)."""
+    steps_done: int
+    untrained_groups: int
+    """Groups read after the last step (in no step's metrics)."""
+    untrained_reward: float
+    """Their mean reward: what the last policies scored."""
+    tasks: int = 0
+    delivered: int = 0
+    trained: int = 0
+    stale: int = 0
+
+    @property
+    def no_signal(self) -> int:
+        """Delivered groups not trained on: every sample scored alike."""
+        return max(self.delivered - self.trained, 0)
+
+    def why(self) -> str:
+        """The summary's `ended` row."""
+        if self.state == "no signal left":
+            return (
+                f"the {self.untrained_groups} groups read after step {self.steps_done} ended in a row of groups "
+                "without reward signal (every sample of each scored alike: solved, or too hard; the trainer's "
+                f"stop_after_no_signal_groups) and scored {self.untrained_reward:.3f} on average: nothing left "
+                "to learn from this run's tasks"
+            )
+        after = (
+            f"; the {self.untrained_groups} read after step {self.steps_done} scored {self.untrained_reward:.3f} "
+            "on average (the last policies' reward, in no step's metrics)"
+            if self.untrained_groups
+            else ""
+        )
+        return (
+            f"the run's {self.tasks} tasks are used up after step {self.steps_done}: of its {self.delivered} "
+            f"delivered groups {self.trained} were trained on, {self.no_signal} had no reward signal (every "
+            f"sample scored alike: solved, or too hard) and {self.stale} were dropped as stale{after}"
+        )
+
+
+def _ended_early(progress: train_view.Progress, steps_done: int, groups_trained: int) -> Ending | None:
+    """The Ending when the trainer stopped before its steps on its own for a reason that is not a failure:
     the run's groups ran out (every task sampled, every group read), or the last groups it read had no reward
-    signal (the trainer's `stop_after_no_signal_groups`); else ("", "")."""
+    signal (the trainer's `stop_after_no_signal_groups`); else None."""
     tail, run = progress.trainer, progress.run
     if tail.state != trainer_pb2.TRAINER_STATE_STOPPED:
-        return "", ""
+        return None
+    common = {"steps_done": steps_done, "untrained_groups": tail.untrained_groups}
     if tail.stop_reason == trainer_pb2.STOP_REASON_NO_SIGNAL:
-        return "no signal left", (
-            f"the {tail.untrained_groups} groups read after step {steps_done} ended in a row of groups without "
-            "reward signal (every sample of each scored alike: solved, or too hard; the trainer's "
-            f"stop_after_no_signal_groups) and scored {tail.untrained_reward_mean:.3f} on average: nothing left "
-            "to learn from this run's tasks"
-        )
+        return Ending("no signal left", untrained_reward=tail.untrained_reward_mean, **common)
     if run.state != rollout_pb2.RUN_STATE_COMPLETED:
-        return "", ""
-    unused = max(run.groups_delivered - groups_trained, 0)
-    after = (
-        f"; the {tail.untrained_groups} read after step {steps_done} scored {tail.untrained_reward_mean:.3f} on "
-        "average (the last policies' reward, in no step's metrics)"
-        if tail.untrained_groups
-        else ""
-    )
-    return "run used up", (
-        f"the run's {len(run.spec.tasks)} tasks are used up after step {steps_done}: of its "
-        f"{run.groups_delivered} delivered groups {groups_trained} were trained on, {unused} had no reward "
-        f"signal (every sample scored alike: solved, or too hard) and {run.groups_dropped} were dropped as stale"
-        f"{after}"
+        return None
+    return Ending(
+        "run used up",
+        untrained_reward=tail.untrained_reward_mean,
+        tasks=len(run.spec.tasks),
+        delivered=run.groups_delivered,
+        trained=groups_trained,
+        stale=run.groups_dropped,
+        **common,
     )
 
 
@@ -221,7 +258,7 @@ async def _train(
         with console.status("stopping the trainer" + ("" if stack.cluster is None else " and the stack")):
             await train_stack.close(trainer_cluster, stack.cluster)
     interrupted = stop.is_set()
-    code = _report(config, console, progress, checkpoint, error, time.monotonic() - started, interrupted)
+    code, _, _ = _report(config, console, progress, checkpoint, error, time.monotonic() - started, interrupted)
     if before is not None or after is not None:
         console.print(train_eval.table(before, after))
         if line := train_eval.verdict(before, after):
@@ -237,16 +274,17 @@ def _report(
     error: str,
     seconds: float,
     interrupted: bool,
-) -> int:
-    """Print the summary; 0 when every step was done, or when the run's groups ran out first."""
+) -> tuple[int, train_view.Outcome, Ending | None]:
+    """Print the summary; the exit code (0 when every step was done, or when the run ended early without a
+    failure: `Ending`), and what the summary showed, typed."""
     from services.trainer.plot import plot_run  # matplotlib: only at the end
 
     rewards, merges, groups = _rewards(config.run_dir)
     plots = plot_run(config.run_dir) if rewards else []
     metrics = [p for p in (config.run_dir / "metrics.jsonl", config.run_dir / "tensorboard") if p.exists()]
     done = len(rewards) >= config.steps and not error
-    early, why = ("", "") if done or error or interrupted else _ended_early(progress, len(rewards), groups)
-    state = "done" if done else early or ("failed" if error else "stopped early")
+    ending = None if done or error or interrupted else _ended_early(progress, len(rewards), groups)
+    state = "done" if done else ending.state if ending else ("failed" if error else "stopped early")
     outcome = train_view.Outcome(
         run_id=progress.run_id,
         state=state,
@@ -260,10 +298,10 @@ def _report(
         seconds=seconds,
         error=error,
         warning=progress.trainer.warning,
-        note=why,
+        note=ending.why() if ending else "",
     )
     console.print(train_view.summary(outcome), highlight=False)
-    return 0 if done or early else 1
+    return (0 if done or ending else 1), outcome, ending
 
 
 def _handle(args: argparse.Namespace) -> int:

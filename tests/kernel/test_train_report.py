@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from lodestar.cli import train_view
-from lodestar.cli.train import _report
+from lodestar.cli.train import Ending, _report
 from lodestar.cli.train_config import TrainConfig
 from lodestar.cli.train_view import reward_rise
 from lodestar.v1 import rollout_pb2, trainer_pb2
@@ -28,7 +28,7 @@ def _ended(
     interrupted: bool = False,
     untrained: int = 0,
     stop_reason: int = trainer_pb2.STOP_REASON_RUN_ENDED,
-):
+) -> tuple[int, train_view.Outcome, Ending | None, str]:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     with (run_dir / "metrics.jsonl").open("w") as out:
@@ -51,33 +51,36 @@ def _ended(
     progress.run.groups_delivered = 4 * steps_done + 30
     progress.run.spec.tasks.add(task_id="t")
     console = Console(file=io.StringIO(), width=200)
-    code = _report(config, console, progress, "ckpt", error, 1.0, interrupted)
+    code, outcome, ending = _report(config, console, progress, "ckpt", error, 1.0, interrupted)
     text = console.file.getvalue()  # type: ignore[attr-defined]
-    return code, text
+    return code, outcome, ending, text
 
 
 @pytest.mark.slow
 def test_every_step_done_is_success(tmp_path: Path) -> None:
-    code, text = _ended(tmp_path, STEPS, run_state=rollout_pb2.RUN_STATE_RUNNING)
-    assert code == 0
-    assert "lodestar train: done" in text
+    code, outcome, ending, text = _ended(tmp_path, STEPS, run_state=rollout_pb2.RUN_STATE_RUNNING)
+    assert (code, outcome.state, outcome.steps, ending) == (0, "done", STEPS, None)
+    assert "lodestar train: done" in text  # the title shows the state
 
 
 @pytest.mark.slow
 def test_a_run_whose_groups_ran_out_ends_normally_and_says_why(tmp_path: Path) -> None:
-    code, text = _ended(tmp_path, 13, run_state=rollout_pb2.RUN_STATE_COMPLETED)
-    assert code == 0
-    assert "lodestar train: run used up" in text
-    assert "after step 13" in text
-    assert "82 delivered groups 52 were trained on, 30 had no reward signal" in text
-    assert "read after step" not in text  # the trainer read nothing after its last step
+    code, outcome, ending, text = _ended(tmp_path, 13, run_state=rollout_pb2.RUN_STATE_COMPLETED)
+    assert (code, outcome.state) == (0, "run used up")
+    assert ending is not None
+    assert (ending.steps_done, ending.delivered, ending.trained, ending.no_signal) == (13, 82, 52, 30)
+    assert ending.untrained_groups == 0  # the trainer read nothing after its last step
+    assert outcome.note == ending.why()
+    assert "read after step" not in ending.why()
+    assert "after step 13" in " ".join(text.split()), text  # the summary shows it
 
 
 @pytest.mark.slow
 def test_a_run_used_up_mid_step_says_what_its_untrained_groups_scored(tmp_path: Path) -> None:
-    code, text = _ended(tmp_path, 13, run_state=rollout_pb2.RUN_STATE_COMPLETED, untrained=25)
-    assert code == 0
-    assert "the 25 read after step 13 scored 0.969 on average" in " ".join(text.split()), text
+    code, outcome, ending, _ = _ended(tmp_path, 13, run_state=rollout_pb2.RUN_STATE_COMPLETED, untrained=25)
+    assert (code, outcome.state) == (0, "run used up")
+    assert ending is not None
+    assert (ending.untrained_groups, ending.untrained_reward) == (25, 0.96875)
 
 
 @pytest.mark.slow
@@ -85,12 +88,13 @@ def test_a_trainer_stopped_for_lack_of_signal_ends_normally_and_says_why(tmp_pat
     """The trainer's stop_after_no_signal_groups: the run still has tasks, but the last groups read had no
     reward signal; `lodestar train` ends with success and names the groups and what they scored."""
     running = rollout_pb2.RUN_STATE_RUNNING
-    code, text = _ended(tmp_path, 13, run_state=running, untrained=24, stop_reason=trainer_pb2.STOP_REASON_NO_SIGNAL)
-    assert code == 0
-    assert "lodestar train: no signal left" in text
-    flat = " ".join(text.split())
-    assert "the 24 groups read after step 13 ended in a row of groups without reward signal" in flat, text
-    assert "scored 0.969 on average" in flat, text
+    code, outcome, ending, _ = _ended(
+        tmp_path, 13, run_state=running, untrained=24, stop_reason=trainer_pb2.STOP_REASON_NO_SIGNAL
+    )
+    assert (code, outcome.state) == (0, "no signal left")
+    assert ending is not None
+    assert (ending.steps_done, ending.untrained_groups, ending.untrained_reward) == (13, 24, 0.96875)
+    assert outcome.note == ending.why()
 
 
 @pytest.mark.parametrize(
@@ -103,9 +107,9 @@ def test_a_trainer_stopped_for_lack_of_signal_ends_normally_and_says_why(tmp_pat
 )
 @pytest.mark.slow
 def test_other_early_ends_fail(tmp_path: Path, run_state: int, error: str, interrupted: bool, title: str) -> None:
-    code, text = _ended(tmp_path, 13, run_state=run_state, error=error, interrupted=interrupted)
-    assert code == 1
-    assert f"lodestar train: {title}" in text
+    code, outcome, ending, _ = _ended(tmp_path, 13, run_state=run_state, error=error, interrupted=interrupted)
+    assert (code, outcome.state, ending) == (1, title, None)
+    assert outcome.error == error
 
 
 def test_the_reward_rise_compares_windows_that_never_overlap() -> None:
