@@ -14,9 +14,9 @@ import pytest
 
 from lodestar.v1 import common_pb2
 from services.gateway.node.harnesses import GatewayEndpoint, Launcher, RunDirs, make_harness
+from tests.gateway.harness_cases import CASES, Case, require_installed
 from tests.gateway.harness_runs import MODEL, RUN_TIMEOUT_S, describe
 from tests.gateway.stack import GatewayStack
-from tests.gateway.test_harnesses import CASES, Case, _require_installed
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
@@ -51,7 +51,7 @@ STOPPED_WITH = {
 
 @pytest.mark.parametrize("case", PARAMS)
 async def test_overflow_mid_run(case: Case, gateway_stack: GatewayStack, launcher: Launcher, tmp_path: Path) -> None:
-    _require_installed(case)
+    require_installed(case)
     tool_call = {"name": case.shell_tool, "arguments": case.tool_arguments(COMMAND)}
     script: dict[str, Any] = {"replies": [{"tool_calls": [tool_call]}], "default": {"text": "Summary: counted."}}
     gateway_stack.set_script(script)
@@ -81,7 +81,7 @@ async def test_codex_compaction_is_recorded_as_branches(
 ) -> None:
     """Codex compacts when the usage we report passes `model_auto_compact_token_limit`: its summarizing call
     (no tools) and the conversation that follows (system + task + summary) are branches, not drifts."""
-    _require_installed(case)
+    require_installed(case)
     tool_call = {"name": case.shell_tool, "arguments": case.tool_arguments("seq 1 1500")}
     # In call order: the tool call, the compaction's summary, the final answer after the compaction.
     gateway_stack.set_script(

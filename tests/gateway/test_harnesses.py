@@ -18,56 +18,19 @@ the workdir and the captured calls.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from lodestar.v1 import common_pb2
-from services.gateway.node.harnesses import Launcher, make_harness
+from services.gateway.node.harnesses import Launcher
+from tests.gateway.harness_cases import CASES, Case, require_installed
 from tests.gateway.harness_runs import assert_captured, assert_shell_tool_run, describe, run_harness, text_of
 from tests.gateway.stack import GatewayStack, assert_chain_extends
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
 
-def _command_args(command: str) -> dict[str, Any]:
-    return {"command": command}
-
-
-@dataclass(frozen=True)
-class Case:
-    harness: str
-    """Name for make_harness."""
-    dialect: int
-    """The CallRecord dialect the harness speaks."""
-    shell_tool: str
-    """The harness's own shell tool, as it offers it in the request's tool list."""
-    tool_arguments: Callable[[str], dict[str, Any]] = _command_args
-    """Arguments of that tool for a shell command line."""
-    preamble_turns: int = 0
-    """Assistant messages the harness puts in the chat before the model's first turn."""
-
-
-CASES = [
-    Case(
-        "claude-code",
-        common_pb2.DIALECT_ANTHROPIC_MESSAGES,
-        "Bash",
-        lambda command: {"command": command, "description": "Write the proof file"},
-    ),
-    Case("codex", common_pb2.DIALECT_OPENAI_RESPONSES, "exec_command", lambda command: {"cmd": command}),
-    # Qwen Code opens every chat with a fixed user "context" turn and an assistant "Got it." reply.
-    Case("qwen-code", common_pb2.DIALECT_OPENAI_CHAT, "run_shell_command", preamble_turns=1),
-    Case("gemini-cli", common_pb2.DIALECT_GOOGLE_GENERATE_CONTENT, "run_shell_command"),
-    Case("opencode", common_pb2.DIALECT_OPENAI_CHAT, "bash"),
-    Case("pi:openai-completions", common_pb2.DIALECT_OPENAI_CHAT, "bash"),
-    Case("pi:openai-responses", common_pb2.DIALECT_OPENAI_RESPONSES, "bash"),
-    Case("pi:anthropic-messages", common_pb2.DIALECT_ANTHROPIC_MESSAGES, "bash"),
-    Case("pi:google-generative-ai", common_pb2.DIALECT_GOOGLE_GENERATE_CONTENT, "bash"),
-]
 PARAMS = [pytest.param(case, id=case.harness) for case in CASES]
 
 
@@ -76,15 +39,9 @@ def launcher() -> Launcher:
     return Launcher(isolate_network=True)
 
 
-def _require_installed(case: Case) -> None:
-    harness = make_harness(case.harness)
-    if not harness.is_installed():
-        pytest.skip(f"harness binary {harness.binary} is not installed (run `make harnesses`)")
-
-
 @pytest.mark.parametrize("case", PARAMS)
 async def test_text_only_run(case: Case, gateway_stack: GatewayStack, launcher: Launcher, tmp_path: Path) -> None:
-    _require_installed(case)
+    require_installed(case)
     answer = f"Lodestar answer {secrets.token_hex(4)}."
     gateway_stack.set_script({"replies": [{"text": "(unused preamble)"}] * case.preamble_turns + [{"text": answer}]})
 
@@ -104,7 +61,7 @@ async def test_text_only_run(case: Case, gateway_stack: GatewayStack, launcher: 
 
 @pytest.mark.parametrize("case", PARAMS)
 async def test_shell_tool_run(case: Case, gateway_stack: GatewayStack, launcher: Launcher, tmp_path: Path) -> None:
-    _require_installed(case)
+    require_installed(case)
     proof = f"proof-{secrets.token_hex(4)}"
     final = f"Created the file {secrets.token_hex(4)}."
     command = f"echo {proof} > proof.txt"

@@ -24,7 +24,8 @@ from lodestar.etcd import EtcdClient
 from services.gateway.membership import Membership, NodeRecord, list_nodes, node_key
 from services.gateway.server import GatewayNode
 from services.gateway.settings import GatewaySettings
-from tests.conftest import EtcdServer, _healthy, free_port
+from tests.conftest import EtcdServer, free_port
+from tests.etcd_support import restart_etcd
 
 REPO = Path(__file__).resolve().parents[2]
 TTL_S = 2
@@ -53,18 +54,6 @@ async def _wait_for(predicate_key: str, client: EtcdClient, *, present: bool, wi
         assert time.monotonic() - started < within, f"{predicate_key} still {'absent' if present else 'present'}"
         await asyncio.sleep(0.05)
     return time.monotonic() - started
-
-
-def _restart(server: EtcdServer) -> None:
-    """Start the stopped etcd again: same ports, same data directory (the fixture stops it at the end)."""
-    args = server.process.args
-    assert isinstance(args, list)
-    server.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 15
-    while not _healthy(server.endpoint):
-        assert server.process.poll() is None, "restarted etcd exited"
-        assert time.monotonic() < deadline, "restarted etcd not healthy within 15 s"
-        time.sleep(0.05)
 
 
 async def _serving(node: GatewayNode) -> None:
@@ -165,7 +154,7 @@ async def test_etcd_down_at_start_node_serves_and_registers_when_etcd_comes_up(
         await _serving(node)  # proxying does not wait for etcd
         await asyncio.sleep(1.0)
         assert not membership.is_registered
-        _restart(private_etcd)
+        restart_etcd(private_etcd)
         await membership.wait_registered(timeout=20)
         async with EtcdClient(private_etcd.endpoint) as etcd:
             (listed,) = await list_nodes(etcd, etcd_prefix)
@@ -191,7 +180,7 @@ async def test_lost_lease_re_registers_when_etcd_is_back(
         while membership.is_registered:  # the keepalive goes unanswered for a whole TTL: lost
             assert time.monotonic() < deadline, "lease never reported lost with etcd down"
             await asyncio.sleep(0.05)
-        _restart(private_etcd)
+        restart_etcd(private_etcd)
         await membership.wait_registered(timeout=20)
         assert membership.registrations == 2
         assert membership.lease_id != first_lease

@@ -9,6 +9,8 @@ bodies and `if TYPE_CHECKING:` blocks included).
 - torch and transformers only in the inference and trainer services (not in the gateway, rollout, the kernel
   or the CLI).
 - No import cycle between modules.
+- No module under `tests/` imports from a test module (`test_*.py`): helpers two test modules share live in a
+  support module of their package (pytest would also collect an imported test twice).
 
 Exceptions are explicit (`EXCEPTIONS`, each with its reason) and must still be needed: an exception that
 matches no import fails the test too. The checker itself is tested on a synthetic tree with one violation
@@ -27,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("lodestar", "services")
 GENERATED = ("lodestar.v1",)
 CLI = "lodestar.cli"
+TESTS = "tests"
 
 OWNERS: dict[str, dict[str, str]] = {
     "aiohttp": {
@@ -54,6 +57,16 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
 }
 """(importing module, imported module) pairs allowed despite a rule, with the reason."""
 
+_E2E_HELPERS = "not yet moved: the e2e helpers still live in test modules (follow-up of issue 28)"
+TEST_IMPORT_EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("tests.dashboard.test_cli", "tests.e2e.test_up"): _E2E_HELPERS,
+    ("tests.e2e.test_swe_docker", "tests.e2e.test_swe_runs"): _E2E_HELPERS,
+    ("tests.e2e.test_swe_training", "tests.e2e.test_swe_runs"): _E2E_HELPERS,
+    ("tests.e2e.test_up_run", "tests.e2e.test_up"): _E2E_HELPERS,
+}
+"""(importing test module, imported test module) pairs allowed despite the tests rule, with the reason; each
+must still be needed."""
+
 
 @dataclass(frozen=True)
 class Import:
@@ -74,10 +87,10 @@ class Violation:
         return f"{self.edge.where}: {self.edge.importer} imports {self.edge.target}: {self.rule}"
 
 
-def modules(root: Path) -> dict[str, Path]:
-    """Dotted module name -> file, for every module of `PACKAGES` under `root` except generated code."""
+def modules(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of `packages` under `root` except generated code."""
     found: dict[str, Path] = {}
-    for package in PACKAGES:
+    for package in packages:
         for path in sorted((root / package).rglob("*.py")):
             parts = list(path.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -89,9 +102,10 @@ def modules(root: Path) -> dict[str, Path]:
 
 
 @functools.cache
-def imports(root: Path) -> tuple[Import, ...]:
-    """Every import statement of the tree under `root`, relative imports resolved (read once per root)."""
-    known = modules(root)
+def imports(root: Path, packages: tuple[str, ...] = PACKAGES) -> tuple[Import, ...]:
+    """Every import statement of the modules of `packages` under `root`, relative imports resolved (read once
+    per root)."""
+    known = modules(root, packages)
     found: list[Import] = []
     for name, path in known.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -155,6 +169,16 @@ def violations(root: Path, exceptions: dict[tuple[str, str], str]) -> tuple[list
     return found, used
 
 
+def imports_of_test_modules(root: Path) -> list[Import]:
+    """Every import, by a module under `root/tests`, of a test module (one whose file name starts with
+    `test_`)."""
+    return [
+        edge
+        for edge in imports(root, (TESTS,))
+        if _within(edge.target, (TESTS,)) and edge.target.rpartition(".")[2].startswith("test_")
+    ]
+
+
 def cycles(root: Path) -> list[list[str]]:
     """The import cycles between modules of the tree (strongly connected components of more than one
     module; a package's implicit import of its `__init__` is not an edge)."""
@@ -201,6 +225,22 @@ def test_the_repository_keeps_the_import_rules() -> None:
 
 def test_the_repository_has_no_import_cycles() -> None:
     assert cycles(ROOT) == []
+
+
+def test_no_test_module_imports_another_test_module() -> None:
+    edges = imports_of_test_modules(ROOT)
+    found = [
+        f"{edge.where}: {edge.importer} imports {edge.target}"
+        for edge in edges
+        if (edge.importer, edge.target) not in TEST_IMPORT_EXCEPTIONS
+    ]
+    used = {(edge.importer, edge.target) for edge in edges} & set(TEST_IMPORT_EXCEPTIONS)
+    assert not found, "tests import from test modules; move the shared helpers into a support module:\n" + "\n".join(
+        found
+    )
+    assert used == set(TEST_IMPORT_EXCEPTIONS), (
+        f"exceptions no import needs any more, remove them: {set(TEST_IMPORT_EXCEPTIONS) - used}"
+    )
 
 
 def test_every_owner_module_exists() -> None:
@@ -272,4 +312,28 @@ def test_the_checker_finds_cycles_through_function_and_type_checking_imports(tmp
     assert sorted(cycles(root)) == [
         ["services.rollout.groups", "services.rollout.scheduler"],
         ["services.rollout.model", "services.rollout.store"],
+    ]
+
+
+def test_the_checker_finds_imports_of_test_modules(tmp_path: Path) -> None:
+    absolute = "from tests.rollout." + "test_a import x\n"  # split: a grep of tests/ for such imports skips it
+    root = _tree(
+        tmp_path,
+        {
+            "tests/__init__.py": "",
+            "tests/waiting.py": "",
+            "tests/rollout/__init__.py": "",
+            "tests/rollout/helpers.py": "from tests.waiting import eventually\n",  # a support module: allowed
+            "tests/rollout/test_a.py": "from tests.rollout.helpers import x\n",
+            "tests/rollout/test_b.py": absolute,
+            "tests/rollout/test_c.py": "def f():\n    from . import test_a\n",
+            "tests/rollout/test_d.py": "import tests.rollout.test_b\n",
+            "tests/rollout/stack.py": "from .test_a import x\n",
+        },
+    )
+    assert sorted(f"{edge.where}: {edge.importer} imports {edge.target}" for edge in imports_of_test_modules(root)) == [
+        "tests/rollout/stack.py:1: tests.rollout.stack imports tests.rollout.test_a",
+        "tests/rollout/test_b.py:1: tests.rollout.test_b imports tests.rollout.test_a",
+        "tests/rollout/test_c.py:2: tests.rollout.test_c imports tests.rollout.test_a",
+        "tests/rollout/test_d.py:1: tests.rollout.test_d imports tests.rollout.test_b",
     ]

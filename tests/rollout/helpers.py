@@ -1,4 +1,5 @@
-"""Test helpers of the rollout tests: a rollout server in-process, specs, and simulated gateway nodes.
+"""Test helpers of the rollout tests: a rollout server in-process, specs, session results, simulated gateway
+nodes, and the CLI run as its own process.
 
 A `SimNode` is test code standing in for a gateway node: it holds a real etcd lease and calls the real
 RPCs (AcquireSessions with its in-flight attempts, CompleteSession with a result it makes up).
@@ -6,7 +7,11 @@ RPCs (AcquireSessions with its in-flight attempts, CompleteSession with a result
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import sys
+from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +39,28 @@ def make_spec(tasks: int = 2, group_size: int = 2, **fields: Any) -> rollout_pb2
     for index in range(tasks):
         spec.tasks.add(task_id=f"task-{index}", prompt=f"say {index}")
     return spec
+
+
+def session_result(
+    session_id: str, attempt: int, node: str, outcome: int = SCORED, reward: float = 1.0, versions: tuple[int, ...] = ()
+) -> rollout_pb2.SessionResult:
+    """The result `node` reports for `attempt` of a session, with one call per policy version in `versions`."""
+    result = rollout_pb2.SessionResult(
+        session_id=session_id, attempt=attempt, node_id=node, outcome=outcome, reward=reward
+    )
+    for version in versions:
+        result.calls.add(session_id=session_id, policy_version=version)
+    return result
+
+
+async def run_lodestar(*argv: str) -> tuple[int, str, str]:
+    """Run the CLI as its own process (the in-process service logs to this one's stdout): (exit code, stdout,
+    stderr)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "lodestar.cli.main", *argv, stdout=PIPE, stderr=PIPE, env={**os.environ, "COLUMNS": "200"}
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    return process.returncode or 0, out.decode(), err.decode()
 
 
 def settings(store: Path | str, etcd: str, prefix: str, **fields: Any) -> RolloutSettings:

@@ -2,40 +2,29 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import shutil
-import sys
-from asyncio.subprocess import PIPE
 from pathlib import Path
 
 import pytest
 
-from tests.rollout.helpers import Rollout
+from tests.rollout.helpers import Rollout, run_lodestar
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "runs"
-
-
-async def _lodestar(*argv: str) -> tuple[int, str, str]:
-    """Run the CLI as its own process (the in-process service logs to this one's stdout)."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "lodestar.cli.main", *argv, stdout=PIPE, stderr=PIPE, env={**os.environ, "COLUMNS": "200"}
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 60)
-    return process.returncode or 0, out.decode(), err.decode()
 
 
 @pytest.mark.slow
 async def test_create_status_and_cancel(rollout: Rollout, tmp_path: Path) -> None:
     for name in ("command-agent.yaml", "tasks.jsonl"):
         shutil.copy(EXAMPLES / name, tmp_path / name)
-    code, out, _ = await _lodestar("run", "create", str(tmp_path / "command-agent.yaml"), "--rollout", rollout.address)
+    code, out, _ = await run_lodestar(
+        "run", "create", str(tmp_path / "command-agent.yaml"), "--rollout", rollout.address
+    )
     assert code == 0
     run_id = out.strip()
     assert run_id.startswith("run-")
 
-    code, out, _ = await _lodestar("run", "status", run_id, "--json", "--rollout", rollout.address)
+    code, out, _ = await run_lodestar("run", "status", run_id, "--json", "--rollout", rollout.address)
     run = json.loads(out)
     assert (run["runId"], run["sessionsTotal"], run["sessionsPending"], run["state"]) == (
         run_id,
@@ -45,15 +34,15 @@ async def test_create_status_and_cancel(rollout: Rollout, tmp_path: Path) -> Non
     )
     assert run["spec"]["harness"]["command"] == ["python", "{repo}/examples/agent/agent.py", "{prompt}"]
 
-    code, out, _ = await _lodestar("run", "status", run_id, "--once", "--rollout", rollout.address)
+    code, out, _ = await run_lodestar("run", "status", run_id, "--once", "--rollout", rollout.address)
     assert code == 0
     assert "pending" in out
     assert "running" in out
     assert "0/3" in out  # groups complete of tasks
 
-    code, out, _ = await _lodestar("run", "cancel", run_id, "--rollout", rollout.address)
+    code, out, _ = await run_lodestar("run", "cancel", run_id, "--rollout", rollout.address)
     assert "12 sessions cancelled" in out
-    code, out, _ = await _lodestar("run", "status", run_id, "--rollout", rollout.address)  # live: ends at once
+    code, out, _ = await run_lodestar("run", "status", run_id, "--rollout", rollout.address)  # live: ends at once
     assert code == 0
     assert "cancelled" in out
 
@@ -61,9 +50,9 @@ async def test_create_status_and_cancel(rollout: Rollout, tmp_path: Path) -> Non
 @pytest.mark.slow
 async def test_bad_spec_and_unknown_run_fail_with_a_message(rollout: Rollout, tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text("groupSize: 0\ntasks: [{taskId: a}]\nharness: {kind: pi}\n")
-    code, _, err = await _lodestar("run", "create", str(tmp_path / "bad.yaml"), "--rollout", rollout.address)
+    code, _, err = await run_lodestar("run", "create", str(tmp_path / "bad.yaml"), "--rollout", rollout.address)
     assert code == 2
     assert "group_size must be at least 1" in err
-    code, _, err = await _lodestar("run", "status", "run-missing", "--once", "--rollout", rollout.address)
+    code, _, err = await run_lodestar("run", "status", "run-missing", "--once", "--rollout", rollout.address)
     assert code == 2
     assert "no run 'run-missing'" in err

@@ -13,7 +13,7 @@ import pytest
 from lodestar.etcd import EtcdClient
 from lodestar.v1 import rollout_pb2
 from tests.conftest import EtcdServer
-from tests.gateway.test_membership import _restart
+from tests.etcd_support import restart_etcd
 from tests.rollout.helpers import make_spec, settings, sim_node, start_rollout
 from tests.waiting import eventually
 
@@ -64,7 +64,7 @@ async def test_etcd_stop_and_restart(tmp_path: Path, private_etcd: EtcdServer, e
                 await node.acquire(1)
             assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
             assert (await rollout.get_run(run_id)).sessions_pending == 2  # the refused hand-out left no trace
-            await asyncio.to_thread(_restart, private_etcd)
+            await asyncio.to_thread(restart_etcd, private_etcd)
             watch = rollout.core.watch
             await eventually(
                 lambda: (watch.reconciliations, watch.watching.is_set()),

@@ -17,8 +17,7 @@ import pytest
 from lodestar.etcd import EtcdClient
 from lodestar.v1 import common_pb2, rollout_pb2
 from services.rollout.stores import open_store
-from tests.rollout.helpers import SimNode, call_record, make_spec, settings, sim_node, start_rollout
-from tests.rollout.test_cli import _lodestar
+from tests.rollout.helpers import SimNode, call_record, make_spec, run_lodestar, settings, sim_node, start_rollout
 from tests.waiting import eventually
 
 
@@ -94,15 +93,15 @@ async def test_the_cli_deletes_and_archives(
     config = settings(tmp_path / "rollout.sqlite", etcd_endpoint, etcd_prefix, archive_dir=tmp_path / "archive")
     async with start_rollout(config) as rollout, sim_node(etcd, rollout.stub, "n", ttl=30) as node:
         first = await rollout.create_run(make_spec(tasks=1, group_size=1))
-        code, _, err = await _lodestar("run", "delete", first, "--rollout", rollout.address)
+        code, _, err = await run_lodestar("run", "delete", first, "--rollout", rollout.address)
         assert code == 2
         assert "cancel it before deleting it" in err
         await _complete_all(node)
         second = await rollout.create_run(make_spec(tasks=1, group_size=1))
         await _complete_all(node)
-        code, out, _ = await _lodestar("run", "delete", first, "--rollout", rollout.address)
+        code, out, _ = await run_lodestar("run", "delete", first, "--rollout", rollout.address)
         assert (code, out.strip()) == (0, f"run {first} deleted")
-        code, out, _ = await _lodestar("run", "archive", second, "--rollout", rollout.address)
+        code, out, _ = await run_lodestar("run", "archive", second, "--rollout", rollout.address)
         assert code == 0
         assert out.splitlines()[-1] == str(tmp_path / "archive" / f"{second}.parquet")
         assert len(pq.read_table(out.splitlines()[-1])) == 1

@@ -10,7 +10,7 @@ from services.rollout import groups
 from services.rollout.model import GroupStatus, SessionStatus
 from services.rollout.scheduler import MISSED_POLLS_LIMIT, Progress, Scheduler
 from services.rollout.spec import with_defaults
-from tests.rollout.helpers import CANCELLED, INFRA_FAILED, SCORED, TIMED_OUT, make_spec
+from tests.rollout.helpers import CANCELLED, INFRA_FAILED, TIMED_OUT, make_spec, session_result
 
 
 def _scheduler(**spec_fields: object) -> tuple[Scheduler, str]:
@@ -19,22 +19,11 @@ def _scheduler(**spec_fields: object) -> tuple[Scheduler, str]:
     return scheduler, "r"
 
 
-def _result(
-    session_id: str, attempt: int, node: str, outcome: int = SCORED, reward: float = 1.0, versions: tuple[int, ...] = ()
-) -> rollout_pb2.SessionResult:
-    result = rollout_pb2.SessionResult(
-        session_id=session_id, attempt=attempt, node_id=node, outcome=outcome, reward=reward
-    )
-    for version in versions:
-        result.calls.add(session_id=session_id, policy_version=version)
-    return result
-
-
 def test_hand_out_oldest_group_first_and_requeued_sessions_before_new_groups() -> None:
     scheduler, _ = _scheduler(tasks=3, group_size=2)
     first = scheduler.acquire("a", 1, 3, [], 0.0).assigned
     assert [s.session_id for s in first] == ["r-g0-s0", "r-g0-s1", "r-g1-s0"]
-    scheduler.complete(_result("r-g0-s1", 1, "a", INFRA_FAILED), 1.0)
+    scheduler.complete(session_result("r-g0-s1", 1, "a", INFRA_FAILED), 1.0)
     second = scheduler.acquire("b", 2, 2, [], 1.0).assigned
     assert [(s.session_id, s.attempt) for s in second] == [("r-g0-s1", 2), ("r-g1-s1", 1)]
 
@@ -45,28 +34,28 @@ def test_a_result_from_a_superseded_attempt_or_another_node_is_refused() -> None
     scheduler.lose("r-g0-s0", 1, "lease ended", 1.0)
     assert scheduler.sessions["r-g0-s0"].status is SessionStatus.PENDING
     with pytest.raises(FailedPreconditionError):  # requeued: attempt 1 is dead even before attempt 2 exists
-        scheduler.complete(_result("r-g0-s0", 1, "a"), 2.0)
+        scheduler.complete(session_result("r-g0-s0", 1, "a"), 2.0)
     (again,) = scheduler.acquire("b", 2, 1, [], 2.0).assigned
     assert (again.session_id, again.attempt) == ("r-g0-s0", 2)
     with pytest.raises(FailedPreconditionError):
-        scheduler.complete(_result("r-g0-s0", 1, "a"), 3.0)
+        scheduler.complete(session_result("r-g0-s0", 1, "a"), 3.0)
     with pytest.raises(FailedPreconditionError):
-        scheduler.complete(_result("r-g0-s0", 2, "a"), 3.0)  # right attempt, wrong node
-    counted, _ = scheduler.complete(_result("r-g0-s0", 2, "b"), 3.0)
+        scheduler.complete(session_result("r-g0-s0", 2, "a"), 3.0)  # right attempt, wrong node
+    counted, _ = scheduler.complete(session_result("r-g0-s0", 2, "b"), 3.0)
     assert counted
-    repeated, changes = scheduler.complete(_result("r-g0-s0", 2, "b"), 4.0)
+    repeated, changes = scheduler.complete(session_result("r-g0-s0", 2, "b"), 4.0)
     assert repeated  # a repeated report is answered the same and changes nothing
     assert not changes
     with pytest.raises(InvalidArgumentError):
-        scheduler.complete(_result("r-g0-s1", 0, "a", outcome=0), 4.0)
+        scheduler.complete(session_result("r-g0-s1", 0, "a", outcome=0), 4.0)
 
 
 def test_early_stop_completes_the_group_and_cancels_the_rest_on_their_nodes() -> None:
     scheduler, _ = _scheduler(tasks=2, group_size=4, early_stop_fraction=0.5)
     assigned = scheduler.acquire("a", 1, 4, [], 0.0).assigned
-    scheduler.complete(_result("r-g0-s0", 1, "a", versions=(3, 5)), 1.0)
+    scheduler.complete(session_result("r-g0-s0", 1, "a", versions=(3, 5)), 1.0)
     assert scheduler.groups["r-g0"].status is GroupStatus.OPEN
-    _, changes = scheduler.complete(_result("r-g0-s2", 1, "a", TIMED_OUT, versions=(4,)), 1.0)
+    _, changes = scheduler.complete(session_result("r-g0-s2", 1, "a", TIMED_OUT, versions=(4,)), 1.0)
     group = scheduler.groups["r-g0"]
     assert (group.status, group.completion_seq, group.min_policy_version, group.max_policy_version) == (
         GroupStatus.COMPLETE,
@@ -78,7 +67,7 @@ def test_early_stop_completes_the_group_and_cancels_the_rest_on_their_nodes() ->
     still = [Progress(s.session_id, s.attempt, rollout_pb2.SESSION_STAGE_RUN) for s in assigned[1:4:2]]
     polled = scheduler.acquire("a", 1, 0, still, 2.0)
     assert polled.cancelled == [("r-g0-s1", 1), ("r-g0-s3", 1)]
-    late, _ = scheduler.complete(_result("r-g0-s3", 1, "a"), 3.0)
+    late, _ = scheduler.complete(session_result("r-g0-s3", 1, "a"), 3.0)
     assert not late  # recorded, not counted
     assert scheduler.sessions["r-g0-s3"].status is SessionStatus.CANCELLED
 
@@ -86,12 +75,12 @@ def test_early_stop_completes_the_group_and_cancels_the_rest_on_their_nodes() ->
 def test_infra_failures_are_retried_then_the_session_fails_and_the_group_completes_with_what_scored() -> None:
     scheduler, _ = _scheduler(tasks=1, group_size=2, max_attempts=2)
     scheduler.acquire("a", 1, 2, [], 0.0)
-    scheduler.complete(_result("r-g0-s0", 1, "a", reward=0.5), 1.0)
-    scheduler.complete(_result("r-g0-s1", 1, "a", INFRA_FAILED), 1.0)
+    scheduler.complete(session_result("r-g0-s0", 1, "a", reward=0.5), 1.0)
+    scheduler.complete(session_result("r-g0-s1", 1, "a", INFRA_FAILED), 1.0)
     assert scheduler.sessions["r-g0-s1"].status is SessionStatus.PENDING
     (retry,) = scheduler.acquire("a", 1, 2, [], 1.0).assigned
     assert retry.attempt == 2
-    scheduler.complete(_result("r-g0-s1", 2, "a", INFRA_FAILED), 2.0)
+    scheduler.complete(session_result("r-g0-s1", 2, "a", INFRA_FAILED), 2.0)
     assert scheduler.sessions["r-g0-s1"].status is SessionStatus.FAILED
     assert scheduler.groups["r-g0"].status is GroupStatus.COMPLETE
     assert groups.scored_session_ids(scheduler, scheduler.groups["r-g0"]) == ["r-g0-s0"]
@@ -102,7 +91,7 @@ def test_infra_failures_are_retried_then_the_session_fails_and_the_group_complet
 def test_a_group_where_nothing_scored_fails() -> None:
     scheduler, _ = _scheduler(tasks=1, group_size=1, max_attempts=1)
     scheduler.acquire("a", 1, 1, [], 0.0)
-    scheduler.complete(_result("r-g0-s0", 1, "a", INFRA_FAILED), 1.0)
+    scheduler.complete(session_result("r-g0-s0", 1, "a", INFRA_FAILED), 1.0)
     assert scheduler.groups["r-g0"].status is GroupStatus.FAILED
     assert scheduler.runs["r"].state == rollout_pb2.RUN_STATE_COMPLETED
     assert groups.next_group(scheduler, scheduler.runs["r"], 0)[0] is None
@@ -111,7 +100,7 @@ def test_a_group_where_nothing_scored_fails() -> None:
 def test_a_node_cancelling_on_its_own_requeues_without_counting_a_failure() -> None:
     scheduler, _ = _scheduler(tasks=1, group_size=1, max_attempts=1)
     scheduler.acquire("a", 1, 1, [], 0.0)
-    scheduler.complete(_result("r-g0-s0", 1, "a", CANCELLED), 1.0)
+    scheduler.complete(session_result("r-g0-s0", 1, "a", CANCELLED), 1.0)
     session = scheduler.sessions["r-g0-s0"]
     assert (session.status, session.failures) == (SessionStatus.PENDING, 0)
 
@@ -142,7 +131,7 @@ def test_stream_order_skips_stale_groups_once_and_resumes_after_a_count() -> Non
     scheduler, _ = _scheduler(tasks=3, group_size=1, max_staleness=1)
     scheduler.acquire("a", 1, 3, [], 0.0)
     for task, version in ((2, 5), (0, 1), (1, 4)):  # completion order: g2, g0, g1
-        scheduler.complete(_result(f"r-g{task}-s0", 1, "a", versions=(version,)), 1.0)
+        scheduler.complete(session_result(f"r-g{task}-s0", 1, "a", versions=(version,)), 1.0)
     scheduler.policy_version = 5
     run = scheduler.runs["r"]
     first, _ = groups.next_group(scheduler, run, 0)
@@ -167,7 +156,7 @@ def test_new_groups_wait_while_the_trainer_is_behind_but_started_groups_go_on() 
     assert len(scheduler.acquire("a", 1, 4, [], 0.0).assigned) == 4  # no pace known yet: no limit
     for task in (0, 1):
         for sample in (0, 1):
-            scheduler.complete(_result(f"r-g{task}-s{sample}", 1, "a"), 1.0)
+            scheduler.complete(session_result(f"r-g{task}-s{sample}", 1, "a"), 1.0)
     for sent in range(2):
         assert groups.next_group(scheduler, run, sent)[0] is not None
     scheduler.report_policy_version(2)  # the trainer took 2 groups in one version
@@ -175,11 +164,11 @@ def test_new_groups_wait_while_the_trainer_is_behind_but_started_groups_go_on() 
     assert run.groups_in_play == 0
     first = scheduler.acquire("b", 1, 10, [], 2.0).assigned  # (each call from a new node: no in_flight needed)
     assert [s.session_id for s in first] == [f"r-g{t}-s{s}" for t in (2, 3, 4, 5, 6) for s in (0, 1)]  # 2.5 batches
-    scheduler.complete(_result("r-g2-s1", 1, "b", INFRA_FAILED), 3.0)
+    scheduler.complete(session_result("r-g2-s1", 1, "b", INFRA_FAILED), 3.0)
     (retry,) = scheduler.acquire("c", 1, 10, [], 3.0).assigned
     assert (retry.session_id, retry.attempt) == ("r-g2-s1", 2)  # a started group is never held back
-    scheduler.complete(_result("r-g2-s0", 1, "b"), 4.0)
-    scheduler.complete(_result("r-g2-s1", 2, "c"), 4.0)
+    scheduler.complete(session_result("r-g2-s0", 1, "b"), 4.0)
+    scheduler.complete(session_result("r-g2-s1", 2, "c"), 4.0)
     assert scheduler.acquire("d", 1, 10, [], 4.0).assigned == []  # complete but not delivered: still in play
     assert groups.next_group(scheduler, run, 2)[0] is not None
     assert [s.session_id for s in scheduler.acquire("e", 1, 10, [], 5.0).assigned] == ["r-g7-s0", "r-g7-s1"]

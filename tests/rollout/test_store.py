@@ -13,8 +13,7 @@ from services.rollout.scheduler import Progress, Scheduler
 from services.rollout.spec import with_defaults
 from services.rollout.store import rows_for
 from services.rollout.stores import open_store
-from tests.rollout.helpers import INFRA_FAILED, SCORED, call_record, make_spec
-from tests.rollout.test_scheduler import _result
+from tests.rollout.helpers import INFRA_FAILED, SCORED, call_record, make_spec, session_result
 
 _DERIVED = {"completion_order", "delivery_order", "decided", "groups_in_play", "batch_estimate", "version_mark"}
 
@@ -28,11 +27,11 @@ def test_state_round_trips_through_the_store(store_location: str) -> None:
     changes = scheduler.add_run("r", with_defaults(make_spec(tasks=3, group_size=2, early_stop_fraction=0.5)), 1.5)
     changes.merge(scheduler.acquire("a", 7, 5, [], 2.0).changes)
     scheduler.acquire("a", 7, 0, [Progress("r-g2-s0", 1, 2)], 2.5)
-    result = _result("r-g0-s0", 1, "a", SCORED, reward=0.75, versions=(3, 4))
+    result = session_result("r-g0-s0", 1, "a", SCORED, reward=0.75, versions=(3, 4))
     result.calls.append(call_record("r-g0-s0", sequence=2, body='{"x": 1}'))
     result.agent_duration.CopyFrom(duration_pb2.Duration(seconds=2, nanos=500_000_000))
     changes.merge(scheduler.complete(result, 3.0)[1])
-    changes.merge(scheduler.complete(_result("r-g1-s0", 1, "a", INFRA_FAILED), 3.0)[1])
+    changes.merge(scheduler.complete(session_result("r-g1-s0", 1, "a", INFRA_FAILED), 3.0)[1])
     changes.merge(scheduler.lose("r-g1-s1", 1, "lease ended", 4.0))
     changes.merge(Changes(policy_version=9))
     changes.sessions |= set(scheduler.sessions)

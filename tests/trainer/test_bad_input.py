@@ -20,8 +20,8 @@ from services.trainer.settings import TrainerSettings
 from services.trainer.status import Phase
 from services.trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN, FeedSource, make_group
+from tests.trainer.helpers import trainer_for
 from tests.trainer.inference_helpers import InferenceThread, served_version
-from tests.trainer.test_loop import trainer_for
 from tests.waiting import eventually
 
 

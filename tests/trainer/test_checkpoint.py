@@ -19,7 +19,7 @@ from services.trainer.settings import TrainerSettings
 from services.trainer.status import Phase
 from services.trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN, make_group
-from tests.trainer.test_loop import trainer_for
+from tests.trainer.helpers import trainer_for
 
 GROUPS = [make_group(seed) for seed in range(4)]
 

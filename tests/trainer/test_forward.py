@@ -11,20 +11,11 @@ import torch
 import torch.nn.functional as F
 
 from services.trainer.attention import TreeLayout, tree_attention
-from services.trainer.batch import MicroBatch
 from services.trainer.builders import BuilderKind, build_sequences
 from services.trainer.forward import chunked_target_logprobs, target_logprobs
 from services.trainer.pack import pack
 from services.trainer.synthetic import SMALL_SHAPE, synthetic_samples
-
-
-def target_path(batch: MicroBatch, index: int) -> tuple[int, ...]:
-    """The token ids from the root of target `index`'s sequence down to the target itself."""
-    path, token = [], batch.target_tokens[index]
-    while token >= 0:
-        path.append(batch.token_ids[token])
-        token = batch.parents[token]
-    return tuple(path[::-1])
+from tests.trainer.helpers import target_path
 
 
 def _random_forest(size: int, seed: int) -> list[int]:

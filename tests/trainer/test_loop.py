@@ -11,27 +11,12 @@ import torch
 
 from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import trainer_pb2
-from services.trainer.loop import Trainer
 from services.trainer.servicer import status_response
 from services.trainer.settings import TrainerSettings
 from services.trainer.status import Phase
-from services.trainer.wiring import create_trainer, loop_config
-from tests.trainer.groups_helpers import RUN, FeedSource, make_group
-
-
-def trainer_for(model_dir: Path, tmp_path: Path, groups: list, **overrides: object) -> tuple[Trainer, FeedSource]:
-    fields: dict[str, object] = {
-        "run": RUN,
-        "model": model_dir,
-        "run_dir": tmp_path / "run",
-        "lr": 1e-3,
-        "micro_batch_tokens": 256,
-    }
-    fields.update(overrides)
-    trainer = create_trainer(TrainerSettings(**fields), connect=False)  # type: ignore[arg-type]
-    source = FeedSource(groups)
-    trainer.source = source
-    return trainer, source
+from services.trainer.wiring import loop_config
+from tests.trainer.groups_helpers import RUN, make_group
+from tests.trainer.helpers import trainer_for
 
 
 def test_steps_update_weights_and_write_metrics(trainer_model_dir: Path, tmp_path: Path) -> None:

@@ -21,8 +21,7 @@ from services.trainer.pack import pack
 from services.trainer.status import Phase
 from services.trainer.synthetic import SMALL_SHAPE, synthetic_samples
 from tests.trainer.groups_helpers import RUN, make_group
-from tests.trainer.test_forward import target_path
-from tests.trainer.test_loop import trainer_for
+from tests.trainer.helpers import target_path, trainer_for
 
 
 def test_chunked_log_softmax_at_per_row_temperatures_equals_the_full_one() -> None:

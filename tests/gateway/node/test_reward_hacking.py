@@ -20,7 +20,7 @@ from services.gateway.node.repository import prepare_repository
 from services.gateway.node.runtimes import HostBackend, HostRuntime
 from services.gateway.node.safe_files import SessionFileError
 from services.gateway.node.verifiers import VerifierError, VerifierInput, make_verifier
-from tests.gateway.node.test_swe import _score, _session, swe_mini_tasks
+from tests.gateway.node.swe_helpers import swe_mini_tasks, swe_score, swe_session
 
 FAKE_PYTEST = """import sys
 for arg in sys.argv[1:]:
@@ -56,12 +56,12 @@ def slugify() -> rollout_pb2.Task:
 async def test_planted_test_infrastructure_scores_what_the_code_deserves(
     tmp_path: Path, slugify: rollout_pb2.Task, plant: dict[str, str]
 ):
-    runtime = await _session(tmp_path, slugify)
+    runtime = await swe_session(tmp_path, slugify)
     for name, text in plant.items():
         (runtime.real.workdir / name).write_text(text)
 
-    fooled, _ = await _score(runtime, slugify, pristine=False)
-    honest, details = await _score(runtime, slugify)
+    fooled, _ = await swe_score(runtime, slugify, pristine=False)
+    honest, details = await swe_score(runtime, slugify)
 
     assert fooled == 1.0, "the attack works on a tree the agent controls (the control)"
     assert honest == 0.0, details
@@ -71,7 +71,7 @@ async def test_planted_test_infrastructure_scores_what_the_code_deserves(
 
 @pytest.mark.slow
 async def test_the_agents_git_config_and_hooks_never_run(tmp_path: Path, slugify: rollout_pb2.Task) -> None:
-    runtime = await _session(tmp_path, slugify)
+    runtime = await swe_session(tmp_path, slugify)
     marker = tmp_path / f"pwned-{uuid.uuid4().hex}"
     hooks = runtime.real.workdir / ".git" / "hooks"
     hooks.mkdir(exist_ok=True)
@@ -82,7 +82,7 @@ async def test_the_agents_git_config_and_hooks_never_run(tmp_path: Path, slugify
         config.write(f'[core]\n\tfsmonitor = "touch {marker}"\n\thooksPath = {hooks}\n')
     _agent_fixes(runtime, slugify)
 
-    reward, details = await _score(runtime, slugify)
+    reward, details = await swe_score(runtime, slugify)
 
     assert reward == 1.0, details
     assert not marker.exists(), "a hook or fsmonitor of the agent's repository ran"
@@ -116,9 +116,9 @@ async def test_a_test_patch_naming_paths_outside_the_repository_is_refused(tmp_p
     task = rollout_pb2.Task()
     task.CopyFrom(slugify)
     task.repository.test_patch = "--- a/../../victim\n+++ b/../../victim\n@@ -1 +1 @@\n-a\n+b\n"
-    runtime = await _session(tmp_path, task)
+    runtime = await swe_session(tmp_path, task)
     with pytest.raises(VerifierError, match="outside the repository"):
-        await _score(runtime, task)
+        await swe_score(runtime, task)
 
 
 # -- the command and python verifiers --------------------------------------------------------------------

@@ -12,56 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from google.protobuf import json_format
 
 from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import rollout_pb2
 from services.gateway.node.harnesses import Launcher
 from services.gateway.node.repository import prepare_repository
 from services.gateway.node.runtimes import HostBackend, HostRuntime
-from services.gateway.node.verifiers import VerifierError, VerifierInput, make_verifier
-
-SWE_MINI = Path(__file__).resolve().parents[3] / "examples" / "swe-mini"
-
-
-def swe_mini_tasks() -> dict[str, rollout_pb2.Task]:
-    tasks = {}
-    for line in (SWE_MINI / "tasks.jsonl").read_text().splitlines():
-        task = json_format.Parse(line, rollout_pb2.Task())
-        task.repository.source = str(SWE_MINI / task.repository.source)
-        tasks[task.task_id] = task
-    return tasks
+from services.gateway.node.verifiers import VerifierError, make_verifier
+from tests.gateway.node.swe_helpers import SWE_MINI, swe_mini_tasks, swe_score, swe_session
 
 
 def git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True).stdout
-
-
-async def _session(tmp_path: Path, task: rollout_pb2.Task, name: str = "s1-a1") -> HostRuntime:
-    runtime = await HostBackend(tmp_path / "sessions", Launcher()).create(name, dict(task.files))
-    await prepare_repository(task.repository, runtime.real.workdir)
-    return runtime
-
-
-async def _score(
-    runtime: HostRuntime, task: rollout_pb2.Task, *, pristine: bool = True, **config: Any
-) -> tuple[float, dict[str, Any]]:
-    """The swe verifier's reward and details; `pristine` False: as for an in-image repository (in place)."""
-    spec = rollout_pb2.VerifierSpec(kind="swe")
-    spec.config.update(config)
-    given = VerifierInput(
-        task=task,
-        final_answer="done",
-        workspace=runtime.visible.workdir,
-        timed_out=False,
-        run=runtime.run_process,
-        scratch=runtime.real.tmpdir,
-        scratch_visible=runtime.visible.tmpdir,
-        root=runtime.root,
-        workspace_host=runtime.real.workdir if pristine else None,
-    )
-    verdict = await make_verifier(spec).score(given)
-    return verdict.reward, verdict.details
 
 
 def _git_fails(cwd: Path, *args: str) -> bool:
@@ -78,7 +40,7 @@ def slugify() -> rollout_pb2.Task:
 
 
 async def test_workspace_holds_the_base_commit_only(tmp_path: Path, slugify: rollout_pb2.Task):
-    work = (await _session(tmp_path, slugify)).real.workdir
+    work = (await swe_session(tmp_path, slugify)).real.workdir
 
     assert git(work, "rev-parse", "HEAD").strip() == slugify.repository.base_commit
     assert git(work, "status", "--porcelain") == ""
@@ -135,9 +97,9 @@ async def test_bad_repository_data_is_refused(tmp_path: Path, slugify: rollout_p
 
 @pytest.mark.slow
 async def test_unfixed_repository_scores_zero_with_per_test_outcomes(tmp_path: Path, slugify: rollout_pb2.Task):
-    runtime = await _session(tmp_path, slugify)
+    runtime = await swe_session(tmp_path, slugify)
 
-    reward, details = await _score(runtime, slugify)
+    reward, details = await swe_score(runtime, slugify)
 
     assert reward == 0.0
     assert details["resolved"] is False
@@ -151,12 +113,12 @@ async def test_unfixed_repository_scores_zero_with_per_test_outcomes(tmp_path: P
 async def test_the_fix_scores_one_and_edited_test_files_are_restored(
     tmp_path: Path, slugify: rollout_pb2.Task, pristine: bool
 ):
-    runtime = await _session(tmp_path, slugify)
+    runtime = await swe_session(tmp_path, slugify)
     _agent_applies(runtime, slugify.metadata["gold_patch"])
     # The agent also "fixes" the tests its own way: a syntax error that would fail every test if it stayed.
     (runtime.real.workdir / "tests" / "test_slugify.py").write_text("this is not python\n")
 
-    reward, details = await _score(runtime, slugify, pristine=pristine)
+    reward, details = await swe_score(runtime, slugify, pristine=pristine)
 
     assert reward == 1.0, details
     assert set(details["fail_to_pass"].values()) == set(details["pass_to_pass"].values()) == {"passed"}
@@ -173,11 +135,11 @@ async def test_the_fix_scores_one_and_edited_test_files_are_restored(
 @pytest.mark.slow
 async def test_an_agent_cannot_fake_the_hidden_test(tmp_path: Path, slugify: rollout_pb2.Task):
     """The agent writes a trivially passing test under the hidden test's name: the patch's version wins."""
-    runtime = await _session(tmp_path, slugify)
+    runtime = await swe_session(tmp_path, slugify)
     test_file = runtime.real.workdir / "tests" / "test_slugify.py"
     test_file.write_text(test_file.read_text() + "\n\ndef test_collapses_and_strips_dashes():\n    pass\n")
 
-    reward, details = await _score(runtime, slugify)
+    reward, details = await swe_score(runtime, slugify)
 
     assert reward == 0.0
     assert details["fail_to_pass"] == {"tests/test_slugify.py::test_collapses_and_strips_dashes": "failed"}
@@ -185,12 +147,12 @@ async def test_an_agent_cannot_fake_the_hidden_test(tmp_path: Path, slugify: rol
 
 @pytest.mark.slow
 async def test_breaking_a_passing_test_scores_zero_even_with_partial_credit(tmp_path: Path, slugify: rollout_pb2.Task):
-    runtime = await _session(tmp_path, slugify)
+    runtime = await swe_session(tmp_path, slugify)
     # Makes the hidden test pass and breaks the visible one.
     (runtime.real.workdir / "slugify" / "__init__.py").write_text("def slugify(text):\n    return 'hello-world'\n")
 
-    reward, details = await _score(runtime, slugify)
-    partial, _ = await _score(runtime, slugify, partial_credit=True)
+    reward, details = await swe_score(runtime, slugify)
+    partial, _ = await swe_score(runtime, slugify, partial_credit=True)
 
     assert details["fail_to_pass"] == {"tests/test_slugify.py::test_collapses_and_strips_dashes": "passed"}
     assert details["pass_to_pass"] == {"tests/test_slugify.py::test_simple_word": "failed"}
@@ -202,22 +164,22 @@ async def test_partial_credit_counts_passing_fail_to_pass_tests(tmp_path: Path, 
     task = rollout_pb2.Task()
     task.CopyFrom(slugify)
     task.repository.fail_to_pass.append("tests/test_slugify.py::test_simple_word")  # passes already
-    runtime = await _session(tmp_path, task)
+    runtime = await swe_session(tmp_path, task)
 
-    assert (await _score(runtime, task))[0] == 0.0
-    assert (await _score(runtime, task, partial_credit=True))[0] == 0.5
+    assert (await swe_score(runtime, task))[0] == 0.0
+    assert (await swe_score(runtime, task, partial_credit=True))[0] == 0.5
 
 
 async def test_an_agent_that_destroys_the_repository_scores_zero(tmp_path: Path, slugify: rollout_pb2.Task):
-    runtime = await _session(tmp_path, slugify)
+    runtime = await swe_session(tmp_path, slugify)
     shutil.rmtree(runtime.real.workdir / ".git")
 
-    reward, details = await _score(runtime, slugify, pristine=False)
+    reward, details = await swe_score(runtime, slugify, pristine=False)
 
     assert reward == 0.0
     assert "no longer a git repository" in details["error"]
     shutil.rmtree(runtime.real.workdir)
-    reward, details = await _score(runtime, slugify)
+    reward, details = await swe_score(runtime, slugify)
     assert reward == 0.0
     assert details["error"] == "the repository directory is gone"
 
@@ -237,10 +199,10 @@ async def test_a_test_run_that_cannot_run_is_infrastructure(
     task.CopyFrom(slugify)
     del task.repository.test_command[:]
     task.repository.test_command.extend(test_command)
-    runtime = await _session(tmp_path, task)
+    runtime = await swe_session(tmp_path, task)
 
     with pytest.raises(VerifierError, match=message):
-        await _score(runtime, task, **config)
+        await swe_score(runtime, task, **config)
 
 
 def _without_git(directory: Path) -> Path:
@@ -255,11 +217,11 @@ def _without_git(directory: Path) -> Path:
 async def test_a_runtime_without_git_is_infrastructure(tmp_path: Path, slugify: rollout_pb2.Task):
     """In place (an in-image repository), git runs in the session's runtime; on a pristine tree the node's
     git does the work, and the test run needs none."""
-    runtime = await _session(tmp_path, slugify)
+    runtime = await swe_session(tmp_path, slugify)
     no_git = _without_git(tmp_path / "bin-without-git")
 
     with pytest.raises(VerifierError, match="git is not installed"):
-        await _score(runtime, slugify, pristine=False, env={"PATH": str(no_git)})
+        await swe_score(runtime, slugify, pristine=False, env={"PATH": str(no_git)})
 
 
 @pytest.mark.parametrize("pristine", [True, False])
@@ -269,10 +231,10 @@ async def test_a_test_patch_that_does_not_apply_is_infrastructure(
     task = rollout_pb2.Task()
     task.CopyFrom(slugify)
     task.repository.test_patch = task.repository.test_patch.replace("def test_simple_word", "def test_other_name")
-    runtime = await _session(tmp_path, task)
+    runtime = await swe_session(tmp_path, task)
 
     with pytest.raises(VerifierError, match="does not apply"):
-        await _score(runtime, task, pristine=pristine)
+        await swe_score(runtime, task, pristine=pristine)
 
 
 @pytest.mark.slow
@@ -283,11 +245,11 @@ async def test_exit_code_parser(tmp_path: Path, slugify: rollout_pb2.Task):
     task.repository.test_command.extend(
         ["env", "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", "python", "-m", "pytest", "-q", "{tests}"]
     )
-    runtime = await _session(tmp_path, task)
+    runtime = await swe_session(tmp_path, task)
 
-    assert (await _score(runtime, task, parser="exit_code"))[0] == 0.0
+    assert (await swe_score(runtime, task, parser="exit_code"))[0] == 0.0
     _agent_applies(runtime, slugify.metadata["gold_patch"])
-    reward, details = await _score(runtime, task, parser="exit_code")
+    reward, details = await swe_score(runtime, task, parser="exit_code")
     assert reward == 1.0
     assert details["exit_code"] == 0
 
@@ -303,7 +265,7 @@ def test_bad_config_is_refused(config: dict[str, Any]):
 async def test_a_task_without_repository_is_infrastructure(tmp_path: Path):
     runtime = await HostBackend(tmp_path / "sessions", Launcher()).create("s-a1", {})
     with pytest.raises(VerifierError, match="no repository"):
-        await _score(runtime, rollout_pb2.Task(task_id="plain"))
+        await swe_score(runtime, rollout_pb2.Task(task_id="plain"))
 
 
 @pytest.mark.slow
@@ -312,11 +274,11 @@ async def test_every_swe_mini_task_fails_unfixed_and_passes_with_its_gold_patch(
     and the visible test passes both times."""
     scores: dict[str, tuple[float, float]] = {}
     for number, (task_id, task) in enumerate(swe_mini_tasks().items()):
-        runtime = await _session(tmp_path, task, name=f"s{number}-a1")
-        before, details = await _score(runtime, task)
+        runtime = await swe_session(tmp_path, task, name=f"s{number}-a1")
+        before, details = await swe_score(runtime, task)
         assert set(details["pass_to_pass"].values()) == {"passed"}, (task_id, details["output_tail"])
         _agent_applies(runtime, task.metadata["gold_patch"])
-        after, details = await _score(runtime, task)
+        after, details = await swe_score(runtime, task)
         scores[task_id] = (before, after)
         await runtime.cleanup()
     assert len(scores) == 10

@@ -1,0 +1,38 @@
+"""Helpers shared by the trainer tests: a Trainer on the tiny model fed from memory, and a target's token path
+through a packed micro-batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from services.trainer.batch import MicroBatch
+from services.trainer.loop import Trainer
+from services.trainer.settings import TrainerSettings
+from services.trainer.wiring import create_trainer
+from tests.trainer.groups_helpers import RUN, FeedSource
+
+
+def trainer_for(model_dir: Path, tmp_path: Path, groups: list, **overrides: object) -> tuple[Trainer, FeedSource]:
+    """A Trainer (not connected) on `model_dir` writing under `tmp_path/run`, fed `groups` by a FeedSource; the
+    settings default to the small test ones, `overrides` replace any of them."""
+    fields: dict[str, object] = {
+        "run": RUN,
+        "model": model_dir,
+        "run_dir": tmp_path / "run",
+        "lr": 1e-3,
+        "micro_batch_tokens": 256,
+    }
+    fields.update(overrides)
+    trainer = create_trainer(TrainerSettings(**fields), connect=False)  # type: ignore[arg-type]
+    source = FeedSource(groups)
+    trainer.source = source
+    return trainer, source
+
+
+def target_path(batch: MicroBatch, index: int) -> tuple[int, ...]:
+    """The token ids from the root of target `index`'s sequence down to the target itself."""
+    path, token = [], batch.target_tokens[index]
+    while token >= 0:
+        path.append(batch.token_ids[token])
+        token = batch.parents[token]
+    return tuple(path[::-1])
