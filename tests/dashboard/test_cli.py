@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.dashboard.stack import DashboardStack
-from tests.e2e.test_up import _read_until
+from tests.e2e.up_support import read_until
 
 URL = re.compile(r"dashboard: (http://127\.0\.0\.1:\d+/)")
 
@@ -34,7 +34,7 @@ def _lodestar(*args: str) -> subprocess.Popen[str]:
 
 def _address(process: subprocess.Popen[str], timeout: float) -> str:
     try:
-        output = _read_until(process, "dashboard: http", timeout)
+        output = read_until(process, "dashboard: http", timeout)
     except AssertionError:
         process.kill()
         raise

@@ -27,7 +27,7 @@ from services.gateway.node.harnesses import make_harness
 from services.gateway.node.harnesses.mini_swe_agent import SUBMIT_MARKER
 from tests.docker_support import SESSION_IMAGE, containers, remove, skip_reason
 from tests.e2e.node_stack import REPO, NodeStack
-from tests.e2e.test_swe_runs import FIX_SLUGIFY
+from tests.e2e.swe_support import FIX_SLUGIFY
 
 pytestmark = [pytest.mark.docker, pytest.mark.harness, pytest.mark.slow]
 SWE_MINI = REPO / "examples" / "swe-mini"

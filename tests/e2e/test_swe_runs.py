@@ -21,13 +21,10 @@ import pytest
 
 from lodestar.v1 import rollout_pb2
 from tests.e2e.node_stack import AGENT, REPO, NodeStack
+from tests.e2e.swe_support import FIX_SLUGIFY
 
 pytestmark = pytest.mark.slow
 SWE_MINI = REPO / "examples" / "swe-mini"
-FIX_SLUGIFY = (
-    "if [ -d slugify ]; then sed -i -e 's/\\[^a-z0-9\\]\"/[^a-z0-9]+\"/' "
-    "-e 's/text.lower())$/text.lower()).strip(\"-\")/' slugify/__init__.py; fi; git status --short"
-)
 SCRIPT = {"replies": [{"tool_calls": [{"name": "shell", "arguments": {"command": FIX_SLUGIFY}}]}, {"text": "done"}]}
 SLUGIFY_F2P = "tests/test_slugify.py::test_collapses_and_strips_dashes"
 SLUGIFY_P2P = "tests/test_slugify.py::test_simple_word"

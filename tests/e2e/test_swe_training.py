@@ -20,7 +20,7 @@ import yaml
 
 from lodestar.v1 import rollout_pb2
 from tests.e2e.node_stack import AGENT, REPO, NodeStack
-from tests.e2e.test_swe_runs import FIX_SLUGIFY
+from tests.e2e.swe_support import FIX_SLUGIFY
 from tests.e2e.train_cli import run_train
 
 pytestmark = [pytest.mark.slow, pytest.mark.training_e2e]

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from tests.e2e.up_support import ADDRESS, read_until, up_process
 
-ADDRESS = re.compile(r"^│ (etcd|inference|rollout|gateway|trainer)\s+│ (?:http://)?127\.0\.0\.1:(\d+)", re.MULTILINE)
+pytestmark = pytest.mark.slow
 
 
 def _listening(port: int) -> bool:
@@ -23,34 +21,8 @@ def _listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _up(tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "lodestar.cli.main", "up", "--data-dir", str(tmp_path / "up"), *extra],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-
-
-def _read_until(process: subprocess.Popen[str], marker: str, timeout: float) -> str:
-    assert process.stdout is not None
-    output = ""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        output += line
-        if marker in line:
-            return output
-    raise AssertionError(f"{marker!r} not seen within {timeout} s; output:\n{output}")
-
-
 def test_up_check_reports_every_service_serving(tmp_path: Path) -> None:
-    process = _up(tmp_path, "--check")
+    process = up_process(tmp_path, "--check")
     output, _ = process.communicate(timeout=240)
     assert process.returncode == 0, output
     ports = dict((name, int(port)) for name, port in ADDRESS.findall(output))
@@ -62,9 +34,9 @@ def test_up_check_reports_every_service_serving(tmp_path: Path) -> None:
 
 
 def test_up_stops_everything_on_sigterm(tmp_path: Path) -> None:
-    process = _up(tmp_path)
+    process = up_process(tmp_path)
     try:
-        output = _read_until(process, "Ctrl-C stops everything", timeout=240)
+        output = read_until(process, "Ctrl-C stops everything", timeout=240)
         ports = dict((name, int(port)) for name, port in ADDRESS.findall(output))
         assert len(ports) == 5, output
         assert all(_listening(port) for port in ports.values())

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.test_up import ADDRESS, _read_until, _up
+from tests.e2e.up_support import ADDRESS, read_until, up_process
 
 pytestmark = pytest.mark.slow
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "runs" / "command-agent.yaml"
@@ -31,9 +31,9 @@ def _lodestar(*argv: str) -> str:
 
 
 def test_a_run_created_against_lodestar_up_completes(tmp_path: Path):
-    process = _up(tmp_path, "--backend", "scripted", "--slots", "2")
+    process = up_process(tmp_path, "--backend", "scripted", "--slots", "2")
     try:
-        output = _read_until(process, "Ctrl-C stops everything", timeout=240)
+        output = read_until(process, "Ctrl-C stops everything", timeout=240)
         rollout = f"127.0.0.1:{dict(ADDRESS.findall(output))['rollout']}"
         spec = yaml.safe_load(EXAMPLE.read_text())
         spec["groupSize"] = 1

@@ -57,13 +57,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
 }
 """(importing module, imported module) pairs allowed despite a rule, with the reason."""
 
-_E2E_HELPERS = "not yet moved: the e2e helpers still live in test modules (follow-up of issue 28)"
-TEST_IMPORT_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("tests.dashboard.test_cli", "tests.e2e.test_up"): _E2E_HELPERS,
-    ("tests.e2e.test_swe_docker", "tests.e2e.test_swe_runs"): _E2E_HELPERS,
-    ("tests.e2e.test_swe_training", "tests.e2e.test_swe_runs"): _E2E_HELPERS,
-    ("tests.e2e.test_up_run", "tests.e2e.test_up"): _E2E_HELPERS,
-}
+TEST_IMPORT_EXCEPTIONS: dict[tuple[str, str], str] = {}
 """(importing test module, imported test module) pairs allowed despite the tests rule, with the reason; each
 must still be needed."""
 
