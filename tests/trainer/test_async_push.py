@@ -24,10 +24,11 @@ from tests.trainer.inference_helpers import InferenceThread, served_version
 
 
 class SlowPublisher:
-    """Takes `seconds` per push, records how many ran at once, fails on version `fail_at`."""
+    """Takes `seconds` per push (after `gate` opens, when given), records how many ran at once, fails on
+    version `fail_at`."""
 
-    def __init__(self, seconds: float, fail_at: int = -1) -> None:
-        self.seconds, self.fail_at = seconds, fail_at
+    def __init__(self, seconds: float, fail_at: int = -1, gate: threading.Event | None = None) -> None:
+        self.seconds, self.fail_at, self.gate = seconds, fail_at, gate
         self.active = self.most_active = 0
         self.versions: list[int] = []
         self._lock = threading.Lock()
@@ -40,6 +41,8 @@ class SlowPublisher:
             self.active += 1
             self.most_active = max(self.most_active, self.active)
         try:
+            if self.gate is not None:
+                assert self.gate.wait(30.0), "the test never opened the gate"
             time.sleep(self.seconds)
             if version == self.fail_at:
                 raise UnavailableError(f"no inference replica took policy version {version}")
@@ -55,12 +58,12 @@ def _state() -> dict[str, torch.Tensor]:
 
 
 def test_one_version_in_flight_and_rollout_hears_it_once_served() -> None:
-    publisher, served = SlowPublisher(0.3), []
+    gate = threading.Event()
+    publisher, served = SlowPublisher(0.3, gate=gate), []
     push = BackgroundPush(publisher, served.append)
-    started = time.perf_counter()
-    size, waited = push.submit(_state(), 1)
-    assert time.perf_counter() - started < 0.2, "submit returns while the push goes on"
-    assert (size > 0, waited, served) == (True, 0.0, [])
+    size, waited = push.submit(_state(), 1)  # returns while the push waits at the gate: it goes on in the background
+    assert (size > 0, waited, served, publisher.versions) == (True, 0.0, [], [])
+    threading.Timer(0.2, gate.set).start()
     _, waited = push.submit(_state(), 2)
     assert waited > 0.1, "the second version waits for the first to land"
     assert served == [1]
