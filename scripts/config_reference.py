@@ -132,6 +132,21 @@ def _own_fields(model: type[ServiceSettings]) -> list[str]:
     return own
 
 
+def _key_rows(keys: dict[str, str], defaults: dict[str, object]) -> list[str]:
+    """Table rows of a TOML table's keys: `required` without a default, `unset` for None, TOML booleans."""
+    rows = []
+    for key, meaning in keys.items():
+        value = defaults.get(key, "required")
+        if value == "required":
+            shown = "required"
+        elif value is None:
+            shown = "unset"
+        else:
+            shown = f"`{str(value).lower() if isinstance(value, bool) else value}`"
+        rows.append(f"| `{key}` | {shown} | {_cell(meaning)} |")
+    return rows
+
+
 def train_section() -> list[str]:
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
     defaults["run_dir"] = "runs/train"  # load_train_config's default (the dataclass field has none)
@@ -144,10 +159,7 @@ def train_section() -> list[str]:
         "| key | default | meaning |",
         "|---|---|---|",
     ]
-    for key, meaning in KEYS.items():
-        default = defaults.get(key, "required")
-        shown = "required" if default == "required" else ("unset" if default is None else f"`{default}`")
-        lines.append(f"| `{key}` | {shown} | {_cell(meaning)} |")
+    lines += _key_rows(KEYS, defaults)
     eval_defaults = {f.name: f.default for f in dataclasses.fields(EvalConfig) if f.default is not dataclasses.MISSING}
     lines += [
         "",
@@ -161,10 +173,7 @@ def train_section() -> list[str]:
         "| key | default | meaning |",
         "|---|---|---|",
     ]
-    for key, meaning in EVAL_KEYS.items():
-        value = eval_defaults.get(key, "required")
-        shown = "required" if value == "required" else f"`{str(value).lower() if isinstance(value, bool) else value}`"
-        lines.append(f"| `{key}` | {shown} | {_cell(meaning)} |")
+    lines += _key_rows(EVAL_KEYS, eval_defaults)
     lines += [
         "",
         "The `[trainer]` table of the same file is the trainer's settings ([below](#trainer)); `lodestar train` sets",

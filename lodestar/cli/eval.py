@@ -84,8 +84,7 @@ def _spec(args: argparse.Namespace) -> rollout_pb2.RunSpec:
     else:
         spec = load_spec_file(path)
     if args.tasks_file is not None:
-        del spec.tasks[:]
-        spec.tasks.extend(read_tasks_jsonl(args.tasks_file))
+        spec = with_tasks(spec, args.tasks_file)
     if args.runtime:
         spec.runtime.kind = args.runtime
     if args.image:
@@ -93,6 +92,18 @@ def _spec(args: argparse.Namespace) -> rollout_pb2.RunSpec:
     if args.sampling == "harness":
         spec.sampling.mode = common_pb2.SAMPLING_MODE_HARNESS
     return spec
+
+
+def with_tasks(spec: rollout_pb2.RunSpec, tasks_file: Path) -> rollout_pb2.RunSpec:
+    """A copy of `spec` whose tasks are those of `tasks_file` (JSONL): other tasks, the same harness, verifier
+    and sampling policy (held-out tasks of a training run)."""
+    from services.rollout.spec import read_tasks_jsonl
+
+    replaced = rollout_pb2.RunSpec()
+    replaced.CopyFrom(spec)
+    del replaced.tasks[:]
+    replaced.tasks.extend(read_tasks_jsonl(tasks_file))
+    return replaced
 
 
 def eval_spec(base: rollout_pb2.RunSpec, harness: str, samples: int) -> rollout_pb2.RunSpec:

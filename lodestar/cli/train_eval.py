@@ -21,7 +21,7 @@ import grpc.aio
 from rich.console import Console
 from rich.table import Table
 
-from lodestar.cli.eval import eval_spec, evaluate_runs
+from lodestar.cli.eval import eval_spec, evaluate_runs, with_tasks
 from lodestar.cli.train_config import EvalConfig
 from lodestar.errors import DeadlineExceededError
 from lodestar.grpc.client import split_targets
@@ -38,14 +38,11 @@ EVAL_FILE = "eval.json"
 def heldout_spec(train_spec: rollout_pb2.RunSpec, config: EvalConfig) -> rollout_pb2.RunSpec:
     """The evaluation run's spec: the training spec with the held-out tasks (a JSONL), or a spec file of its
     own; `samples` per task, every sample waited for."""
-    from services.rollout.spec import load_spec_file, read_tasks_jsonl
+    from services.rollout.spec import load_spec_file
 
     if config.tasks.suffix == ".jsonl":
-        base = rollout_pb2.RunSpec()
-        base.CopyFrom(train_spec)
+        base = with_tasks(train_spec, config.tasks)
         base.name = f"{train_spec.name}-heldout" if train_spec.name else "heldout"
-        del base.tasks[:]
-        base.tasks.extend(read_tasks_jsonl(config.tasks))
     else:
         base = load_spec_file(config.tasks)
     return eval_spec(base, base.harness.kind, config.samples)

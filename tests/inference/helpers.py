@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +14,7 @@ from safetensors.torch import save
 
 from lodestar.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from services.inference.sampling import processed_logprobs
+from tests.waiting import eventually
 
 BASH_SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
 
@@ -22,6 +23,17 @@ def cancelled_generations(server_log: str, request_id: str) -> list[dict[str, ob
     """The "generate cancelled" records of `request_id` in an inference server's JSON log."""
     records = [json.loads(line) for line in server_log.splitlines() if line.startswith("{") and request_id in line]
     return [record for record in records if record.get("event") == "generate cancelled"]
+
+
+async def generation_cancelled(server_log: Callable[[], str], request_id: str) -> list[dict[str, object]]:
+    """Wait (20 s at most) until the server logged that it stopped the cancelled generation `request_id`;
+    its "generate cancelled" records."""
+    return await eventually(
+        lambda: cancelled_generations(server_log(), request_id),
+        20,
+        interval_s=0.2,
+        what="the server to stop the cancelled generation",
+    )
 
 
 def text_message(role: int, text: str) -> common_pb2.ChatMessage:

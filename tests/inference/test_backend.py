@@ -23,9 +23,9 @@ from services.inference.templates import ChatTemplate
 from services.inference.tokenizer import TextTokenizer
 from tests.inference.conftest import SERVER_CAP, ServerProcess
 from tests.inference.helpers import (
-    cancelled_generations,
     channel,
     collect,
+    generation_cancelled,
     push_weights,
     sampling,
     system,
@@ -35,7 +35,6 @@ from tests.inference.helpers import (
     user,
     weight_stream,
 )
-from tests.waiting import eventually
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -260,12 +259,7 @@ async def test_cancellation_stops_generation(stub, backend_server: ServerProcess
         if seen == 2:
             break
     call.cancel()
-    ended = await eventually(
-        lambda: cancelled_generations(backend_server.log(), "cancel-me"),
-        20,
-        interval_s=0.2,
-        what="the server to stop the cancelled generation",
-    )
+    ended = await generation_cancelled(backend_server.log, "cancel-me")
     assert ended[0]["completion_tokens"] < SERVER_CAP
     after = (await collect(stub, request([user("still there?")], sampling=sampling(max_tokens=3)))).final
     assert len(after.completion_token_ids) >= 1

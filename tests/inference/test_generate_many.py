@@ -17,8 +17,7 @@ from lodestar.errors import ContextLengthExceededError, DeadlineExceededError
 from lodestar.v1 import inference_pb2, inference_pb2_grpc
 from services.gateway.inference_client import GenerateStreams
 from tests.inference.conftest import SERVER_CAP, ServerProcess
-from tests.inference.helpers import Collected, cancelled_generations, channel, collect, sampling, tool, user
-from tests.waiting import eventually
+from tests.inference.helpers import Collected, channel, collect, generation_cancelled, sampling, tool, user
 
 
 @pytest.fixture
@@ -162,12 +161,7 @@ async def test_cancel_stops_the_tag_and_frees_its_slot(stub, backend_server: Ser
     call.cancel()
     assert _collected(responses[8]).final.usage.completion_tokens >= 1
     assert not any(r.response.HasField("final") for r in responses[7])  # nothing more after the cancel
-    ended = await eventually(
-        lambda: cancelled_generations(backend_server.log(), "many-cancel-me"),
-        20,
-        interval_s=0.2,
-        what="the server to stop the cancelled generation",
-    )
+    ended = await generation_cancelled(backend_server.log, "many-cancel-me")
     assert ended[0]["completion_tokens"] < SERVER_CAP
 
 
