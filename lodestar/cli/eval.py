@@ -46,6 +46,7 @@ from lodestar.cli.flags import add_deprecated_alias
 from lodestar.cli.up import BACKENDS
 from lodestar.errors import DeadlineExceededError, InvalidArgumentError
 from lodestar.grpc.client import LeaderChannel
+from lodestar.grpc.errors import error_from_rpc
 from lodestar.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 
 if TYPE_CHECKING:
@@ -214,6 +215,8 @@ async def evaluate_runs(
             groups = await _groups(channel, run_id, timeout=120.0)
             scores.append(score(harness, run_id, task_ids, groups, k=samples, pass_threshold=pass_threshold))
         return scores
+    except grpc.aio.AioRpcError as error:  # rollout unreachable or refusing: a clear error, not a traceback
+        raise error_from_rpc(error) from None
     finally:
         await channel.close()
 

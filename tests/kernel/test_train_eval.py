@@ -102,3 +102,13 @@ def test_an_eval_run_spec_file_is_used_as_it_is(tmp_path: Path) -> None:
     spec = train_eval.heldout_spec(rollout_pb2.RunSpec(), EvalConfig(tasks=EXAMPLE / "run.yaml", samples=2))
     assert spec.harness.kind == "command"
     assert len(spec.tasks) == len((EXAMPLE / "train.jsonl").read_text().splitlines())
+
+
+def test_eval_against_an_unreachable_rollout_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from lodestar.cli.main import main
+    from lodestar.local import free_port
+
+    code = main(["eval", str(EXAMPLE), "--harness", "command", "--rollout", f"127.0.0.1:{free_port()}"])
+
+    assert code == 2
+    assert "lodestar: error:" in capsys.readouterr().err
