@@ -7,11 +7,8 @@ nothing. A real gateway node process keeps its membership (same lease) through t
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -21,64 +18,13 @@ import pytest
 
 from lodestar.errors import UnavailableError
 from lodestar.etcd import EtcdClient
-from lodestar.local import find_etcd, free_port, wait_serving
+from lodestar.local import free_port, wait_serving
 from lodestar.v1 import rollout_pb2
 from services.gateway.membership import node_key
-from tests.conftest import _healthy, _stop
+from tests.etcd_support import EtcdCluster
 from tests.rollout.helpers import make_spec, settings, sim_node, start_rollout
 
 T = TypeVar("T")
-START_TIMEOUT_S = 30.0
-
-
-class EtcdCluster:
-    """Three etcd members on free loopback ports, each with its own data dir."""
-
-    def __init__(self, root: Path, size: int = 3) -> None:
-        root.mkdir(parents=True, exist_ok=True)
-        names = [f"m{i}" for i in range(size)]
-        peers = {name: f"http://127.0.0.1:{free_port()}" for name in names}
-        self.clients = {name: f"http://127.0.0.1:{free_port()}" for name in names}
-        cluster = ",".join(f"{name}={url}" for name, url in peers.items())
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        for name in names:
-            command = [find_etcd(), f"--name={name}", f"--data-dir={root / name}"]
-            command += [f"--listen-client-urls={self.clients[name]}", f"--advertise-client-urls={self.clients[name]}"]
-            command += [f"--listen-peer-urls={peers[name]}", f"--initial-advertise-peer-urls={peers[name]}"]
-            command += [f"--initial-cluster={cluster}", "--initial-cluster-state=new", "--log-level=warn"]
-            command += ["--logger=zap", "--heartbeat-interval=100", "--election-timeout=1000"]
-            with (root / f"{name}.log").open("ab") as log:
-                self.processes[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not all(_healthy(url) for url in self.clients.values()):
-            if time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"the etcd cluster did not become healthy; logs in {root}")
-            time.sleep(0.1)
-
-    def leader(self) -> str:
-        """Name of the raft leader (from each member's status)."""
-        for name, url in self.clients.items():
-            if self.processes[name].poll() is not None:
-                continue
-            request = urllib.request.Request(f"{url}/v3/maintenance/status", data=b"{}", method="POST")
-            with urllib.request.urlopen(request, timeout=5) as reply:
-                status = json.loads(reply.read())
-            if status["leader"] == status["header"]["member_id"]:
-                return name
-        raise AssertionError("no member is the raft leader")
-
-    def endpoints(self, first: str) -> str:
-        """Every client URL, comma-separated, `first` first."""
-        return ",".join([self.clients[first], *(url for name, url in self.clients.items() if name != first)])
-
-    def kill(self, name: str) -> None:
-        self.processes[name].kill()
-        self.processes[name].wait()
-
-    def stop(self) -> None:
-        for process in self.processes.values():
-            _stop(process)
 
 
 @pytest.fixture

@@ -32,10 +32,14 @@ def find_bin_dir() -> Path | None:
 
 
 class PostgresServer:
-    """One postgres process; `url(database)` names a database on it, `create_database()` makes a fresh one."""
+    """One postgres process; `url(database)` names a database on it, `create_database()` makes a fresh one.
 
-    def __init__(self, bin_dir: Path) -> None:
+    It listens on 127.0.0.1, plus `host` when given (another interface, e.g. a test network's bridge);
+    `trusted` (a CIDR such as "10.1.2.0/24") is let in without a password like loopback is."""
+
+    def __init__(self, bin_dir: Path, *, host: str | None = None, trusted: str | None = None) -> None:
         self.bin_dir = bin_dir
+        self.host = host or "127.0.0.1"
         self.root = Path(tempfile.mkdtemp(prefix="lodestar-pg-"))
         self.port = free_port()
         self._user = "postgres" if os.geteuid() == 0 else None
@@ -44,9 +48,13 @@ class PostgresServer:
             os.chown(self.root, entry.pw_uid, entry.pw_gid)
         data = self.root / "data"
         self._run([str(bin_dir / "initdb"), "-D", str(data), "-U", "lodestar", "--auth=trust", "--locale=C.UTF-8"])
+        if trusted is not None:
+            with (data / "pg_hba.conf").open("a") as hba:
+                hba.write(f"host all all {trusted} trust\n")
         self.log = self.root / "postgres.log"
         command = [str(bin_dir / "postgres"), "-D", str(data), "-p", str(self.port), "-k", str(self.root)]
-        command += ["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=50"]
+        listen = ",".join(dict.fromkeys(["127.0.0.1", self.host]))
+        command += ["-c", f"listen_addresses={listen}", "-c", "fsync=off", "-c", "max_connections=50"]
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, user=self._user)
         self._wait_ready()
@@ -74,7 +82,7 @@ class PostgresServer:
         raise RuntimeError(f"postgres did not start; log:\n{self.log.read_text()[-3000:]}")
 
     def url(self, database: str = "postgres") -> str:
-        return f"postgresql://lodestar@127.0.0.1:{self.port}/{database}"
+        return f"postgresql://lodestar@{self.host}:{self.port}/{database}"
 
     def create_database(self) -> str:
         """A new empty database; returns its URL."""
