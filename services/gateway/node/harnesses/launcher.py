@@ -92,7 +92,9 @@ class Launcher:
         binds: Sequence[tuple[Path, Path]] = (),
     ) -> HarnessResult:
         """Run `invocation` to completion or `timeout_s`, the harness reaching the gateway at `gateway_url`
-        (None: no gateway relay and no network isolation, e.g. a verifier command).
+        (None: nothing is relayed, e.g. a verifier command). Every run gets a loopback-only network namespace
+        of its own where this machine allows one (always in the sandbox), so a verifier, which runs the
+        agent's code, reaches no local service either.
 
         `binds` (source, target) directories are bind-mounted in a mount namespace of the run's own before
         the program starts in `invocation.cwd` (which may be a target path); check `self.mounts.available()`
@@ -121,7 +123,7 @@ class Launcher:
                 else:
                     if binds and wrapping.sandboxed is None:  # bwrap's PID namespace ends them all
                         processes.hold_mount_namespace()
-                    if wrapping.isolated:
+                    if wrapping.relayed:
                         relay = GatewayRelay(listeners, wrapping.host, wrapping.port)
                         outliving.push_async_callback(relay.close)
                         await relay.start()
@@ -138,11 +140,11 @@ class Launcher:
             stderr=err.decode("utf-8", errors="replace"),
             timed_out=timed_out,
             duration_s=time.monotonic() - started,
-            isolated=wrapping.isolated or wrapping.sandboxed is not None,
+            isolated=wrapping.network or wrapping.sandboxed is not None,
             mounted=bool(binds),
             sandboxed=wrapping.sandboxed is not None,
         )
-        _log_finished(result, isolated=wrapping.isolated, relay=relay)
+        _log_finished(result, relay=relay)
         return result
 
     async def _wrapping(
@@ -156,21 +158,23 @@ class Launcher:
             if not ready:
                 raise FailedPreconditionError(f"{invocation.harness}: the session sandbox cannot run here: {reason}")
             sandboxed = self.sandbox.argv(binds=binds, chdir=invocation.cwd)
-            isolated = gateway_url is not None
+            network = False  # bwrap makes the loopback-only namespace itself
+            relayed = gateway_url is not None
         else:
-            isolated = gateway_url is not None and await self.isolation.available()
+            network = await self.isolation.available()
+            relayed = network and gateway_url is not None
             if binds and not await self.mounts.available():
                 raise FailedPreconditionError(f"{invocation.harness}: bind mounts need mount namespaces (unavailable)")
-        host, port, addresses = gateway_address(gateway_url) if isolated and gateway_url else ("", 0, [])
-        return _Wrapping(binds, sandboxed, isolated, host, port, addresses)
+        host, port, addresses = gateway_address(gateway_url) if relayed and gateway_url else ("", 0, [])
+        return _Wrapping(binds, sandboxed, network, relayed, host, port, addresses)
 
     async def _start(
         self, invocation: Invocation, wrapping: _Wrapping, cleanup: contextlib.AsyncExitStack
     ) -> tuple[asyncio.subprocess.Process, socket.socket | None]:
         """Start the run: directly, or through the namespace helper (netns_child.py) with a set-up socket
         (returned; closed by `cleanup`) that reports when the namespaces are ready."""
-        binds, sandboxed, isolated = wrapping.binds, wrapping.sandboxed, wrapping.isolated
-        if not (isolated or binds or sandboxed):
+        binds, sandboxed = wrapping.binds, wrapping.sandboxed
+        if not (wrapping.network or binds or sandboxed):
             return await self._spawn(invocation, invocation.argv, ()), None
         channel, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cleanup.callback(channel.close)
@@ -178,7 +182,8 @@ class Launcher:
             argv = wrap(
                 invocation.argv,
                 child_end.fileno(),
-                listen=(wrapping.addresses, wrapping.port) if isolated else None,
+                listen=(wrapping.addresses, wrapping.port) if wrapping.relayed else None,
+                network=wrapping.network,
                 binds=list(binds),
                 chdir=invocation.cwd if binds else None,
                 sandbox=sandboxed,
@@ -218,8 +223,10 @@ class _Wrapping:
     binds: Sequence[tuple[Path, Path]]
     sandboxed: list[str] | None
     """The sandbox's bwrap argv; None: no sandbox."""
-    isolated: bool
-    """A loopback-only network, relayed to the gateway at (host, port)."""
+    network: bool
+    """A loopback-only network namespace made here (unshare; the sandbox makes its own)."""
+    relayed: bool
+    """The gateway at (host, port) relayed into the run's network namespace."""
     host: str
     port: int
     addresses: list[str]
@@ -285,14 +292,14 @@ class _Pipes:
         return bytes(kept)
 
 
-def _log_finished(result: HarnessResult, *, isolated: bool, relay: GatewayRelay | None) -> None:
+def _log_finished(result: HarnessResult, *, relay: GatewayRelay | None) -> None:
     log.info(
         "harness run finished",
         harness=result.harness,
         returncode=result.returncode,
         timed_out=result.timed_out,
         duration_s=round(result.duration_s, 3),
-        isolated=isolated,
+        isolated=result.isolated,
         mounted=result.mounted,
         sandboxed=result.sandboxed,
         relayed_connections=relay.connections if relay else None,

@@ -5,7 +5,8 @@ A harness runs in a fresh network namespace that has only loopback (`unshare --n
 inside it and hands the listening sockets back here; `GatewayRelay` accepts on them (sockets keep the
 namespace they were made in) and connects to the real gateway from the host namespace, copying bytes both
 ways as they arrive (streams stay streams). When `unshare` is not usable, `NetworkIsolation.available()`
-says so once with a log line and harnesses run without isolation.
+says so once with a log line and harnesses run without isolation. A verifier (a run without a gateway)
+gets a loopback-only namespace of its own too, with nothing relayed into it.
 
 The same helper gives a run its own mount namespace (`unshare --mount`, probed separately by
 `MountIsolation`): the launcher passes bind mounts (a session's private directories onto fixed paths) and
@@ -102,21 +103,23 @@ def wrap(
     channel_fd: int,
     *,
     listen: tuple[list[str], int] | None = None,
+    network: bool = False,
     binds: list[tuple[Path, Path]] | None = None,
     chdir: Path | None = None,
     sandbox: list[str] | None = None,
 ) -> list[str]:
-    """The argv that runs `argv` inside new namespaces via netns_child.py: a network namespace when
-    `listen` (gateway addresses, port) is given, a mount namespace when `binds` are. With `sandbox` (a
-    `Sandbox.argv`, which does the binds, the directory change and every namespace itself) netns_child.py
-    runs inside bwrap and only opens the gateway listeners."""
+    """The argv that runs `argv` inside new namespaces via netns_child.py: a loopback-only network namespace
+    when `listen` (gateway addresses, port: relayed in) is given or `network` is set (nothing relayed: a
+    verifier), a mount namespace when `binds` are. With `sandbox` (a `Sandbox.argv`, which does the binds,
+    the directory change and every namespace itself) netns_child.py runs inside bwrap and only opens the
+    gateway listeners."""
     if sandbox is not None:
         child = [sys.executable, "-I", str(CHILD_SCRIPT), str(channel_fd)]
         if listen is not None:
             child += ["--listen", ",".join(listen[0]), str(listen[1])]
         return [*sandbox, "--", *child, "--", *argv]
     flags = _user_flags()
-    if listen is not None:
+    if listen is not None or network:
         flags.append("--net")
     if binds:
         flags.append("--mount")
@@ -127,6 +130,8 @@ def wrap(
         child += ["--chdir", str(chdir)]
     if listen is not None:
         child += ["--listen", ",".join(listen[0]), str(listen[1])]
+    elif network:
+        child.append("--loopback")
     return ["unshare", *flags, "--", *child, "--", *argv]
 
 

@@ -16,11 +16,14 @@ program in its own place (same pid, same process group) it sets up what it was a
 - `--listen HOSTS PORT` (needs a network namespace): bring `lo` up and bind a listening TCP socket on each
   of the gateway's addresses and port (free: the namespace is new). The launcher, in the host namespace,
   accepts on the handed-over sockets and relays each connection to the real gateway.
+- `--loopback` (needs a network namespace): bring `lo` up and nothing else: a run that needs no gateway (a
+  verifier) still has a working loopback (test suites bind local ports) and reaches nothing beyond it.
 
 The result goes back to the launcher over the inherited Unix socket FD: b"ok" (with the listening
 sockets attached, SCM_RIGHTS) or b"error: ...".
 
-Usage: netns_child.py FD [--parent PID] [--bind SRC:DST]... [--chdir DIR] [--listen HOSTS PORT] -- ARGV...
+Usage: netns_child.py FD [--parent PID] [--bind SRC:DST]... [--chdir DIR] [--listen HOSTS PORT | --loopback]
+-- ARGV...
 (HOSTS: comma-separated IP addresses). Exit status 125 when set-up fails (after telling the launcher why).
 """
 
@@ -86,16 +89,18 @@ def die_with_parent(parent: int) -> None:
         os._exit(125)
 
 
-Parsed = tuple[int, int | None, list[tuple[str, str]], str | None, tuple[str, int] | None, list[str]]
+Parsed = tuple[int, int | None, list[tuple[str, str]], str | None, tuple[str, int] | None, bool, list[str]]
 
 
 def parse(args: list[str]) -> Parsed:
-    """(fd, parent, binds, chdir, (hosts, port) or None, argv); ValueError on a malformed command line."""
+    """(fd, parent, binds, chdir, (hosts, port) or None, loopback, argv); ValueError on a malformed command
+    line."""
     fd, rest = int(args[0]), args[1:]
     parent: int | None = None
     binds: list[tuple[str, str]] = []
     chdir: str | None = None
     listen: tuple[str, int] | None = None
+    loopback = False
     while rest and rest[0] != "--":
         option = rest.pop(0)
         if option == "--bind":
@@ -109,16 +114,18 @@ def parse(args: list[str]) -> Parsed:
             chdir = rest.pop(0)
         elif option == "--listen":
             listen = (rest.pop(0), int(rest.pop(0)))
+        elif option == "--loopback":
+            loopback = True
         else:
             raise ValueError(f"unknown option {option}")
     if not rest or len(rest) < 2:
         raise ValueError("missing -- ARGV")
-    return fd, parent, binds, chdir, listen, rest[1:]
+    return fd, parent, binds, chdir, listen, loopback, rest[1:]
 
 
 def main(args: list[str]) -> int:
     try:
-        fd, parent, binds, chdir, listen, argv = parse(args)
+        fd, parent, binds, chdir, listen, loopback, argv = parse(args)
     except (ValueError, IndexError) as exc:
         print(f"netns_child.py: {exc}", file=sys.stderr)
         return 2
@@ -131,8 +138,9 @@ def main(args: list[str]) -> int:
             bind_mount(source, target)
         if chdir is not None:
             os.chdir(chdir)
-        if listen is not None:
+        if listen is not None or loopback:
             loopback_up()
+        if listen is not None:
             hosts, port = listen
             listeners = [listen_on(host, port) for host in hosts.split(",")]
     except (OSError, subprocess.CalledProcessError, ValueError) as exc:
