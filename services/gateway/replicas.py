@@ -1,9 +1,9 @@
 """Several inference replicas behind one gateway: session affinity, failover, replicas that come and go.
 
 `ReplicaSet` is the gateway's InferenceBackend when `--inference` names more than one address (or when
-replicas are discovered in etcd, `services/gateway/replica_watch.py`). Each replica has its own channel and
-GenerateMany stream (`GrpcInference`). A call goes to the replica `AffinityRouter` picks for its session
-(`GenerateRequest.session_id`): every call of a session lands on one replica while that replica lives and
+`--inference-discovery etcd` finds replicas in etcd, `services/gateway/replica_watch.py`). Each replica has its
+own channel and GenerateMany stream (`GrpcInference`). A call goes to the replica `AffinityRouter` picks for its
+session (`GenerateRequest.session_id`): every call of a session lands on one replica while that replica lives and
 has room, so its prefix cache serves the session's earlier turns.
 
 Failover. A replica that fails a call with UNAVAILABLE (its own client already retried for ~1.5 s) is set
@@ -46,6 +46,9 @@ class ReplicaSet:
         self.router = AffinityRouter(load_factor=load_factor)
         self.clients: dict[str, GrpcInference] = {}
         self._down_until: dict[str, float] = {}
+        self._inflight: dict[str, int] = {}
+        self._leaving: dict[str, GrpcInference] = {}
+        """Removed replicas whose calls in flight have not ended yet."""
         self.failovers = 0
         """Calls moved to another replica before their first token (for status and tests)."""
         for target in targets:
@@ -63,18 +66,23 @@ class ReplicaSet:
             _log.info("inference replica added", replica=target, replicas=len(self.clients))
 
     async def remove(self, target: str) -> None:
-        """A replica leaves (its calls in flight finish or fail on their own)."""
+        """A replica leaves: no call is placed on it any more; its calls in flight finish (a draining replica
+        ends them) or fail on their own, and its channel closes after the last."""
         client = self.clients.pop(target, None)
         self.router.remove(target)
         self._down_until.pop(target, None)
         if client is not None:
             _log.info("inference replica removed", replica=target, replicas=len(self.clients))
-            await client.close()
+            if self._inflight.get(target, 0):
+                self._leaving[target] = client
+            else:
+                await client.close()
 
     async def close(self) -> None:
-        for client in self.clients.values():
+        for client in [*self.clients.values(), *self._leaving.values()]:
             await client.close()
         self.clients.clear()
+        self._leaving.clear()
 
     def _set_aside(self) -> set[str]:
         now = time.monotonic()
@@ -94,10 +102,11 @@ class ReplicaSet:
         failed: set[str] = set()
         while True:
             replica = self._pick(key, failed)
-            streamed = False
+            client, streamed = self.clients[replica], False
             self.router.started(replica)
+            self._inflight[replica] = self._inflight.get(replica, 0) + 1
             try:
-                async for response in self.clients[replica].generate(request):
+                async for response in client.generate(request):
                     streamed = True
                     yield response
                 return
@@ -111,6 +120,14 @@ class ReplicaSet:
                              replica=replica, session_id=request.session_id, error=error.message)  # fmt: skip
             finally:
                 self.router.finished(replica)
+                await self._ended(replica)
+
+    async def _ended(self, replica: str) -> None:
+        left = self._inflight[replica] = self._inflight[replica] - 1
+        if not left:
+            del self._inflight[replica]
+            if (client := self._leaving.pop(replica, None)) is not None:
+                await client.close()
 
     async def count_tokens(self, request: inference_pb2.CountTokensRequest) -> int:
         return await self.clients[self._pick("count-tokens", set())].count_tokens(request)

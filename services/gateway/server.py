@@ -3,7 +3,8 @@
 `GatewayNode` wires the capture store, the session registry, the inference client, the proxy, the
 aiohttp application and the gRPC server; `serve` runs it until SIGTERM/SIGINT, then drains both ports.
 With `--etcd` the node registers itself in etcd (`membership.py`) while it serves; etcd being down
-does not stop it serving. With `--rollout` (and `--etcd`) the node also runs sessions: its
+does not stop it serving. With `--inference-discovery etcd` its inference replicas are those registered in
+etcd (`replica_watch.py`). With `--rollout` (and `--etcd`) the node also runs sessions: its
 `NodeLifecycle` (`node/lifecycle.py`) pulls them from rollout and runs their harnesses; without it the
 node only proxies sessions opened through `OpenSession`.
 """
@@ -11,6 +12,7 @@ node only proxies sessions opened through `OpenSession`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -18,7 +20,7 @@ from datetime import UTC, datetime
 
 from aiohttp import web
 
-from lodestar.errors import InvalidArgumentError
+from lodestar.errors import DeadlineExceededError, InvalidArgumentError
 from lodestar.etcd import tls_from_settings
 from lodestar.grpc.client import split_targets
 from lodestar.grpc.server import GrpcServer, service_name
@@ -38,6 +40,7 @@ from services.gateway.node.runtimes import DockerBackend, HostBackend, Runtimes
 from services.gateway.node.stages import ATTEMPT_LABEL, SessionStages
 from services.gateway.proxy import InferenceBackend, Proxy
 from services.gateway.quotas import QuotaLimits
+from services.gateway.replica_watch import ReplicaDiscovery
 from services.gateway.replicas import ReplicaSet
 from services.gateway.retention import Retention, RetentionPolicy
 from services.gateway.servicer import GatewayServicer
@@ -47,6 +50,8 @@ from services.gateway.unknown_fields import UnknownFields
 
 _log = get_logger("gateway")
 CAPTURE_FILE = "capture.sqlite"
+DISCOVERY_WAIT_S = 5.0
+"""How long start() waits for the first listing of discovered inference replicas."""
 
 
 class GatewayNode:
@@ -64,9 +69,11 @@ class GatewayNode:
         self.settings = settings
         self._etcd_tls = tls_from_settings(settings.etcd, settings) if settings.etcd else None
         self.node_id = settings.node_id or f"{socket.gethostname()}-{os.getpid()}"
-        self.inference_target = settings.inference
+        if settings.inference_discovery == "etcd" and not settings.etcd:
+            raise InvalidArgumentError("--inference-discovery etcd needs --etcd: replicas register there")
         self._own_inference = inference is None
         self.inference: InferenceBackend = inference or inference_backend(settings)
+        self.discovery: ReplicaDiscovery | None = None
         self.store = CaptureStore(settings.data_dir / CAPTURE_FILE, synchronous=settings.capture_synchronous)
         self.sessions = SessionRegistry(self.store)
         self.retention = Retention(self.store, self.sessions, RetentionPolicy(
@@ -133,6 +140,13 @@ class GatewayNode:
         return NodeLifecycle(self.node_id, rollout, stages, lease, config, retention=self.retention)
 
     @property
+    def inference_target(self) -> str:
+        """The inference addresses (discovered ones: `etcd:` and those routed to now)."""
+        if self.settings.inference_discovery == "etcd" and isinstance(self.inference, ReplicaSet):
+            return f"etcd:{self.inference.target}"
+        return self.settings.inference
+
+    @property
     def http_base_url(self) -> str:
         scheme = "https" if self.settings.http_tls_cert is not None else "http"
         return f"{scheme}://{self.settings.http_host}:{self.http_port}"
@@ -144,6 +158,15 @@ class GatewayNode:
     async def start(self) -> None:
         """Open the store, bind both ports, report SERVING."""
         await self.store.open()
+        discovered = self.settings.inference_discovery == "etcd" and isinstance(self.inference, ReplicaSet)
+        if self.settings.etcd and discovered:
+            assert isinstance(self.inference, ReplicaSet)
+            self.discovery = ReplicaDiscovery(
+                self.inference, self.settings.etcd, prefix=self.settings.etcd_prefix, tls=self._etcd_tls
+            )
+            self.discovery.start()  # list the replicas before serving (etcd down: they come later)
+            with contextlib.suppress(DeadlineExceededError):
+                await self.discovery.watch.wait_listed(DISCOVERY_WAIT_S)
         await self.sessions.load()
         orphans = await self.sessions.close_orphans(ATTEMPT_LABEL)
         if orphans:  # their attempts died with the earlier process; rollout requeues them
@@ -211,6 +234,9 @@ class GatewayNode:
             await self.membership.stop()
             self.membership = None
         await self.grpc.stop(grace)
+        if self.discovery is not None:
+            await self.discovery.stop()
+            self.discovery = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -220,7 +246,10 @@ class GatewayNode:
 
 
 def inference_backend(settings: GatewaySettings) -> GrpcInference | ReplicaSet:
-    """One replica's client, or a ReplicaSet (session affinity, failover) when `inference` names several."""
+    """One replica's client, or a ReplicaSet (session affinity, failover) when `inference` names several or
+    replicas are discovered in etcd (filled by `ReplicaDiscovery`)."""
+    if settings.inference_discovery == "etcd":
+        return ReplicaSet((), timeout_s=settings.request_timeout_s, load_factor=settings.inference_load_factor)
     targets = split_targets(settings.inference)
     if len(targets) == 1:
         return GrpcInference(targets[0], timeout_s=settings.request_timeout_s)

@@ -18,7 +18,9 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 class NodeInfo(Protocol):
     node_id: str
-    inference_target: str
+
+    @property
+    def inference_target(self) -> str: ...
 
     @property
     def http_base_url(self) -> str: ...

@@ -26,6 +26,11 @@ class GatewaySettings(EtcdClientSettings):
     """InferenceService address (host:port), or several replicas' addresses separated by commas: every call of
     a session then goes to one replica (consistent hashing with bounded load on the session id), and a
     replica that fails before a call's first token is skipped for the next (services/gateway/replicas.py)."""
+    inference_discovery: Literal["static", "etcd"] = "static"
+    """Where the inference replicas come from: "static" = the addresses of --inference; "etcd" = the replicas
+    registered in etcd (`lodestar inference serve --etcd`; needs --etcd), added and removed while the node runs
+    (--inference is then unused): a replica is routed to once it serves the fleet's policy version, and sessions
+    keep their replica while it lives (docs/deploy.md, "Inference replicas")."""
     inference_load_factor: float = Field(default=1.25, ge=1.0)
     """Several replicas: the most calls one replica serves at once, as a multiple of the mean per replica,
     before a session's calls spill to the next replica on the ring."""

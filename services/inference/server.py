@@ -4,7 +4,8 @@
 carry the status code and trailing metadata that Generate would have ended the call with.
 
 `serve(settings)` binds the port first (health NOT_SERVING, RPCs answer UNAVAILABLE while the engine
-loads), starts the engine, then reports SERVING; SIGTERM drains in-flight RPCs and closes the engine.
+loads), starts the engine, then reports SERVING (and registers in etcd with `--etcd`: registration.py);
+SIGTERM leaves etcd, drains in-flight RPCs and closes the engine.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from lodestar.errors import InvalidArgumentError
 from lodestar.grpc.errors import status_for, trailing_metadata
 from lodestar.grpc.server import GrpcServer, service_name
 from lodestar.heap import freeze_startup_heap
+from lodestar.inference_registry import ReplicaRegistration
 from lodestar.v1 import inference_pb2, inference_pb2_grpc
 from services.inference.multiplex import Multiplexer, Outcome
+from services.inference.registration import registration
 from services.inference.service import InferenceService
 from services.inference.settings import InferenceSettings
 
@@ -119,11 +122,26 @@ async def serve(settings: InferenceSettings) -> None:
     server = build_server(settings, service)
     await server.start()
     service.replica_id = settings.replica_id or f"{socket.gethostname()}:{server.port}"
+    registered = None
     try:
         await service.start()
         freeze_startup_heap()
         await server.set_serving(True)
+        if (registered := registration(settings, service, server.port)) is not None:
+            registered.start()  # leaves etcd when the drain begins: gateways move new calls away at once
+            server.on_drain(lambda: _leave(registered))
         await server.wait_for_termination()
     finally:
         await server.stop()
+        if registered is not None:
+            await registered.stop()
         await service.close()
+
+
+_leaving: set[asyncio.Future[None]] = set()
+"""Registrations being revoked (a reference keeps the task alive until it ends)."""
+
+
+def _leave(registered: ReplicaRegistration) -> None:
+    _leaving.add(task := asyncio.ensure_future(registered.stop()))
+    task.add_done_callback(_leaving.discard)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from google.protobuf import timestamp_pb2
 
@@ -59,6 +59,8 @@ class InferenceService:
         )
         self._published_at = timestamp_pb2.Timestamp()
         self._ready = False
+        self.on_published: list[Callable[[int], None]] = []
+        """Called with each policy version once it serves it (the etcd registration rewrites its record)."""
 
     @property
     def replica_id(self) -> str:
@@ -68,6 +70,11 @@ class InferenceService:
     @replica_id.setter
     def replica_id(self, value: str) -> None:
         self._generation.replica_id = value
+
+    @property
+    def policy_version(self) -> int:
+        """The policy version served now."""
+        return self._engine.policy_version
 
     @classmethod
     def create(cls, settings: InferenceSettings) -> InferenceService:
@@ -130,6 +137,8 @@ class InferenceService:
             if spooled:
                 await asyncio.to_thread(path.unlink, missing_ok=True)
         _log.info("policy version published", policy_version=served, tensors=len(tensors), swap_seconds=seconds)
+        for listener in self.on_published:
+            listener(served)
         return inference_pb2.UpdateWeightsResponse(
             policy_version=served, tensors_updated=len(tensors), swap_seconds=seconds
         )

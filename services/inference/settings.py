@@ -7,10 +7,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from lodestar.settings import ServiceSettings
+from lodestar.settings import EtcdClientSettings
 
 
-class InferenceSettings(ServiceSettings):
+class InferenceSettings(EtcdClientSettings):
     section = "inference"
 
     port: int = 50051
@@ -23,6 +23,18 @@ class InferenceSettings(ServiceSettings):
     replica_id: str = ""
     """This replica's name in every call it generates (`GenerateFinal.served_by`, `CallRecord.inference_replica`);
     default: hostname:port."""
+    etcd: str | None = None
+    """etcd endpoint to register this replica in (https://host:port with --etcd-tls-*, or http://host:port on
+    loopback): gateways and the trainer started with `--inference-discovery etcd` find it there (its address,
+    id and served policy version, under <etcd_prefix>inference/<replica_id>); without it nothing registers."""
+    etcd_prefix: str = "/lodestar/"
+    """Root of lodestar's etcd keys."""
+    etcd_lease_ttl_s: int = Field(default=10, ge=1)
+    """TTL of the replica's etcd lease: a replica that dies vanishes from discovery after it (one that drains
+    on SIGTERM leaves at once)."""
+    advertise_address: str = ""
+    """The host:port gateways and the trainer dial, as registered in etcd; default: --host:port, or the
+    machine's hostname:port when --host is a wildcard (0.0.0.0, ::). In Kubernetes: the pod IP and port."""
     script: Path | None = None
     """Scripted backend: JSON file of replies, one per turn."""
     max_new_tokens: int = 4096

@@ -12,17 +12,20 @@ The payload is in the dtype inference serves (GetModelInfo's `serving_dtype`, as
 on a GPU replica are half the bytes of the trainer's fp32 master, and inference would cast them to bf16
 anyway. An inference that does not say (or cannot be asked) gets the state as it is.
 
-Several replicas (`--inference A,B,C`): `FanoutPublisher` serializes the state once and pushes it to every
-replica at once (one thread each); it returns when every replica serves the version. A replica that stays
-unreachable through every retry is skipped with an error log (it is dead, and the gateway routes no session
-to it; a replica that comes back is brought up to date by the next push) as long as one replica took the
-version; a refusal from any replica stops training as with one.
+Several replicas (`--inference A,B,C`, or those registered in etcd with `--inference-discovery etcd`):
+`FanoutPublisher` serializes the state once and pushes it to every replica at once (one thread each); it
+returns when every replica serves the version. A replica that refuses connections fails at once (no
+wait-for-ready) and one that stays unreachable through every retry is skipped with an error log (it is dead,
+and the gateway routes no session to it; a replica that comes back is brought up to date by the next push)
+as long as one replica took the version; it gets a single attempt at later pushes until it takes one again,
+so a dead replica costs a push milliseconds, not its retries. A refusal from any replica stops training as
+with one.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +41,8 @@ from lodestar.v1 import inference_pb2, inference_pb2_grpc
 from services.trainer.rpc import RETRYABLE, details_of, domain_error, status_of, sync_channel
 
 CHUNK_BYTES = 4 * 1024 * 1024
+MAX_PARALLEL_PUSHES = 32
+"""Replicas one fan-out pushes to at once (threads; each mostly waits on its stream)."""
 
 _log = get_logger("trainer.publish")
 
@@ -77,11 +82,22 @@ def _requests(payload: bytes, version: int) -> Iterator[inference_pb2.UpdateWeig
 class WeightPublisher:
     """UpdateWeights client with deadline and retries (see the module docstring)."""
 
-    def __init__(self, target: str, *, timeout_s: float = 300.0, attempts: int = 3, backoff_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        target: str,
+        *,
+        timeout_s: float = 300.0,
+        attempts: int = 3,
+        backoff_s: float = 2.0,
+        wait_for_ready: bool = True,
+    ) -> None:
+        """`wait_for_ready=False`: a replica that refuses connections fails its attempt at once instead of
+        being waited for until the deadline (the fan-out's choice: the other replicas take the version)."""
         self.target = target
         self._timeout_s = timeout_s
         self._attempts = max(1, attempts)
         self._backoff_s = backoff_s
+        self._wait_for_ready = wait_for_ready
         self._channel = sync_channel(target)
         self._stub = inference_pb2_grpc.InferenceServiceStub(self._channel)
         self._wire: str | None = None
@@ -116,13 +132,17 @@ class WeightPublisher:
         started = time.perf_counter()
         return self.publish_payload(self.prepare(state), len(state), version, started)
 
-    def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult:
-        """`publish` of an already serialized state (`tensors` tensors); `started`: its perf_counter start."""
+    def publish_payload(
+        self, payload: bytes, tensors: int, version: int, started: float, attempts: int | None = None
+    ) -> PublishResult:
+        """`publish` of an already serialized state (`tensors` tensors); `started`: its perf_counter start;
+        `attempts`: this many instead of the configured number."""
         last = ""
-        for attempt in range(1, self._attempts + 1):
+        attempts = self._attempts if attempts is None else max(1, attempts)
+        for attempt in range(1, attempts + 1):
             try:
                 reply = self._stub.UpdateWeights(
-                    _requests(payload, version), timeout=self._timeout_s, wait_for_ready=True
+                    _requests(payload, version), timeout=self._timeout_s, wait_for_ready=self._wait_for_ready
                 )
             except grpc.RpcError as error:
                 code = status_of(error)
@@ -137,7 +157,7 @@ class WeightPublisher:
                 _log.warning("weight push failed, retrying", attempt=attempt, policy_version=version, error=last)
                 if self._landed(version):
                     return PublishResult(version, tensors, len(payload), time.perf_counter() - started, attempt)
-                if attempt < self._attempts:
+                if attempt < attempts:
                     time.sleep(self._backoff_s * 2 ** (attempt - 1))
                 continue
             return PublishResult(
@@ -148,8 +168,7 @@ class WeightPublisher:
                 attempt,
             )
         raise UnavailableError(
-            f"could not push policy version {version} to inference at {self.target} "
-            f"after {self._attempts} attempts ({last})"
+            f"could not push policy version {version} to inference at {self.target} after {attempts} attempts ({last})"
         )
 
     def _landed(self, version: int) -> bool:
@@ -161,19 +180,52 @@ class WeightPublisher:
 
 
 class FanoutPublisher:
-    """WeightPublisher over several replicas (see the module docstring)."""
+    """WeightPublisher over several replicas (see the module docstring): fixed addresses, or a function that
+    names the live replicas at each push (replicas discovered in etcd: services/trainer/replica_discovery.py)."""
 
-    def __init__(self, targets: Sequence[str], **options: Any) -> None:
-        if not targets:
+    def __init__(
+        self,
+        targets: Sequence[str] | Callable[[], Sequence[str]],
+        *,
+        on_close: Callable[[], None] | None = None,
+        **options: Any,
+    ) -> None:
+        """`on_close`: called by `close()` (stops the discovery behind `targets`); `options`: WeightPublisher's."""
+        if not callable(targets) and not targets:
             raise InvalidArgumentError("no inference replica to publish weights to")
-        self.publishers = [WeightPublisher(target, **options) for target in targets]
-        self.target = ",".join(targets)
-        self._pool = ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="publish")
+        self._targets = targets if callable(targets) else lambda: targets
+        self._options = {"wait_for_ready": False, **options}
+        self._by_target: dict[str, WeightPublisher] = {}
+        self._missed: set[str] = set()
+        """Replicas that missed the last version (unreachable): the next push tries them once, no retries."""
+        self._pool = ThreadPoolExecutor(max_workers=MAX_PARALLEL_PUSHES, thread_name_prefix="publish")
+        self._on_close = on_close
+
+    @property
+    def target(self) -> str:
+        return ",".join(self._targets())
+
+    @property
+    def publishers(self) -> list[WeightPublisher]:
+        """One publisher per replica named now (those of replicas no longer named are closed)."""
+        targets = list(dict.fromkeys(self._targets()))
+        for gone in set(self._by_target) - set(targets):
+            self._by_target.pop(gone).close()
+            self._missed.discard(gone)
+        for target in targets:
+            if target not in self._by_target:
+                self._by_target[target] = WeightPublisher(target, **self._options)
+        return [self._by_target[target] for target in targets]
+
+    def _tries(self, target: str) -> int | None:
+        return 1 if target in self._missed else None
 
     def close(self) -> None:
-        for publisher in self.publishers:
+        for publisher in self._by_target.values():
             publisher.close()
         self._pool.shutdown(wait=False)
+        if self._on_close is not None:
+            self._on_close()
 
     def served_version(self) -> int:
         """The oldest version a reachable replica serves (LodestarError when none answers)."""
@@ -201,8 +253,8 @@ class FanoutPublisher:
     def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult:
         """`publish` of an already serialized state: to every replica at once."""
         futures = {
-            publisher.target: self._pool.submit(publisher.publish_payload, payload, tensors, version, started)
-            for publisher in self.publishers
+            p.target: self._pool.submit(p.publish_payload, payload, tensors, version, started, self._tries(p.target))
+            for p in self.publishers
         }
         results: list[PublishResult] = []
         unreachable: dict[str, str] = {}
@@ -213,6 +265,7 @@ class FanoutPublisher:
                 raise
             except UnavailableError as error:
                 unreachable[target] = error.message
+        self._missed = set(unreachable)
         if not results:
             raise UnavailableError(f"no inference replica took policy version {version}: {unreachable}")
         for target, why in unreachable.items():

@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from lodestar.settings import ServiceSettings
+from lodestar.settings import EtcdClientSettings
 
 
-class TrainerSettings(ServiceSettings):
+class TrainerSettings(EtcdClientSettings):
     section = "trainer"
 
     port: int = 50054
@@ -22,6 +22,14 @@ class TrainerSettings(ServiceSettings):
     inference: str = "127.0.0.1:50051"
     """InferenceService address (weights are pushed with UpdateWeights), or several replicas' addresses separated
     by commas (serialized once, pushed to all at once: services/trainer/publish.py); empty: push nothing."""
+    inference_discovery: Literal["static", "etcd"] = "static"
+    """Where the replicas to push weights to come from: "static" = the addresses of --inference; "etcd" = every
+    replica registered in etcd at each push (`lodestar inference serve --etcd`; needs --etcd): a replica that
+    joins gets the next version's full weights, one that left is not pushed to (docs/deploy.md)."""
+    etcd: str | None = None
+    """etcd endpoint of --inference-discovery etcd (https://host:port with --etcd-tls-*, or http:// on loopback)."""
+    etcd_prefix: str = "/lodestar/"
+    """Root of lodestar's etcd keys (replicas register under <prefix>inference/)."""
     run: str | None = None
     """Run to train on (its groups only)."""
     model: Path | None = None
@@ -105,3 +113,27 @@ class TrainerSettings(ServiceSettings):
 
 
 SETTINGS = TrainerSettings
+    weights_transport: Literal["grpc", "shared_fs", "broadcast"] = "grpc"
+    """How each policy version's bytes reach the replicas (gRPC is the control plane either way):
+    "grpc" = one UpdateWeights stream per replica (works everywhere); "shared_fs" = written once to
+    `weights_dir` and every replica sent only its path (trainer and replicas on one filesystem; each replica's
+    --checkpoint-dirs must list weights_dir); "broadcast" = a torch.distributed broadcast from the trainer
+    (rank 0) to every replica at once (gloo over TCP, or NCCL), a replica the broadcast misses getting the
+    version over gRPC. Choosing one: docs/trainer.md, figures: docs/benchmarks.md."""
+    weights_dir: Path | None = None
+    """shared_fs: the directory versions are written to (only the newest is kept); default
+    <run_dir>/weights. On one machine /dev/shm/<name> is fastest (RAM)."""
+    broadcast_backend: Literal["gloo", "nccl"] = "gloo"
+    """broadcast: gloo (CPU memory, TCP; tested) or nccl (trainer and replicas on CUDA GPUs; untested in CI)."""
+    broadcast_host: str = ""
+    """broadcast: the address replicas reach the trainer's rendezvous store and gloo sockets at; default: this
+    host's address on the route to the first replica."""
+    broadcast_port: int = 0
+    """broadcast: the rendezvous store's TCP port; 0: a free port per push (gloo's own sockets always take free
+    ports: open the trainer's host to the replicas)."""
+    broadcast_timeout_s: float = 30.0
+    """broadcast: the most a rendezvous or one bucket may take; past it the replicas still missing the version
+    get it over gRPC (a dead replica costs a push at most this, not the UpdateWeights deadline)."""
+    broadcast_bucket_mb: int = 256
+    """broadcast: tensors travel in buckets of whole tensors of up to this many MiB (each bucket one
+    collective, with the timeout above)."""

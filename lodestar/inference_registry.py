@@ -1,0 +1,317 @@
+"""Inference replicas in etcd: one key per live replica, bound to its lease, read by gateways and the trainer.
+
+A replica started with `--etcd` registers `<prefix>inference/<replica_id>` with a small JSON `ReplicaRecord`
+(id, the InferenceService address others dial, the policy version it serves, model name, start time) under
+a lease it keeps alive, and rewrites the record (same lease) each time it publishes a policy version. The
+key is its presence: revoked when it drains (gone at once, so gateways stop sending it sessions before its
+in-flight calls end), expired by etcd a TTL after it dies. A lost lease is re-registered with backoff, as
+gateway nodes do (`services/gateway/membership.py`). The reader side is `ReplicaWatch`: it lists the prefix,
+then watches it from the next revision, and hands every change to a callback as the full map of live
+replicas; when the watch breaks (etcd down, history compacted) it keeps the last map and lists again.
+
+This lives in the kernel because three services agree on it: inference writes the keys, the gateway
+(`services/gateway/replica_watch.py`) and the trainer (`services/trainer/replica_discovery.py`) read them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from lodestar import errors
+from lodestar.etcd import DEFAULT_TIMEOUT_S, EtcdClient, EtcdTls, EventKind, Lease
+from lodestar.logging import get_logger
+
+DEFAULT_PREFIX = "/lodestar/"
+INFERENCE_DIR = "inference/"
+RETRY_INITIAL_S = 0.2
+RETRY_MAX_S = 5.0
+_log = get_logger("inference_registry")
+
+
+def replicas_prefix(prefix: str = DEFAULT_PREFIX) -> str:
+    """Where replica keys live: `<prefix>inference/`."""
+    return f"{prefix.rstrip('/')}/{INFERENCE_DIR}"
+
+
+def replica_key(replica_id: str, prefix: str = DEFAULT_PREFIX) -> str:
+    if not replica_id or "/" in replica_id:
+        raise errors.InvalidArgumentError(f"replica id must be non-empty and without '/', got {replica_id!r}")
+    return replicas_prefix(prefix) + replica_id
+
+
+@dataclass(frozen=True)
+class ReplicaRecord:
+    """What a replica announces about itself (the value of its key, as JSON)."""
+
+    replica_id: str
+    address: str
+    """Where its InferenceService is dialled (host:port)."""
+    policy_version: int
+    """The policy version it serves now."""
+    model_name: str
+    started_at: datetime
+
+    def to_json(self) -> str:
+        fields: dict[str, Any] = asdict(self)
+        fields["started_at"] = self.started_at.astimezone(UTC).isoformat()
+        return json.dumps(fields, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> ReplicaRecord:
+        """Parse a replica value; InvalidArgumentError when it is not a replica record."""
+        try:
+            data = json.loads(raw)
+            return cls(
+                replica_id=str(data["replica_id"]),
+                address=str(data["address"]),
+                policy_version=int(data["policy_version"]),
+                model_name=str(data["model_name"]),
+                started_at=datetime.fromisoformat(str(data["started_at"])),
+            )
+        except (ValueError, KeyError, TypeError) as error:
+            raise errors.InvalidArgumentError(f"not a replica record: {type(error).__name__}: {error}") from error
+
+
+@dataclass(frozen=True)
+class RegisteredReplica:
+    """A replica key as read from etcd: the record and the lease it is bound to (a new lease under the same
+    key is a new process: it restarted)."""
+
+    key: str
+    record: ReplicaRecord
+    lease_id: int
+
+
+async def list_replicas(client: EtcdClient, prefix: str = DEFAULT_PREFIX) -> tuple[dict[str, RegisteredReplica], int]:
+    """The replicas registered now by key, and the revision they were read at; bad values are skipped."""
+    snapshot = await client.get_prefix(replicas_prefix(prefix))
+    found: dict[str, RegisteredReplica] = {}
+    for item in snapshot.items:
+        parsed = _parse(item.key, item.value, item.lease_id)
+        if parsed is not None:
+            found[item.key] = parsed
+    return found, snapshot.revision
+
+
+def _parse(key: str, value: bytes, lease_id: int) -> RegisteredReplica | None:
+    try:
+        return RegisteredReplica(key, ReplicaRecord.from_json(value), lease_id)
+    except errors.InvalidArgumentError as error:
+        _log.warning("skipping malformed inference replica key", key=key, error=error.message)
+        return None
+
+
+class ReplicaRegistration:
+    """Keeps one replica's key in etcd while it serves (see the module docstring). `start()` never waits for
+    etcd; `wait_registered()` does; `publish(version)` rewrites the record; `stop()` revokes the lease."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        record: ReplicaRecord,
+        *,
+        ttl: int = 10,
+        prefix: str = DEFAULT_PREFIX,
+        tls: EtcdTls | None = None,
+        retry_initial_s: float = RETRY_INITIAL_S,
+        retry_max_s: float = RETRY_MAX_S,
+    ) -> None:
+        if ttl < 1:
+            raise errors.InvalidArgumentError(f"etcd lease ttl must be at least 1 s, got {ttl}")
+        self.record = record
+        self.key = replica_key(record.replica_id, prefix)
+        self.ttl = ttl
+        self._retry = (retry_initial_s, retry_max_s)
+        # Answer within the TTL, or a keepalive round trip could outlive the lease it refreshes.
+        self._client = EtcdClient(endpoint, timeout=min(DEFAULT_TIMEOUT_S, float(ttl)), tls=tls)
+        self._connected = False
+        self._lease: Lease | None = None
+        self._registered = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.writes = 0
+        """Times the key was written (registrations and version updates)."""
+
+    @property
+    def is_registered(self) -> bool:
+        return self._registered.is_set()
+
+    async def wait_registered(self, timeout: float | None = None) -> None:
+        """Block until the key is written; DeadlineExceededError after `timeout` seconds."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._registered.wait()
+        except TimeoutError as error:
+            raise errors.DeadlineExceededError(f"{self.key} not registered in etcd within {timeout} s") from error
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"registration-{self.record.replica_id}")
+
+    def publish(self, policy_version: int) -> None:
+        """The replica now serves `policy_version`: rewrite its record (in the background, same lease)."""
+        if policy_version != self.record.policy_version:
+            self.record = replace(self.record, policy_version=policy_version)
+            self._changed.set()
+
+    async def stop(self) -> None:
+        """Leave: stop re-registering, revoke the lease (key deleted now), close the client."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._registered.clear()
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            try:
+                await lease.revoke()
+                _log.info("inference replica left etcd", key=self.key)
+            except errors.LodestarError as error:
+                _log.warning("lease revoke failed; the replica key expires after its TTL", key=self.key,
+                             ttl=lease.ttl, error=error.message)  # fmt: skip
+        with contextlib.suppress(errors.LodestarError):
+            await self._client.close()
+
+    async def _write(self, lease: Lease) -> None:
+        self._changed.clear()
+        await self._client.put(self.key, self.record.to_json(), lease=lease)
+        self.writes += 1
+
+    async def _register(self) -> Lease:
+        if not self._connected:
+            await self._client.__aenter__()
+            self._connected = True
+        lease = self._lease = await self._client.grant_lease(self.ttl)
+        try:
+            await self._write(lease)
+        except errors.LodestarError:
+            await lease.stop_keepalive("registration failed")  # never written: let it expire
+            raise
+        return lease
+
+    async def _run(self) -> None:
+        initial, limit = self._retry
+        delay, failures = initial, 0
+        while True:
+            try:
+                lease = await self._register()
+            except errors.LodestarError as error:
+                failures += 1
+                log = _log.warning if failures == 1 else _log.debug
+                log("etcd unreachable: the replica serves but is not registered; retrying", key=self.key,
+                    attempt=failures, error=error.message)  # fmt: skip
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, limit)
+                continue
+            self._registered.set()
+            _log.info("inference replica registered in etcd", key=self.key, lease=f"{lease.id:x}",
+                      policy_version=self.record.policy_version, address=self.record.address)  # fmt: skip
+            delay, failures = initial, 0
+            reason = await self._serve(lease)
+            self._registered.clear()
+            _log.error("inference registration lost: re-registering with a new lease", key=self.key, reason=reason)
+
+    async def _serve(self, lease: Lease) -> str:
+        """Rewrite the record on every change until the lease is lost; returns why it was."""
+        lost = asyncio.ensure_future(lease.wait_lost())
+        changed = asyncio.ensure_future(self._changed.wait())
+        try:
+            while True:
+                await asyncio.wait({lost, changed}, return_when=asyncio.FIRST_COMPLETED)
+                if lost.done():
+                    return lost.result()
+                try:
+                    await self._write(lease)
+                except errors.LodestarError as error:  # try again shortly (or re-register if the lease goes)
+                    _log.warning("could not update the replica record", key=self.key, error=error.message)
+                    await asyncio.sleep(self._retry[0])
+                    self._changed.set()
+                changed = asyncio.ensure_future(self._changed.wait())
+        finally:
+            lost.cancel()
+            changed.cancel()
+
+
+OnChange = Callable[[Mapping[str, RegisteredReplica]], Awaitable[None]]
+
+
+class ReplicaWatch:
+    """The live replicas under a prefix, kept current by an etcd watch; `on_change` gets the whole map after
+    the first listing and after every change (see the module docstring)."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        on_change: OnChange,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        tls: EtcdTls | None = None,
+        retry_initial_s: float = RETRY_INITIAL_S,
+        retry_max_s: float = RETRY_MAX_S,
+    ) -> None:
+        self._client = EtcdClient(endpoint, tls=tls)
+        self._prefix = prefix
+        self._on_change = on_change
+        self._retry = (retry_initial_s, retry_max_s)
+        self.replicas: dict[str, RegisteredReplica] = {}
+        self._listed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def wait_listed(self, timeout: float | None = None) -> None:
+        """Block until the first listing was handed to `on_change`; DeadlineExceededError after `timeout`."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._listed.wait()
+        except TimeoutError as error:
+            raise errors.DeadlineExceededError(f"inference replicas not listed from etcd within {timeout} s") from error
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="inference-replica-watch")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        with contextlib.suppress(errors.LodestarError):
+            await self._client.close()
+
+    async def _changed(self, replicas: dict[str, RegisteredReplica]) -> None:
+        self.replicas = replicas
+        await self._on_change(dict(replicas))
+
+    async def _run(self) -> None:
+        initial, limit = self._retry
+        delay = initial
+        connected = False
+        while True:
+            try:
+                if not connected:
+                    await self._client.__aenter__()
+                    connected = True
+                replicas, revision = await list_replicas(self._client, self._prefix)
+                await self._changed(replicas)
+                self._listed.set()
+                delay = initial
+                async with await self._client.watch_prefix(
+                    replicas_prefix(self._prefix), start_revision=revision + 1
+                ) as watch:
+                    async for event in watch:
+                        current = dict(self.replicas)
+                        if event.kind is EventKind.DELETE:
+                            current.pop(event.key, None)
+                        elif (parsed := _parse(event.key, event.value, event.lease_id)) is not None:
+                            current[event.key] = parsed
+                        await self._changed(current)
+            except errors.LodestarError as error:  # keep the last map; list again once etcd answers
+                _log.warning("inference replica watch interrupted; listing again", error=error.message,
+                             retry_in_s=delay)  # fmt: skip
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, limit)

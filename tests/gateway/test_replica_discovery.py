@@ -1,0 +1,84 @@
+"""Inference replicas discovered in etcd (services/gateway/replica_watch.py): the admission rule on its own,
+then a gateway's ReplicaSet following real registrations in a real etcd (join, catch up, restart, leave),
+and a gateway node that refuses discovery without etcd."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from lodestar.errors import InvalidArgumentError
+from lodestar.inference_registry import RegisteredReplica, ReplicaRecord, ReplicaRegistration
+from services.gateway.replica_watch import Admission, ReplicaDiscovery
+from services.gateway.replicas import ReplicaSet
+from services.gateway.server import GatewayNode
+from services.gateway.settings import GatewaySettings
+from tests.waiting import eventually
+
+
+def _replica(name: str, version: int, lease: int = 1) -> tuple[str, RegisteredReplica]:
+    record = ReplicaRecord(name, f"{name}:1", version, "tiny", datetime.now(UTC))
+    return f"/k/{name}", RegisteredReplica(f"/k/{name}", record, lease)
+
+
+def test_admission_routes_a_newcomer_only_once_it_serves_the_fleets_version() -> None:
+    admission = Admission()
+    assert admission.update(dict([_replica("a", 0), _replica("b", 0)])) == {"a:1", "b:1"}
+    assert admission.update(dict([_replica("a", 3), _replica("b", 2)])) == {"a:1", "b:1"}, "a lag mid-push"
+    assert admission.update(dict([_replica("a", 3), _replica("b", 3), _replica("c", 0)])) == {"a:1", "b:1"}
+    assert admission.waiting == {"c:1": 0}
+    assert admission.update(dict([_replica("a", 3), _replica("b", 3), _replica("c", 3)])) == {"a:1", "b:1", "c:1"}
+    assert admission.update(dict([_replica("a", 4), _replica("b", 4), _replica("c", 0, lease=2)])) == {"a:1", "b:1"}, (
+        "a restarted process (new lease) catches up again"
+    )
+    assert admission.update(dict([_replica("c", 0, lease=2)])) == {"c:1"}, "the only replica left is routed to"
+    assert admission.update({}) == set()
+
+
+async def test_a_replica_set_follows_the_replicas_registered_in_etcd(etcd_endpoint: str, etcd_prefix: str) -> None:
+    replicas = ReplicaSet(())
+    discovery = ReplicaDiscovery(replicas, etcd_endpoint, prefix=etcd_prefix)
+
+    def registration(name: str, version: int) -> ReplicaRegistration:
+        record = ReplicaRecord(name, f"127.0.0.1:{9000 + len(name)}", version, "tiny", datetime.now(UTC))
+        return ReplicaRegistration(etcd_endpoint, record, ttl=2, prefix=etcd_prefix)
+
+    a, b, late = registration("a", 0), registration("bb", 0), registration("late", 0)
+    try:
+        for keeper in (a, b):
+            keeper.start()
+            await keeper.wait_registered(10)
+        discovery.start()
+        await discovery.watch.wait_listed(10)
+        assert set(replicas.clients) == {a.record.address, b.record.address}
+        assert replicas.router.pick("session-1") in replicas.clients
+
+        a.publish(2)
+        b.publish(2)
+        late.start()  # joins at version 0 while the fleet serves 2: registered, not routed to
+        await eventually(lambda: late.record.address in discovery.admission.waiting, 10, what="the newcomer seen")
+        assert late.record.address not in replicas.clients
+        late.publish(2)  # the trainer's next push reached it
+        await eventually(lambda: late.record.address in replicas.clients, 10, what="the newcomer admitted")
+
+        sticky = {f"s{i}": replicas.router.pick(f"s{i}") for i in range(30)}
+        await a.stop()  # drains: gone at once, its sessions move, the others stay where they were
+        await eventually(lambda: a.record.address not in replicas.clients, 5, what="the drained replica removed")
+        for session, home in sticky.items():
+            now = replicas.router.pick(session)
+            assert now != a.record.address
+            if home != a.record.address:
+                assert now == home, "a session whose replica lives kept it"
+    finally:
+        await discovery.stop()
+        for keeper in (a, b, late):
+            await keeper.stop()
+        await replicas.close()
+
+
+def test_discovery_needs_etcd(tmp_path: Path) -> None:
+    settings = GatewaySettings(port=0, http_port=0, data_dir=tmp_path, inference_discovery="etcd")
+    with pytest.raises(InvalidArgumentError, match="needs --etcd"):
+        GatewayNode(settings)
