@@ -10,7 +10,10 @@ trainer-like reader streams every run's groups (tokens only), so delivered group
 memory. At each checkpoint (sessions completed) it records the service's RSS (VmRSS of its process), the
 store's size on disk (file + WAL) and the dispatch rate (sessions handed out per second over the last
 `--window` sessions). With the default run size the checkpoints fall mid-run, where the live work is the
-same: half of one run and all of the next.
+same: half of one run and all of the next. It also records the service's CPU time per session since the
+previous checkpoint (user + system, the whole process and its main thread, where the event loop runs): on a
+shared machine the dispatch rate measures how much CPU the service got, the CPU per session what it needs
+(1,000 / main-thread ms per session is the rate one core for the event loop would sustain).
 
 Usage: `.venv/bin/python bench/soak.py --sessions 50000 [--checkpoints 10000,50000] [--repeat 3]
 [--log bench/results/soak-DATE.md]`; prints one table per repetition and the medians.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -77,6 +81,10 @@ class Checkpoint:
     dispatch_per_s: float
     live_sessions: int
     """Sessions in the service's runs that are not finished (its live work), from GetRun."""
+    cpu_ms: float = 0.0
+    """The service's CPU time (user + system, every thread) per session completed since the last checkpoint."""
+    main_cpu_ms: float = 0.0
+    """The same for its main thread alone (the event loop: gRPC, scheduling; not the store's thread)."""
 
 
 @dataclass
@@ -92,6 +100,12 @@ def _rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def _cpu_s(stat: Path) -> float:
+    """User + system CPU seconds of a process or thread (/proc/PID/stat or /proc/PID/task/TID/stat)."""
+    fields = stat.read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _store_mb(path: Path) -> float:
@@ -187,6 +201,8 @@ async def soak(args: argparse.Namespace) -> list[Checkpoint]:
                     for i in range(args.nodes)
                 ]
                 started = time.perf_counter()
+                process_stat, main_stat = Path(f"/proc/{pid}/stat"), Path(f"/proc/{pid}/task/{pid}/stat")
+                last_cpu, last_main, last_done = _cpu_s(process_stat), _cpu_s(main_stat), progress.completed
                 for target in checkpoints:
                     while progress.completed < target:  # counts other tasks' work
                         if runs.done() and runs.exception():
@@ -196,12 +212,24 @@ async def soak(args: argparse.Namespace) -> list[Checkpoint]:
                     rate = (len(window) - 1) / (window[-1] - window[0]) if len(window) > 1 else 0.0
                     listed = (await stubs[0].ListRuns(rollout_pb2.ListRunsRequest(), timeout=60)).runs
                     live = sum(r.sessions_total for r in listed if r.state == rollout_pb2.RUN_STATE_RUNNING)
-                    point = Checkpoint(target, _rss_mb(pid), _store_mb(store), rate, live)
+                    cpu, main, done_now = _cpu_s(process_stat), _cpu_s(main_stat), progress.completed
+                    sessions = max(done_now - last_done, 1)
+                    point = Checkpoint(
+                        target,
+                        _rss_mb(pid),
+                        _store_mb(store),
+                        rate,
+                        live,
+                        (cpu - last_cpu) * 1e3 / sessions,
+                        (main - last_main) * 1e3 / sessions,
+                    )
+                    last_cpu, last_main, last_done = cpu, main, done_now
                     out.append(point)
                     elapsed = time.perf_counter() - started
                     print(
                         f"  {target:>7} sessions  rss {point.rss_mb:7.1f} MB  store {point.store_mb:8.1f} MB  "
-                        f"dispatch {rate:6.0f}/s  live {live}  ({elapsed:.0f} s, "
+                        f"dispatch {rate:6.0f}/s  live {live}  cpu {point.cpu_ms:.2f} ms/session "
+                        f"(main {point.main_cpu_ms:.2f})  ({elapsed:.0f} s, "
                         f"{progress.result_bytes / max(progress.completed, 1) / 1e3:.1f} KB/result)",
                         flush=True,
                     )
@@ -217,8 +245,9 @@ async def soak(args: argparse.Namespace) -> list[Checkpoint]:
 
 def _table(rows: list[list[Checkpoint]]) -> str:
     lines = [
-        "| sessions of history | rollout RSS (MB) | store size (MB) | dispatch (sessions/s) | live sessions |",
-        "|---|---|---|---|---|",
+        "| sessions of history | rollout RSS (MB) | store size (MB) | dispatch (sessions/s) | live sessions "
+        "| CPU ms / session (main thread) |",
+        "|---|---|---|---|---|---|",
     ]
     for index, first in enumerate(rows[0]):
         points = [row[index] for row in rows if index < len(row)]
@@ -226,7 +255,9 @@ def _table(rows: list[list[Checkpoint]]) -> str:
             f"| {first.sessions:,} | {statistics.median(p.rss_mb for p in points):.1f} | "
             f"{statistics.median(p.store_mb for p in points):.0f} | "
             f"{statistics.median(p.dispatch_per_s for p in points):.0f} | "
-            f"{statistics.median(p.live_sessions for p in points):.0f} |"
+            f"{statistics.median(p.live_sessions for p in points):.0f} | "
+            f"{statistics.median(p.cpu_ms for p in points):.2f} "
+            f"({statistics.median(p.main_cpu_ms for p in points):.2f}) |"
         )
     return "\n".join(lines)
 
@@ -268,7 +299,7 @@ def main() -> None:
             f"- repetition {i + 1}: "
             + "; ".join(
                 f"{p.sessions}: rss {p.rss_mb:.1f} MB, store {p.store_mb:.1f} MB, dispatch {p.dispatch_per_s:.0f}/s, "
-                f"live {p.live_sessions}"
+                f"live {p.live_sessions}, cpu {p.cpu_ms:.2f} ms/session (main {p.main_cpu_ms:.2f})"
                 for p in row
             )
             for i, row in enumerate(rows)

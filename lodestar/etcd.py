@@ -410,10 +410,13 @@ class EtcdClient:
 
     # -- watches -----------------------------------------------------------------------------------
 
-    async def _watch(self, start: bytes, end: bytes | None, start_revision: int | None, prev_kv: bool) -> Watch:
+    async def _watch(
+        self, start: bytes, end: bytes | None, start_revision: int | None, prev_kv: bool, deletes_only: bool = False
+    ) -> Watch:
+        kind = aetcd.EventKind.DELETE if deletes_only else None  # etcd filters PUTs out (NOPUT)
         raw = await self._call(
             f"watch {start.decode()}",
-            self._client.watch(start, range_end=end, start_revision=start_revision, prev_kv=prev_kv),
+            self._client.watch(start, range_end=end, start_revision=start_revision, prev_kv=prev_kv, kind=kind),
         )
         return Watch(self, raw)
 
@@ -421,10 +424,13 @@ class EtcdClient:
         """Watch one key: changes from `start_revision` (inclusive), or from now when not given."""
         return await self._watch(key.encode(), None, start_revision, prev_kv)
 
-    async def watch_prefix(self, prefix: str, *, start_revision: int | None = None, prev_kv: bool = False) -> Watch:
-        """Watch every key starting with `prefix`; events arrive in revision order."""
+    async def watch_prefix(
+        self, prefix: str, *, start_revision: int | None = None, prev_kv: bool = False, deletes_only: bool = False
+    ) -> Watch:
+        """Watch every key starting with `prefix`; events arrive in revision order. `deletes_only`: etcd
+        sends no PUT events (a watcher that acts on deletions alone need not receive and decode the rest)."""
         start = prefix.encode()
-        return await self._watch(start, _prefix_end(start), start_revision, prev_kv)
+        return await self._watch(start, _prefix_end(start), start_revision, prev_kv, deletes_only)
 
 
 class Watch:

@@ -127,7 +127,10 @@ class OwnershipWatch:
         revision = await self._reconcile()
         self.reconciliations += 1
         etcd = self._ownership.etcd
-        async with await etcd.watch_prefix(self._ownership.prefix, start_revision=revision + 1) as watch:
+        # Deletions only: every hand-out PUTs a key, and those events (half of all) were decoded on the event
+        # loop only to be skipped.
+        watching = etcd.watch_prefix(self._ownership.prefix, start_revision=revision + 1, deletes_only=True)
+        async with await watching as watch:
             self.watching.set()
             _log.info("ownership watch established", revision=revision)
             async for event in watch:

@@ -157,6 +157,20 @@ async def test_watch_prefix_sees_puts_and_deletes_in_order(etcd: EtcdClient, etc
     assert events[1].create_revision == events[3].create_revision
 
 
+async def test_a_deletes_only_watch_gets_no_puts(etcd: EtcdClient, etcd_prefix: str) -> None:
+    async with await etcd.watch_prefix(etcd_prefix, deletes_only=True) as watch:
+        await etcd.put(etcd_prefix + "a", "1")
+        await etcd.put(etcd_prefix + "b", "2")
+        await etcd.delete(etcd_prefix + "a")
+        await etcd.put(etcd_prefix + "a", "3")
+        await etcd.delete(etcd_prefix + "b")
+        events = await collect(watch, 2)
+    assert [(e.kind, e.key.removeprefix(etcd_prefix)) for e in events] == [
+        (EventKind.DELETE, "a"),
+        (EventKind.DELETE, "b"),
+    ]
+
+
 async def test_watch_from_a_snapshot_revision_misses_nothing(etcd: EtcdClient, etcd_prefix: str) -> None:
     await etcd.put(etcd_prefix + "old", "before")
     snapshot = await etcd.get_prefix(etcd_prefix)
