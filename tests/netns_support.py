@@ -42,6 +42,10 @@ def unavailable_reason() -> str | None:
     if result.returncode != 0:
         return f"no permission to create network namespaces here: {result.stderr.strip()}"
     _ip("netns", "del", probe, check=False)
+    result = _ip("link", "add", probe, "type", "bridge", check=False)
+    if result.returncode != 0:
+        return f"cannot create a bridge here (kernel module `bridge`?): {result.stderr.strip()}"
+    _ip("link", "del", probe, check=False)
     return None
 
 
