@@ -17,23 +17,20 @@ import torch
 
 from lodestar.errors import FailedPreconditionError, InvalidArgumentError
 from lodestar.etcd import tls_from_settings
-from lodestar.grpc.client import split_targets
 from services.trainer.advantages import AdvantageKind
 from services.trainer.builders import BuilderKind
 from services.trainer.checkpoint import TrainState, load_checkpoint, restore_rng
 from services.trainer.distributed import Parallel
-from services.trainer.loop import LoopConfig, Publisher, Trainer
+from services.trainer.loop import LoopConfig, Trainer
 from services.trainer.loss import Aggregation, LossConfig
 from services.trainer.metrics import MetricsWriter
 from services.trainer.model import DTYPES, enable_activation_checkpointing, load_model, model_files
-from services.trainer.precision import ComputeCopy, set_matmul_precision
-from services.trainer.publish import FanoutPublisher, publisher_for
+from services.trainer.precision import ComputeCopy
+from services.trainer.publish import FanoutPublisher, WeightPublisher, publisher_for
 from services.trainer.replica_discovery import DiscoveredReplicas
 from services.trainer.rollout_client import RolloutClient
 from services.trainer.settings import TrainerSettings
-from services.trainer.sharded import load_sharded
 from services.trainer.status import Status, StatusBoard
-from services.trainer.transports import transport_publisher
 
 
 def loop_config(settings: TrainerSettings) -> LoopConfig:
@@ -52,14 +49,6 @@ def loop_config(settings: TrainerSettings) -> LoopConfig:
         kl_coef=settings.kl_coef,
         tis_cap=settings.tis_cap,
     )
-    cuda = settings.device.startswith("cuda")
-    attention = settings.attention if settings.attention != "auto" else ("flex" if cuda else "explicit")
-    if attention == "flex" and not cuda:
-        raise InvalidArgumentError("--attention flex needs a CUDA device: flex attention has no backward on CPU")
-    cuda = settings.device.startswith("cuda")
-    attention = settings.attention if settings.attention != "auto" else ("flex" if cuda else "explicit")
-    if attention == "flex" and not cuda:
-        raise InvalidArgumentError("--attention flex needs a CUDA device: flex attention has no backward on CPU")
     return LoopConfig(
         run_id=settings.run,
         builder=BuilderKind(settings.builder),
@@ -77,26 +66,18 @@ def loop_config(settings: TrainerSettings) -> LoopConfig:
         stop_after_no_signal_groups=settings.stop_after_no_signal_groups,
         mismatch_warn_nats=settings.mismatch_warn_nats,
         async_push=settings.async_push,
-        attention=attention,
     )
 
 
-def publisher_of(settings: TrainerSettings) -> Publisher | None:
-    """Where weights go: `--inference` (None when empty), or every replica registered in etcd; over the
-    transport of `weights_transport` (services/trainer/transports.py)."""
+def publisher_of(settings: TrainerSettings) -> WeightPublisher | FanoutPublisher | None:
+    """Where weights go: `--inference` (None when empty), or every replica registered in etcd."""
     options = {"timeout_s": settings.push_timeout_s, "attempts": settings.push_attempts}
     if settings.inference_discovery == "static":
-        if not settings.inference:
-            return None
-        if settings.weights_transport != "grpc":
-            return transport_publisher(settings, split_targets(settings.inference))
-        return publisher_for(settings.inference, **options)
+        return publisher_for(settings.inference, **options) if settings.inference else None
     if not settings.etcd:
         raise InvalidArgumentError("--inference-discovery etcd needs --etcd: replicas register there")
     tls = tls_from_settings(settings.etcd, settings)
     replicas = DiscoveredReplicas(settings.etcd, prefix=settings.etcd_prefix, tls=tls)
-    if settings.weights_transport != "grpc":
-        return transport_publisher(settings, replicas.addresses, on_close=replicas.close)
     return FanoutPublisher(replicas.addresses, on_close=replicas.close, **options)
 
 
@@ -110,13 +91,12 @@ def create_trainer(settings: TrainerSettings, parallel: Parallel | None = None, 
     if start is None:
         raise FailedPreconditionError("the trainer needs --model DIR (or --resume CHECKPOINT)")
     parallel = parallel or Parallel.from_env(mode=settings.parallel, device=settings.device)
-    checkpoint = load_checkpoint(settings.resume, rank=parallel.rank) if settings.resume else None
+    checkpoint = load_checkpoint(settings.resume) if settings.resume else None
     if checkpoint is not None and checkpoint.state.run_id and checkpoint.state.run_id != config.run_id:
         raise InvalidArgumentError(
             f"checkpoint {settings.resume} is of run {checkpoint.state.run_id!r}, not {config.run_id!r}"
         )
     compute_dtype = DTYPES[settings.dtype]
-    set_matmul_precision(settings.device, compute_dtype)
     loaded = load_model(start, device=settings.device, dtype="float32")
     checkpointing = settings.activation_checkpointing
     if checkpointing or (checkpointing is None and settings.device.startswith("cuda")):
@@ -130,10 +110,7 @@ def create_trainer(settings: TrainerSettings, parallel: Parallel | None = None, 
         reference.requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     if checkpoint is not None:
-        if checkpoint.sharded is not None:  # written under torchrun: every rank reads its shards (sharded.py)
-            load_sharded(checkpoint.sharded, parallel=parallel, model=model, optimizer=optimizer)
-        else:
-            parallel.load_optimizer_state(model, optimizer, checkpoint.optimizer)
+        parallel.load_optimizer_state(model, optimizer, checkpoint.optimizer)
         state = checkpoint.state
         restore_rng(checkpoint.rng)
     else:
