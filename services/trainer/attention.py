@@ -13,20 +13,26 @@ recomputes each block's probabilities in the backward pass (flash-attention styl
 No [T, T] mask or score matrix and no per-block copies of K/V are kept: memory beyond the inputs is
 O(block * visible keys) at a time, and work is proportional to the visible key blocks.
 
-Which attention runs where (torch 2.13): flex attention would express the same mask as a BlockMask, but
-on CPU it has no backward ("FlexAttention does not support backward on CPU"); SDPA with a boolean mask
-works but its CPU backward was several times slower than the explicit matmuls used here. So this
-block-sparse path runs on CPU, and the same code runs on CUDA (plain matmuls, no fused kernel). A fused
-flex-attention path for CUDA is not built yet.
+Precision: the block math runs in fp32 whatever the compute dtype (bf16 q/k/v are upcast one block at a
+time): scores, running max, sum, logsumexp and the probabilities of the backward pass are fp32, and only the
+output and the input gradients are cast back. bf16 scores would round a score of 20 by up to 0.06, i.e. 6% on
+its probability.
+
+Which attention runs where (settings `attention`): on CUDA the fused FlexAttention path of
+services/trainer/flex.py (same mask as a BlockMask, compiled); this explicit path on CPU, where flex
+attention has no backward in torch 2.13 ("FlexAttention does not support backward on CPU") and SDPA with a
+boolean mask was several times slower in backward than the explicit matmuls used here. The explicit path
+also runs on CUDA when asked for (plain matmuls, no fused kernel).
 
 The function is registered with transformers as the attention implementation `ATTENTION_NAME`; called
-without a layout (e.g. plain generation on the same model) it falls back to the stock SDPA attention.
+without a layout (e.g. plain generation on the same model) it falls back to the stock SDPA attention. A
+layout is anything with `attend(q, k, v, scale)`: `TreeLayout` here, `FlexLayout` in flex.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -52,14 +58,7 @@ class TreeLayout:
         Raises ValueError when a token's parent is not on the path to the previous token (not pre-order).
         """
         size = len(parents)
-        end = [size] * size
-        path: list[int] = []
-        for token, parent in enumerate(parents):
-            while path and path[-1] != parent:
-                end[path.pop()] = token
-            if parent >= 0 and not path:
-                raise ValueError(f"token {token}: parent {parent} is not an ancestor of the previous token")
-            path.append(token)
+        end = subtree_ends(parents)
         end_tensor = torch.tensor(end, dtype=torch.int64)
         blocks = (size + block - 1) // block
         block_end = torch.zeros(blocks, dtype=torch.int64)
@@ -73,6 +72,32 @@ class TreeLayout:
             end_tensor = end_tensor.to(device)
             keys = [key if isinstance(key, slice) else key.to(device) for key in keys]
         return cls(end_tensor, block, keys)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
+        return tree_attention(q, k, v, self, scale)
+
+
+class Layout(Protocol):
+    """A micro-batch's attention structure, built once per forward pass and shared by every layer."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
+        """Attention of q [B, Hq, T, D] over k, v [B, Hkv, T, D] -> [B, Hq, T, D]."""
+        ...
+
+
+def subtree_ends(parents: list[int]) -> list[int]:
+    """End (exclusive) of each token's subtree in a pre-order forest: key k is visible to query q exactly when
+    k <= q < end[k]. Raises ValueError when a token's parent is not on the path to the previous token."""
+    size = len(parents)
+    end = [size] * size
+    path: list[int] = []
+    for token, parent in enumerate(parents):
+        while path and path[-1] != parent:
+            end[path.pop()] = token
+        if parent >= 0 and not path:
+            raise ValueError(f"token {token}: parent {parent} is not an ancestor of the previous token")
+        path.append(token)
+    return end
 
 
 def _key_span(needed: list[int], block: int, q_end: int) -> slice | torch.Tensor:
@@ -104,6 +129,11 @@ def _block(
     return slice(q_start, q_end), k_block, v_block, mask
 
 
+def _wide(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` in at least fp32 (bf16/fp16 upcast; fp32 and fp64 as they are, without a copy)."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
+
 def _scores(qb: torch.Tensor, kb: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
     """Masked scores [B, Hkv, G, Bq, K] of grouped queries qb [B, Hkv, G, Bq, D] over keys kb [B, Hkv, K, D]."""
     return ((qb * scale) @ kb.unsqueeze(2).transpose(-1, -2)).masked_fill_(~mask, float("-inf"))
@@ -111,7 +141,9 @@ def _scores(qb: torch.Tensor, kb: torch.Tensor, mask: torch.Tensor, scale: float
 
 class _TreeAttention(torch.autograd.Function):
     """Masked softmax attention per query block (explicit math: on CPU, SDPA's backward with a boolean mask
-    is several times slower than these matmuls), keeping only the logsumexp of each query for backward."""
+    is several times slower than these matmuls), keeping only the fp32 logsumexp of each query for backward
+    (not the output: the backward's dO . O term is sum P dP from the fp32 probabilities). Block math in
+    fp32 (fp64 stays fp64; no copy for either); outputs and gradients in the inputs' dtypes."""
 
     @staticmethod
     def forward(
@@ -122,32 +154,38 @@ class _TreeAttention(torch.autograd.Function):
         qg = q.view(batch, k.shape[1], groups, size, dim)
         scale = scale if scale is not None else dim**-0.5
         out = torch.empty_like(qg)
-        lse = torch.empty(qg.shape[:-1], dtype=q.dtype, device=q.device)
+        lse = torch.empty(qg.shape[:-1], dtype=torch.promote_types(q.dtype, torch.float32), device=q.device)
         for index in range(len(layout.keys)):
             span, kb, vb, mask = _block(layout, index, k, v)
-            scores = _scores(qg[..., span, :], kb, mask, scale)
+            scores = _scores(_wide(qg[..., span, :]), _wide(kb), mask, scale)
             peak = scores.amax(-1, keepdim=True)
             weights = scores.sub_(peak).exp_()
             total = weights.sum(-1, keepdim=True)
-            out[..., span, :] = (weights @ vb.unsqueeze(2)).div_(total)
+            out[..., span, :] = (weights @ _wide(vb).unsqueeze(2)).div_(total)
             lse[..., span] = (peak + total.log()).squeeze(-1)
-        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.save_for_backward(q, k, v, lse)
         ctx.layout, ctx.scale = layout, scale
         return out.view(q.shape)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, lse = ctx.saved_tensors
         layout: TreeLayout = ctx.layout
-        qg, grad = q.view(out.shape), grad_out.reshape(out.shape)
-        dq, dk, dv = torch.zeros_like(qg), torch.zeros_like(k), torch.zeros_like(v)
+        grouped = (*lse.shape, q.shape[-1])  # [B, Hkv, G, T, D]
+        qg, grad = q.view(grouped), grad_out.reshape(grouped)
+        dq = torch.zeros(grouped, dtype=lse.dtype, device=q.device)
+        dk = torch.zeros(k.shape, dtype=lse.dtype, device=k.device)
+        dv = torch.zeros(v.shape, dtype=lse.dtype, device=v.device)
         for index, key in enumerate(layout.keys):
             span, kb, vb, mask = _block(layout, index, k, v)
-            qb, gb = qg[..., span, :], grad[..., span, :]
+            kb, vb = _wide(kb), _wide(vb)
+            qb, gb = _wide(qg[..., span, :]), _wide(grad[..., span, :])
             probabilities = _scores(qb, kb, mask, ctx.scale).sub_(lse[..., span, None]).exp_()
             gv = (probabilities.transpose(-1, -2) @ gb).sum(2)
-            d_scores = (gb @ vb.unsqueeze(2).transpose(-1, -2)).sub_((gb * out[..., span, :]).sum(-1, keepdim=True))
-            d_scores.mul_(probabilities)
+            d_probabilities = gb @ vb.unsqueeze(2).transpose(-1, -2)
+            # sum_k P dP = dO . O, from the fp32 probabilities rather than the output rounded to its dtype
+            row = (d_probabilities * probabilities).sum(-1, keepdim=True)
+            d_scores = d_probabilities.sub_(row).mul_(probabilities)
             dq[..., span, :] = (d_scores @ kb.unsqueeze(2)).mul_(ctx.scale)
             gk = (d_scores.transpose(-1, -2) @ qb).sum(2).mul_(ctx.scale)
             if isinstance(key, slice):
@@ -156,7 +194,7 @@ class _TreeAttention(torch.autograd.Function):
             else:
                 dk.index_add_(2, key, gk)
                 dv.index_add_(2, key, gv)
-        return dq.view(q.shape), dk, dv, None, None
+        return dq.view(q.shape).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
 def tree_attention(
@@ -190,7 +228,8 @@ def transformers_attention(
         raise ValueError("tree attention does not support sliding-window layers")
     if dropout:
         raise ValueError("tree attention does not support attention dropout")
-    return tree_attention(query, key, value, layout, scaling).transpose(1, 2).contiguous(), None
+    attended: torch.Tensor = layout.attend(query, key, value, scaling)
+    return attended.transpose(1, 2).contiguous(), None
 
 
 def use_tree_attention(model: torch.nn.Module) -> None:

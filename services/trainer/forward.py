@@ -3,7 +3,8 @@
 `target_logprobs(model, batch)` runs the model's base (`model.model`, a transformers causal LM of the
 Llama/Qwen family) over the packed tokens with their position ids (depths) and the tree attention of
 services/trainer/attention.py (each token attends to its ancestors only: block-diagonal for packed linear
-sequences, a tree mask for trees; block-sparse SDPA on CPU and CUDA, see that module for why not flex).
+sequences, a tree mask for trees): FlexAttention with a BlockMask on CUDA (flex.py), block-sparse explicit
+softmax elsewhere (attention.py), chosen by `attention`.
 It then gathers the final hidden state only at the parents of the targets (a target's logprob is read
 from the logits of the token before it) and applies `model.lm_head` with a log-softmax over the vocabulary
 in chunks of `vocab_chunk` entries and `row_chunk` targets, each target's logits divided by the temperature
@@ -19,14 +20,16 @@ target logits are computed in fp32 whatever the model dtype.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-from services.trainer.attention import LAYOUT_KWARG, TreeLayout, use_tree_attention
+from services.trainer.attention import LAYOUT_KWARG, Layout, TreeLayout, use_tree_attention
 from services.trainer.batch import MicroBatch
+from services.trainer.flex import FlexLayout
 
 DEFAULT_ROW_CHUNK = 4096
+AttentionBackend = Literal["explicit", "flex"]
 
 
 def _chunk_logits(
@@ -146,6 +149,7 @@ def target_logprobs(
     vocab_chunk: int = 8192,
     row_chunk: int = DEFAULT_ROW_CHUNK,
     attention_block: int | None = None,
+    attention: AttentionBackend = "explicit",
 ) -> torch.Tensor:
     """The policy's fp32 logprob of each target of `batch`: [N] (N = len(batch.target_tokens)), differentiable.
 
@@ -167,7 +171,11 @@ def target_logprobs(
     if bool((read_at < 0).any()):
         raise ValueError("a target token has no parent (a sampled token cannot start a sequence)")
     block = {"block": attention_block} if attention_block else {}
-    layout = TreeLayout.of(batch.parents, device=device, **block)
+    layout: Layout = (
+        FlexLayout.of(batch.parents, device=device)
+        if attention == "flex"
+        else TreeLayout.of(batch.parents, device=device, **block)
+    )
     input_ids = torch.tensor([batch.token_ids], dtype=torch.int64, device=device)
     position_ids = torch.tensor([batch.position_ids], dtype=torch.int64, device=device)
     base: Any = model.model

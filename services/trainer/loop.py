@@ -53,7 +53,7 @@ from services.trainer.batch import MicroBatch
 from services.trainer.builders import BuilderKind
 from services.trainer.checkpoint import TrainState, save_checkpoint, step_dir
 from services.trainer.distributed import Parallel
-from services.trainer.forward import target_logprobs
+from services.trainer.forward import AttentionBackend, target_logprobs
 from services.trainer.groups import BadGroupError, GroupSamples, group_samples
 from services.trainer.loss import LossConfig, LossNormalizer, LossOutput, policy_loss
 from services.trainer.metrics import MetricsWriter, StepRecord, mean_std
@@ -112,6 +112,8 @@ class LoopConfig:
     async_push: bool = False
     """Push each version from a worker thread while the next step trains (one version in flight; rollout
     hears the version once inference serves it): services/trainer/pushing.py."""
+    attention: AttentionBackend = "explicit"
+    """Attention backend of the forward/backward (wiring resolves the setting's "auto" by device)."""
 
 
 @dataclass
@@ -337,7 +339,7 @@ class Trainer:
         net = self.compute.model if self.compute is not None else self.model
         for index, (batch, weight) in enumerate(mine):
             self.parallel.set_grad_sync(net, index == len(mine) - 1)
-            new = target_logprobs(net, batch)
+            new = target_logprobs(net, batch, attention=self.config.attention)
             old = new.detach() if self.config.behaviour_correction == "tis" else None
             ref = self._reference_logprobs(batch)
             output = policy_loss(new, batch, self.config.loss, norm, old_logprobs=old, ref_logprobs=ref)
@@ -375,7 +377,7 @@ class Trainer:
         if self.reference is None or not self.config.loss.kl_coef:
             return None
         with torch.no_grad():
-            logprobs: torch.Tensor = target_logprobs(self.reference, batch)
+            logprobs: torch.Tensor = target_logprobs(self.reference, batch, attention=self.config.attention)
             return logprobs
 
     def _publish(self) -> tuple[int, float]:

@@ -94,6 +94,11 @@ class TrainerSettings(EtcdClientSettings):
     activation_checkpointing: bool | None = None
     """Recompute each decoder layer in the backward instead of keeping its activations (long sessions fit in
     GPU memory for ~1/3 more compute); unset: on for CUDA, off on CPU."""
+    attention: Literal["auto", "flex", "explicit"] = "auto"
+    """Attention backend of the trainer's forward/backward: "flex" = FlexAttention with the micro-batch's tree /
+    document mask as a BlockMask, compiled (CUDA only: torch has no flex backward on CPU); "explicit" =
+    block-sparse masked softmax in plain matmuls (any device); "auto": flex on CUDA, explicit elsewhere. Both
+    keep the softmax statistics in fp32 (docs/trainer.md)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype of forward/backward. The trained weights, optimizer state, checkpoints and pushed weights
     stay fp32 (master weights); the log-softmax and the loss are always fp32."""

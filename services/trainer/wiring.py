@@ -49,6 +49,10 @@ def loop_config(settings: TrainerSettings) -> LoopConfig:
         kl_coef=settings.kl_coef,
         tis_cap=settings.tis_cap,
     )
+    cuda = settings.device.startswith("cuda")
+    attention = settings.attention if settings.attention != "auto" else ("flex" if cuda else "explicit")
+    if attention == "flex" and not cuda:
+        raise InvalidArgumentError("--attention flex needs a CUDA device: flex attention has no backward on CPU")
     return LoopConfig(
         run_id=settings.run,
         builder=BuilderKind(settings.builder),
@@ -66,6 +70,7 @@ def loop_config(settings: TrainerSettings) -> LoopConfig:
         stop_after_no_signal_groups=settings.stop_after_no_signal_groups,
         mismatch_warn_nats=settings.mismatch_warn_nats,
         async_push=settings.async_push,
+        attention=attention,
     )
 
 

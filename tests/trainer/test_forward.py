@@ -3,7 +3,6 @@ target logprobs equal the stock model's per call, and the layout check."""
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import pytest
@@ -15,36 +14,13 @@ from services.trainer.builders import BuilderKind, build_sequences
 from services.trainer.forward import chunked_target_logprobs, target_logprobs
 from services.trainer.pack import pack
 from services.trainer.synthetic import SMALL_SHAPE, synthetic_samples
+from tests.trainer.attention_support import dense_mask, random_forest
 from tests.trainer.helpers import target_path
-
-
-def _random_forest(size: int, seed: int) -> list[int]:
-    """Parents of a random pre-order forest: each token hangs under some node of the current root path."""
-    rng = random.Random(seed)
-    parents, path = [], []
-    for token in range(size):
-        if path and rng.random() < 0.9:
-            del path[rng.randrange(len(path)) + 1 :]
-            parents.append(path[-1])
-        else:
-            path, parents = [], [*parents, -1]
-        path.append(token)
-    return parents
-
-
-def _dense_mask(parents: list[int]) -> torch.Tensor:
-    mask = torch.zeros(len(parents), len(parents), dtype=torch.bool)
-    for query in range(len(parents)):
-        node = query
-        while node >= 0:
-            mask[query, node] = True
-            node = parents[node]
-    return mask
 
 
 @pytest.mark.parametrize("block", [4, 16, 1000])
 def test_tree_attention_equals_dense_masked_attention(block: int) -> None:
-    parents = _random_forest(150, seed=block)
+    parents = random_forest(150, seed=block)
     torch.manual_seed(0)
     q = torch.randn(1, 4, 150, 8, dtype=torch.float64, requires_grad=True)
     k = torch.randn(1, 2, 150, 8, dtype=torch.float64, requires_grad=True)
@@ -52,7 +28,7 @@ def test_tree_attention_equals_dense_masked_attention(block: int) -> None:
     out = tree_attention(q, k, v, TreeLayout.of(parents, block=block), 0.3)
     grad_out = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), grad_out)
-    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=_dense_mask(parents), scale=0.3, enable_gqa=True)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask(parents), scale=0.3, enable_gqa=True)
     expected_grads = torch.autograd.grad(expected, (q, k, v), grad_out)
     torch.testing.assert_close(out, expected)
     for got, want in zip(grads, expected_grads, strict=True):
