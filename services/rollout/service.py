@@ -308,9 +308,9 @@ class RolloutCore:
 
     async def stream_groups(
         self, run_id: str, start_after: int, *, tokens_only: bool = False, max_groups: int = 0
-    ) -> AsyncIterator[rollout_pb2.Group]:
-        """Complete groups after delivery sequence `start_after`, waiting for new ones until the run ends or
-        `max_groups` were sent (0: no limit)."""
+    ) -> AsyncIterator[rollout_pb2.StreamGroupsResponse]:
+        """Complete groups after delivery sequence `start_after` (each as the stream's message), waiting for new
+        ones until the run ends or `max_groups` were sent (0: no limit)."""
         run = self.scheduler.run(run_id)
         sent = start_after
         while not max_groups or sent - start_after < max_groups:
@@ -332,7 +332,7 @@ class RolloutCore:
                 if tokens_only:
                     for result in results:
                         views.strip_bodies(result)
-                yield views.group_message(group, run, results)
+                yield views.group_response(group, run, results)
                 sent = group.delivery_seq
                 continue
             if run.finished:

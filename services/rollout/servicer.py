@@ -89,8 +89,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         stream = core.stream_groups(
             request.run_id, request.start_after, tokens_only=request.tokens_only, max_groups=request.max_groups
         )
-        async for group in stream:
-            yield rollout_pb2.StreamGroupsResponse(group=group)
+        async for response in stream:
+            yield response
 
     async def ReportPolicyVersion(
         self, request: rollout_pb2.ReportPolicyVersionRequest, context: Context

@@ -81,12 +81,15 @@ def strip_bodies(result: rollout_pb2.SessionResult) -> None:
         call.ClearField("tools")
 
 
-def group_message(group: Group, run: Run, results: list[rollout_pb2.SessionResult]) -> rollout_pb2.Group:
-    return rollout_pb2.Group(
-        group_id=group.group_id,
-        run_id=run.run_id,
-        task_id=run.spec.tasks[group.task_index].task_id,
-        sessions=results,
-        min_policy_version=group.min_policy_version,
-        max_policy_version=group.max_policy_version,
-    )
+def group_response(
+    group: Group, run: Run, results: list[rollout_pb2.SessionResult]
+) -> rollout_pb2.StreamGroupsResponse:
+    """The group as the stream sends it, built in place: its results (a group's bulk, tens of KB even
+    tokens-only) are copied once, into the response, not into a `Group` and then with it into the response."""
+    response = rollout_pb2.StreamGroupsResponse()
+    message = response.group
+    message.group_id, message.run_id = group.group_id, run.run_id
+    message.task_id = run.spec.tasks[group.task_index].task_id
+    message.min_policy_version, message.max_policy_version = group.min_policy_version, group.max_policy_version
+    message.sessions.extend(results)
+    return response
