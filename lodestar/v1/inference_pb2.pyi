@@ -516,6 +516,8 @@ class UpdateWeightsRequest(_message.Message):
     HEADER_FIELD_NUMBER: _builtins.int
     CHUNK_FIELD_NUMBER: _builtins.int
     CHECKPOINT_PATH_FIELD_NUMBER: _builtins.int
+    BROADCAST_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
     chunk: _builtins.bytes
     """The next bytes of the safetensors payload."""
     checkpoint_path: _builtins.str
@@ -523,24 +525,98 @@ class UpdateWeightsRequest(_message.Message):
     checkpoint directories (`--checkpoint-dirs`, default none): elsewhere PERMISSION_DENIED, a relative
     path INVALID_ARGUMENT.
     """
+    policy_version: _builtins.int
+    """With `checkpoint_path` or `broadcast`: the version to publish; 0 means current version + 1. (A streamed
+    update carries it in its header.)
+    """
     @_builtins.property
     def header(self) -> Global___WeightsHeader: ...
+    @_builtins.property
+    def broadcast(self) -> Global___WeightsBroadcast:
+        """Receive the safetensors payload over a torch.distributed broadcast from the trainer (the only
+        message of the stream).
+        """
+
     def __init__(
         self,
         *,
         header: Global___WeightsHeader | None = ...,
         chunk: _builtins.bytes = ...,
         checkpoint_path: _builtins.str = ...,
+        broadcast: Global___WeightsBroadcast | None = ...,
+        policy_version: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "chunk", b"chunk", "header", b"header", "payload", b"payload"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["broadcast", b"broadcast", "checkpoint_path", b"checkpoint_path", "chunk", b"chunk", "header", b"header", "payload", b"payload"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "chunk", b"chunk", "header", b"header", "payload", b"payload"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broadcast", b"broadcast", "checkpoint_path", b"checkpoint_path", "chunk", b"chunk", "header", b"header", "payload", b"payload", "policy_version", b"policy_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["header", "chunk", "checkpoint_path"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["header", "chunk", "checkpoint_path", "broadcast"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 
 Global___UpdateWeightsRequest: _TypeAlias = UpdateWeightsRequest  # noqa: Y015
+
+@_typing.final
+class WeightsBroadcast(_message.Message):
+    """Where and how to receive one version's weights over a torch.distributed broadcast. The payload is one
+    safetensors file: `safetensors_header` (its 8-byte length prefix and JSON header, verbatim) followed by a
+    data section of `total_bytes - len(safetensors_header)` bytes, which rank 0 (the trainer) broadcasts as
+    consecutive buckets of `bucket_bytes[i]` bytes, in order; the receiver writes them after the header and
+    then treats the file like a streamed update.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STORE_HOST_FIELD_NUMBER: _builtins.int
+    STORE_PORT_FIELD_NUMBER: _builtins.int
+    GROUP_FIELD_NUMBER: _builtins.int
+    BACKEND_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    WORLD_SIZE_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    SAFETENSORS_HEADER_FIELD_NUMBER: _builtins.int
+    BUCKET_BYTES_FIELD_NUMBER: _builtins.int
+    store_host: _builtins.str
+    """The trainer's c10d TCPStore, where the ranks of the group meet."""
+    store_port: _builtins.int
+    group: _builtins.str
+    """Key prefix of this group in the store (one group per push)."""
+    backend: _builtins.str
+    """"gloo" (CPU tensors, TCP) or "nccl" (CUDA tensors)."""
+    rank: _builtins.int
+    """This replica's rank: 1 .. world_size - 1 (the trainer is rank 0)."""
+    world_size: _builtins.int
+    timeout_s: _builtins.float
+    """Seconds the rendezvous and each bucket may take before the receive fails."""
+    total_bytes: _builtins.int
+    """Size of the whole safetensors payload in bytes (at most the server's `--max-weights-bytes`)."""
+    safetensors_header: _builtins.bytes
+    @_builtins.property
+    def bucket_bytes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Sizes of the broadcast buckets; they add up to the data section."""
+
+    def __init__(
+        self,
+        *,
+        store_host: _builtins.str = ...,
+        store_port: _builtins.int = ...,
+        group: _builtins.str = ...,
+        backend: _builtins.str = ...,
+        rank: _builtins.int = ...,
+        world_size: _builtins.int = ...,
+        timeout_s: _builtins.float = ...,
+        total_bytes: _builtins.int = ...,
+        safetensors_header: _builtins.bytes = ...,
+        bucket_bytes: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "bucket_bytes", b"bucket_bytes", "group", b"group", "rank", b"rank", "safetensors_header", b"safetensors_header", "store_host", b"store_host", "store_port", b"store_port", "timeout_s", b"timeout_s", "total_bytes", b"total_bytes", "world_size", b"world_size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WeightsBroadcast: _TypeAlias = WeightsBroadcast  # noqa: Y015
 
 @_typing.final
 class UpdateWeightsResponse(_message.Message):

@@ -106,6 +106,9 @@ class InferenceServiceServicer:
         shapes and dtypes are validated before the swap: a bad update is refused with INVALID_ARGUMENT and
         the old weights keep serving. Requests in flight finish on the version they started with. A streamed
         update larger than the server's `--max-weights-bytes` is refused (INVALID_ARGUMENT) before it is spooled.
+        A `broadcast` message is the control plane of a torch.distributed data plane: the server joins the
+        trainer's process group, receives the payload's bytes there, then validates and swaps as for a stream;
+        a broadcast that fails or times out answers UNAVAILABLE (the trainer then streams the version instead).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -59,6 +59,9 @@ class InferenceServiceStub:
     shapes and dtypes are validated before the swap: a bad update is refused with INVALID_ARGUMENT and
     the old weights keep serving. Requests in flight finish on the version they started with. A streamed
     update larger than the server's `--max-weights-bytes` is refused (INVALID_ARGUMENT) before it is spooled.
+    A `broadcast` message is the control plane of a torch.distributed data plane: the server joins the
+    trainer's process group, receives the payload's bytes there, then validates and swaps as for a stream;
+    a broadcast that fails or times out answers UNAVAILABLE (the trainer then streams the version instead).
     """
     GetModelInfo: _grpc.UnaryUnaryMultiCallable[_inference_pb2.GetModelInfoRequest, _inference_pb2.GetModelInfoResponse]
     """Describe the served model: name, backend, context length, policy version, limits."""
@@ -94,6 +97,9 @@ class InferenceServiceAsyncStub(InferenceServiceStub):
     shapes and dtypes are validated before the swap: a bad update is refused with INVALID_ARGUMENT and
     the old weights keep serving. Requests in flight finish on the version they started with. A streamed
     update larger than the server's `--max-weights-bytes` is refused (INVALID_ARGUMENT) before it is spooled.
+    A `broadcast` message is the control plane of a torch.distributed data plane: the server joins the
+    trainer's process group, receives the payload's bytes there, then validates and swaps as for a stream;
+    a broadcast that fails or times out answers UNAVAILABLE (the trainer then streams the version instead).
     """
     GetModelInfo: _aio.UnaryUnaryMultiCallable[_inference_pb2.GetModelInfoRequest, _inference_pb2.GetModelInfoResponse]  # type: ignore[assignment]
     """Describe the served model: name, backend, context length, policy version, limits."""
@@ -150,6 +156,9 @@ class InferenceServiceServicer(metaclass=_abc_1.ABCMeta):
         shapes and dtypes are validated before the swap: a bad update is refused with INVALID_ARGUMENT and
         the old weights keep serving. Requests in flight finish on the version they started with. A streamed
         update larger than the server's `--max-weights-bytes` is refused (INVALID_ARGUMENT) before it is spooled.
+        A `broadcast` message is the control plane of a torch.distributed data plane: the server joins the
+        trainer's process group, receives the payload's bytes there, then validates and swaps as for a stream;
+        a broadcast that fails or times out answers UNAVAILABLE (the trainer then streams the version instead).
         """
 
     @_abc_1.abstractmethod

@@ -8,6 +8,7 @@ tensors a model expects: unknown names, shape mismatches and non-floating dtypes
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import struct
@@ -141,19 +142,22 @@ async def receive_update(
 ) -> tuple[Path, int, bool]:
     """Read an UpdateWeights stream: (safetensors file or checkpoint path, requested version, spooled).
 
-    The stream is one `checkpoint_path` (confined to `limits.checkpoint_dirs`), or a `header` then `chunk`s
-    adding up to `header.total_bytes` (at most `limits.max_bytes`, refused before anything is written),
-    which are written to a file in `spool_dir` (spooled=True: the caller deletes it after the swap).
+    The stream is one `checkpoint_path` (confined to `limits.checkpoint_dirs`), or one `broadcast` (the
+    payload is received from the trainer's torch.distributed group into a file in `spool_dir`:
+    services/inference/broadcast.py), or a `header` then `chunk`s adding up to `header.total_bytes`; a
+    broadcast or a stream is at most `limits.max_bytes` (refused before anything is written) and is written
+    to a file in `spool_dir` (spooled=True: the caller deletes it after the swap).
     """
     first = await anext(aiter(requests), None)
     if first is None:
         raise InvalidArgumentError("the weight update stream is empty")
     kind = first.WhichOneof("payload")
-    if kind == "checkpoint_path":
-        path = checkpoint_files(first.checkpoint_path, limits.checkpoint_dirs)
+    if kind in ("checkpoint_path", "broadcast"):
         if await anext(aiter(requests), None) is not None:
-            raise InvalidArgumentError("a checkpoint_path update must be the only message of the stream")
-        return path, 0, False
+            raise InvalidArgumentError(f"a {kind} update must be the only message of the stream")
+        if kind == "checkpoint_path":
+            return checkpoint_files(first.checkpoint_path, limits.checkpoint_dirs), first.policy_version, False
+        return await _receive_broadcast(first.broadcast, spool_dir, limits), first.policy_version, True
     if kind != "header":
         raise InvalidArgumentError("a weight update stream starts with a header or a checkpoint_path")
     header = first.header
@@ -182,6 +186,22 @@ async def receive_update(
         os.unlink(path)
         raise
     return path, header.policy_version, True
+
+
+async def _receive_broadcast(spec: inference_pb2.WeightsBroadcast, spool_dir: Path, limits: UpdateLimits) -> Path:
+    """The broadcast payload of `spec`, received into a new file in `spool_dir` (deleted on failure)."""
+    from services.inference.broadcast import check_layout, receive_broadcast  # torch: only when used
+
+    check_layout(spec, limits.max_bytes)
+    descriptor, name = tempfile.mkstemp(dir=spool_dir, prefix="lodestar-weights-", suffix=".safetensors")
+    os.close(descriptor)
+    path = Path(name)
+    try:
+        await asyncio.to_thread(receive_broadcast, spec, path, limits.max_bytes)
+    except BaseException:
+        os.unlink(path)
+        raise
+    return path
 
 
 def default_spool_dir() -> Path:

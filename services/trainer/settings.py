@@ -113,6 +113,30 @@ class TrainerSettings(EtcdClientSettings):
     async_push: bool = False
     """Push each policy version from a worker thread while the next step trains (at most one version in
     flight; rollout hears a version once inference serves it). Off: every step waits for its push."""
+    weights_transport: Literal["grpc", "shared_fs", "broadcast"] = "grpc"
+    """How each policy version's bytes reach the replicas (gRPC is the control plane either way):
+    "grpc" = one UpdateWeights stream per replica (works everywhere); "shared_fs" = written once to
+    `weights_dir` and every replica sent only its path (trainer and replicas on one filesystem; each replica's
+    --checkpoint-dirs must list weights_dir); "broadcast" = a torch.distributed broadcast from the trainer
+    (rank 0) to every replica at once (gloo over TCP, or NCCL), a replica the broadcast misses getting the
+    version over gRPC. Choosing one: docs/trainer.md, figures: docs/benchmarks.md."""
+    weights_dir: Path | None = None
+    """shared_fs: the directory versions are written to (only the newest is kept); default
+    <run_dir>/weights. On one machine /dev/shm/<name> is fastest (RAM)."""
+    broadcast_backend: Literal["gloo", "nccl"] = "gloo"
+    """broadcast: gloo (CPU memory, TCP; tested) or nccl (trainer and replicas on CUDA GPUs; untested in CI)."""
+    broadcast_host: str = ""
+    """broadcast: the address replicas reach the trainer's rendezvous store and gloo sockets at; default: this
+    host's address on the route to the first replica."""
+    broadcast_port: int = 0
+    """broadcast: the rendezvous store's TCP port; 0: a free port per push (gloo's own sockets always take free
+    ports: open the trainer's host to the replicas)."""
+    broadcast_timeout_s: float = 30.0
+    """broadcast: the most a rendezvous or one bucket may take; past it the replicas still missing the version
+    get it over gRPC (a dead replica costs a push at most this, not the UpdateWeights deadline)."""
+    broadcast_bucket_mb: int = 256
+    """broadcast: tensors travel in buckets of whole tensors of up to this many MiB (each bucket one
+    collective, with the timeout above)."""
     rpc_timeout_s: float = 30.0
     """Deadline of ReportPolicyVersion (the group stream itself waits without one and reconnects for 10 min)."""
 

@@ -17,20 +17,22 @@ import torch
 
 from lodestar.errors import FailedPreconditionError, InvalidArgumentError
 from lodestar.etcd import tls_from_settings
+from lodestar.grpc.client import split_targets
 from services.trainer.advantages import AdvantageKind
 from services.trainer.builders import BuilderKind
 from services.trainer.checkpoint import TrainState, load_checkpoint, restore_rng
 from services.trainer.distributed import Parallel
-from services.trainer.loop import LoopConfig, Trainer
+from services.trainer.loop import LoopConfig, Publisher, Trainer
 from services.trainer.loss import Aggregation, LossConfig
 from services.trainer.metrics import MetricsWriter
 from services.trainer.model import DTYPES, enable_activation_checkpointing, load_model, model_files
 from services.trainer.precision import ComputeCopy
-from services.trainer.publish import FanoutPublisher, WeightPublisher, publisher_for
+from services.trainer.publish import FanoutPublisher, publisher_for
 from services.trainer.replica_discovery import DiscoveredReplicas
 from services.trainer.rollout_client import RolloutClient
 from services.trainer.settings import TrainerSettings
 from services.trainer.status import Status, StatusBoard
+from services.trainer.transports import transport_publisher
 
 
 def loop_config(settings: TrainerSettings) -> LoopConfig:
@@ -74,15 +76,22 @@ def loop_config(settings: TrainerSettings) -> LoopConfig:
     )
 
 
-def publisher_of(settings: TrainerSettings) -> WeightPublisher | FanoutPublisher | None:
-    """Where weights go: `--inference` (None when empty), or every replica registered in etcd."""
+def publisher_of(settings: TrainerSettings) -> Publisher | None:
+    """Where weights go: `--inference` (None when empty), or every replica registered in etcd; over the
+    transport of `weights_transport` (services/trainer/transports.py)."""
     options = {"timeout_s": settings.push_timeout_s, "attempts": settings.push_attempts}
     if settings.inference_discovery == "static":
-        return publisher_for(settings.inference, **options) if settings.inference else None
+        if not settings.inference:
+            return None
+        if settings.weights_transport != "grpc":
+            return transport_publisher(settings, split_targets(settings.inference))
+        return publisher_for(settings.inference, **options)
     if not settings.etcd:
         raise InvalidArgumentError("--inference-discovery etcd needs --etcd: replicas register there")
     tls = tls_from_settings(settings.etcd, settings)
     replicas = DiscoveredReplicas(settings.etcd, prefix=settings.etcd_prefix, tls=tls)
+    if settings.weights_transport != "grpc":
+        return transport_publisher(settings, replicas.addresses, on_close=replicas.close)
     return FanoutPublisher(replicas.addresses, on_close=replicas.close, **options)
 
 

@@ -1,0 +1,285 @@
+"""Weights over a torch.distributed broadcast (`weights_transport = "broadcast"`); gRPC is the control plane.
+
+One push: probe every replica (GetModelInfo, short deadline: a dead one is left out at once), open a c10d
+TCPStore on a free port, and send each live replica an UpdateWeights whose one message is a
+`WeightsBroadcast` (the store's address, a fresh group name, the payload's safetensors header and bucket
+sizes). The trainer (rank 0) and each replica (rank 1) form a group of two; the trainer broadcasts the
+payload's data section to all the groups at once, in buckets of whole tensors (`bucket_bytes`); each
+replica receives them straight into a spool file (services/inference/broadcast.py), then validates and
+swaps as for a streamed update and answers its call. The trainer serializes once; the bytes carry no gRPC
+framing and are written once on the replica.
+
+A group of two per replica, not one of N+1: gloo connects every rank of a group to every other, so in one
+big group a replica that dies while the group forms stalls every other replica's rendezvous (measured: 25 s
+for a 5 s timeout), where with pairs it fails only its own transfer. The price: the trainer sends one
+copy per replica (as the gRPC path does), where a tree inside one group could send fewer. A fresh set of
+groups per push: replicas that joined or left since the last version need no regrouping (forming a group
+takes milliseconds).
+
+Every wait is bounded: the rendezvous and each bucket by `broadcast_timeout_s` (gloo's timeout); a
+replica whose control call ends before its group forms (not serving, refused) has its group given up at
+once. A replica the broadcast missed (its group failed, it died mid-transfer, a timeout) is probed again
+and, if it answers, gets the version over today's gRPC stream (publish.py); one that does not answer is
+skipped as FanoutPublisher skips an unreachable replica. A refusal (INVALID_ARGUMENT) stops training.
+
+`backend = "nccl"` is the same code with CUDA tensors (the payload is copied to the GPU bucket by bucket);
+it is written against c10d's ProcessGroupNCCL but untested: CI has no GPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import socket
+import struct
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import Any, Literal
+
+import torch
+import torch.distributed
+
+from lodestar.errors import UnavailableError
+from lodestar.logging import get_logger
+from lodestar.v1 import inference_pb2
+from services.trainer.publish import PublishResult, serialize
+from services.trainer.replica_set import Outcome, ReplicaSet, Targets, collect
+
+c10d: Any = torch.distributed
+"""torch.distributed, untyped: its stubs leave out the stores and the process group options used here."""
+_log = get_logger("trainer.broadcast")
+Backend = Literal["gloo", "nccl"]
+
+
+def bucket_sizes(payload: bytes, bucket_bytes: int) -> tuple[int, list[int]]:
+    """(offset of the data section, sizes of consecutive buckets of whole tensors covering it): a bucket
+    closes before the tensor that would take it past `bucket_bytes` (a larger tensor is a bucket alone)."""
+    (header_len,) = struct.unpack("<Q", payload[:8])
+    start = 8 + header_len
+    header = json.loads(payload[8:start])
+    ends = sorted(int(entry["data_offsets"][1]) for name, entry in header.items() if name != "__metadata__")
+    sizes: list[int] = []
+    opened = 0
+    previous = 0
+    for end in ends:
+        if end - opened > bucket_bytes and previous > opened:
+            sizes.append(previous - opened)
+            opened = previous
+        previous = end
+    data = len(payload) - start
+    if data > opened:
+        sizes.append(data - opened)
+    return start, sizes
+
+
+class BroadcastPublisher:
+    """Publisher of `weights_transport = "broadcast"` (see the module docstring)."""
+
+    def __init__(
+        self,
+        targets: Targets,
+        *,
+        backend: Backend = "gloo",
+        host: str = "",
+        port: int = 0,
+        broadcast_timeout_s: float = 30.0,
+        bucket_bytes: int = 256 * 1024 * 1024,
+        timeout_s: float = 300.0,
+        attempts: int = 3,
+        backoff_s: float = 2.0,
+        probe_timeout_s: float = 5.0,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        """`host`: the address replicas reach the trainer's store and gloo sockets at (default: this host's
+        address on the route to the first replica); `port`: the store's port (0: a free one)."""
+        self.replicas = ReplicaSet(
+            targets,
+            timeout_s=timeout_s,
+            attempts=attempts,
+            backoff_s=backoff_s,
+            probe_timeout_s=probe_timeout_s,
+            on_close=on_close,
+        )
+        self.backend: Backend = backend
+        self._host = host
+        self._port = port
+        self._timeout = datetime.timedelta(seconds=broadcast_timeout_s)
+        self._bucket_bytes = max(1, bucket_bytes)
+        self.last_broadcast: list[str] = []
+        """The replicas that took the latest version through the broadcast (the others, if any, by gRPC)."""
+
+    @property
+    def target(self) -> str:
+        return ",".join(self.replicas.targets())
+
+    def close(self) -> None:
+        self.replicas.close()
+
+    def served_version(self) -> int:
+        return self.replicas.served_version()
+
+    def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes:
+        """The safetensors payload of `state` in the replicas' serving dtype (a snapshot of it)."""
+        return serialize(state, self.replicas.wire_dtype())
+
+    def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
+        started = time.perf_counter()
+        return self.publish_payload(self.prepare(state), len(state), version, started)
+
+    def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult:
+        """Broadcast `payload` as `version` to every live replica; stream it to those the broadcast missed."""
+        targets = self.replicas.targets()
+        live = self.replicas.live(targets)
+        outcomes: dict[str, Outcome] = {}
+        if live:
+            outcomes.update(self._broadcast(live, payload, version, started))
+        self.last_broadcast = [target for target in live if isinstance(outcomes.get(target), PublishResult)]
+        missed = [target for target in targets if not isinstance(outcomes.get(target), PublishResult)]
+        if missed:
+            if any(not isinstance(outcomes.get(target), PublishResult) for target in live):
+                _log.warning("weight broadcast missed replicas; streaming the version to them over gRPC",
+                             policy_version=version, replicas=missed)  # fmt: skip
+            answering = self.replicas.live(missed) if live else missed  # none answered: wait for them as today
+            futures = self.replicas.submit(self._stream, answering, payload, tensors, version, started)
+            outcomes.update(collect(futures))
+            for target in set(missed) - set(answering):
+                outcomes[target] = UnavailableError(f"inference at {target} does not answer GetModelInfo")
+        return self.replicas.settle(version, tensors, len(payload), started, outcomes)
+
+    def _stream(self, target: str, payload: bytes, tensors: int, version: int, started: float) -> PublishResult:
+        return self.replicas.streamer(target).publish_payload(payload, tensors, version, started)
+
+    # -- the data plane ----------------------------------------------------------------------------------
+
+    def _broadcast(self, targets: Sequence[str], payload: bytes, version: int, started: float) -> dict[str, Outcome]:
+        """Each of `targets`' outcome of one broadcast of `payload` (UnavailableError for those it missed)."""
+        data_start, sizes = bucket_sizes(payload, self._bucket_bytes)
+        host = self._host or _route_to(targets[0])
+        store = c10d.TCPStore(host, self._port, None, True, self._timeout, wait_for_workers=False)
+        push = f"lodestar-weights/v{version}/{uuid.uuid4().hex[:12]}"
+        spec = inference_pb2.WeightsBroadcast(
+            store_host=host,
+            store_port=int(store.port),
+            backend=self.backend,
+            rank=1,
+            world_size=2,
+            timeout_s=self._timeout.total_seconds(),
+            total_bytes=len(payload),
+            safetensors_header=payload[:data_start],
+            bucket_bytes=sizes,
+        )
+        calls: dict[str, Future[Outcome]] = {}
+        sends: list[Future[Any]] = []
+        for index, target in enumerate(targets):
+            request = inference_pb2.UpdateWeightsRequest(policy_version=version)
+            request.broadcast.CopyFrom(spec)
+            request.broadcast.group = f"{push}/{index}"
+            calls |= self.replicas.submit(self.replicas.call_once, [target], request, version, len(payload), started)
+            joined = _in_thread(self._join, store, request.broadcast.group, host)
+            sends.append(_in_thread(self._serve, target, joined, calls[target], payload, data_start, sizes))
+        for send in sends:
+            send.result()
+        outcomes = collect(calls)
+        del store
+        return outcomes
+
+    def _serve(
+        self,
+        target: str,
+        joined: Future[Any],
+        call: Future[Outcome],
+        payload: bytes,
+        data_start: int,
+        sizes: Sequence[int],
+    ) -> None:
+        """Send the buckets to `target` once its group formed (nothing when it did not, or its call ended)."""
+        group = _await_group(target, joined, call)
+        if group is None:
+            return
+        try:
+            self._send(group, payload, data_start, sizes)
+        except (RuntimeError, ValueError) as error:  # c10d's errors are RuntimeErrors
+            _log.warning("weight broadcast to a replica failed", replica=target, error=str(error))
+        finally:
+            _shutdown(group)
+
+    def _join(self, store: Any, group_name: str, host: str) -> Any:
+        """The trainer's end (rank 0) of one replica's two-rank group."""
+        prefixed = c10d.PrefixStore(group_name, store)
+        if self.backend == "nccl":
+            options = c10d.ProcessGroupNCCL.Options()
+            options._timeout = self._timeout
+            return c10d.ProcessGroupNCCL(prefixed, 0, 2, options)
+        options = c10d.ProcessGroupGloo._Options()
+        options._timeout = self._timeout
+        options._devices = [c10d.ProcessGroupGloo.create_device(hostname=host)]
+        return c10d.ProcessGroupGloo(prefixed, 0, 2, options)
+
+    def _send(self, group: Any, payload: bytes, data_start: int, sizes: Sequence[int]) -> None:
+        with warnings.catch_warnings():  # bytes are read-only; the root of a broadcast only reads them
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.frombuffer(payload, dtype=torch.uint8)
+        offset = data_start
+        for size in sizes:
+            bucket = data[offset : offset + size]
+            if self.backend == "nccl":
+                bucket = bucket.to("cuda", non_blocking=True)
+            options = c10d.BroadcastOptions()
+            options.rootRank = 0
+            options.timeout = self._timeout
+            group.broadcast([bucket], options).wait(self._timeout)
+            offset += size
+
+
+def _await_group(target: str, joined: Future[Any], call: Future[Outcome]) -> Any:
+    """`target`'s formed group, or None when it failed or the replica's call ended first (the replica will
+    not join: the group is given up at once rather than waited out)."""
+    done, _ = wait([joined, call], return_when=FIRST_COMPLETED)
+    if joined in done:
+        try:
+            return joined.result()
+        except (RuntimeError, ValueError) as error:
+            _log.warning("weight broadcast group did not form", replica=target, error=str(error))
+            return None
+    _log.warning("a replica ended its call before joining the weight broadcast", replica=target,
+                 error=str(call.result()))  # fmt: skip
+    return None
+
+
+def _in_thread(call: Any, *args: Any) -> Future[Any]:
+    """`call(*args)` on a daemon thread: a rendezvous given up on must not keep the process from exiting."""
+    future: Future[Any] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(call(*args))
+        except BaseException as error:
+            future.set_exception(error)
+
+    threading.Thread(target=run, name="weight-broadcast-join", daemon=True).start()
+    return future
+
+
+def _shutdown(group: Any) -> None:
+    shutdown = getattr(group, "shutdown", None)
+    if shutdown is not None:
+        try:
+            shutdown()
+        except RuntimeError as error:
+            _log.debug("weight broadcast group shutdown failed", error=str(error))
+
+
+def _route_to(target: str) -> str:
+    """This host's address on the route to `target` ("host:port"; no packet is sent)."""
+    host = target.rsplit(":", 1)[0].strip("[]")
+    try:
+        peer = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(peer[0], socket.SOCK_DGRAM) as probe:
+            probe.connect(peer[4])
+            return str(probe.getsockname()[0])
+    except OSError:
+        return socket.gethostname()
