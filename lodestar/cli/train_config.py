@@ -65,7 +65,9 @@ KEYS: dict[str, str] = {
     "ready_buffer": "Prepared sessions waiting for a slot on that node.",
     "backend": "Inference backend of the stack it starts (`transformers`, `vllm`, `scripted`).",
     "inference_replicas": "Inference replicas of the stack it starts: the gateway sends every call of a session to "
-    "one of them (session affinity, failover) and the trainer pushes each policy version to all.",
+    "one of them (session affinity, failover) and the trainer pushes each policy version to all. With more than "
+    "one they register in the stack's etcd and the gateway and trainer follow them there: a replica that dies "
+    "costs no training step (its sessions continue on the others or are retried as infrastructure failures).",
     "timeout_s": "The training (from the trainer's start to its last step) must end within this many seconds; "
     "then it stops and reports.",
     "start_timeout_s": "Each service it starts must answer SERVING within this many seconds.",

@@ -8,12 +8,17 @@ and token, and the trainer started on it gets the `trainer` one. Any other secur
 `lodestar train`'s own TLS and token flags (`--tls-ca`, `--tls-cert`, `--tls-key`, `--auth-token-file`),
 which the trainer started on it gets too (it serves and calls with them: a `--tls-cert` must name localhost);
 the stack `lodestar train` starts itself is plaintext on loopback, so those flags without a stack to attach
-to are refused. Its own stack is what `lodestar up` starts
-minus the idle trainer: etcd, inference (the tiny model unless `model` is set), rollout and one gateway node,
-under `data_dir`; the node starts only once the trainer serves (`start_node`), so no sessions pile up under
-the initial policy while the trainer imports torch. The trainer itself is always a process of its own
+to are refused. Its own stack is what `lodestar up` starts minus the idle trainer: etcd, inference (the
+tiny model unless `model` is set; `inference_replicas` of them), rollout and one gateway node, under
+`data_dir`; the node starts only once the trainer serves (`start_node`), so no sessions pile up under the
+initial policy while the trainer imports torch. The trainer itself is always a process of its own
 (`lodestar trainer serve` with the run, the model and the config file's `[trainer]` table), so `lodestar up`'s
 idle trainer stays idle.
+
+Several replicas (`inference_replicas` > 1) register in the stack's etcd, and the gateway node and the
+trainer find them there (`--inference-discovery etcd`): a replica that dies leaves their view a lease TTL
+(5 s) later, its sessions' next calls go to the others, and pushes skip it, so the run goes on. Nothing
+restarts it (`lodestar up` restarts its services; `lodestar train` does not).
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ from lodestar.errors import InvalidArgumentError, UnavailableError
 from lodestar.grpc import security
 from lodestar.local import LocalCluster, ServiceSpec, find_etcd, free_port, wait_serving
 
+REPLICA_LEASE_TTL_S = 5
+"""etcd lease TTL of the inference replicas of an own stack: a replica that dies leaves discovery after it."""
+
 
 @dataclass
 class Stack:
@@ -48,6 +56,9 @@ class Stack:
     """Where the attached `lodestar up --tls` stack keeps its CA, certificates and token."""
     client: list[str] = field(default_factory=list)
     """The TLS and token flags `lodestar train` attached with (another secured stack); its trainer gets them."""
+    discovery_etcd: str = ""
+    """The etcd the inference replicas register in, when the gateway and trainer find them there (an own stack
+    with several replicas)."""
 
 
 def write_addresses(path: Path, addresses: dict[str, str]) -> None:
@@ -94,7 +105,7 @@ async def _start_own(config: TrainConfig, console: Console) -> Stack:
     replicas = [
         ("inference" if i == 0 else f"inference-{i + 1}", free_port()) for i in range(config.inference_replicas)
     ]
-    inference = ",".join(f"127.0.0.1:{port}" for _, port in replicas)  # the gateway and trainer take them all
+    inference = ",".join(f"127.0.0.1:{port}" for _, port in replicas)
     rollout = f"127.0.0.1:{ports['rollout']}"
     stack = Stack(inference, rollout, model, cluster=cluster)
     try:
@@ -105,6 +116,10 @@ async def _start_own(config: TrainConfig, console: Console) -> Stack:
         gateway_args += ["--etcd", cluster.etcd_url, "--data-dir", str(data_dir / "gateway")]
         gateway_args += ["--slots", str(config.slots), "--ready-buffer", str(config.ready_buffer)]
         serve = ["--backend", config.backend, "--model", str(model)]
+        if len(replicas) > 1:  # replicas register in etcd; the gateway and the trainer follow them there
+            stack.discovery_etcd = cluster.etcd_url
+            serve += ["--etcd", cluster.etcd_url, "--etcd-lease-ttl-s", str(REPLICA_LEASE_TTL_S)]
+            gateway_args += ["--inference-discovery", "etcd"]
         specs = [
             *(ServiceSpec(name, port, [*serve, "--replica-id", name], command="inference") for name, port in replicas),
             ServiceSpec(
@@ -148,6 +163,8 @@ async def start_trainer(config: TrainConfig, stack: Stack, run_id: str) -> tuple
     args = ["--config", str(config.config_path), "--run", run_id, "--model", str(stack.model)]
     args += ["--run-dir", str(config.run_dir), "--steps", str(config.steps)]
     args += ["--rollout", stack.rollout, "--inference", stack.inference]
+    if stack.discovery_etcd:
+        args += ["--inference-discovery", "etcd", "--etcd", stack.discovery_etcd]
     if stack.tls_dir is not None:  # an up --tls stack: the trainer serves and calls with its own identity
         args += await asyncio.to_thread(up_tls.service_args, stack.tls_dir, "trainer")
     else:  # another secured stack: the identity lodestar train attached with
