@@ -108,9 +108,12 @@ def test_the_gpu_overlay_asks_for_gpus_and_the_local_one_for_none() -> None:
     assert (inference["kind"], inference["spec"]["serviceName"]) == ("StatefulSet", "inference")
     count = inference["spec"]["replicas"]
     assert count >= 2, "several replicas, each its own address"
-    env = _config_env(render("gpu"))
-    every = ",".join(f"inference-{i}.inference:50051" for i in range(count))
-    assert env["LODESTAR_GATEWAY_INFERENCE"] == env["LODESTAR_TRAINER_INFERENCE"] == every
+    env = _config_env(render("gpu"))  # the replicas are found in etcd, each under its own address
+    assert env["LODESTAR_GATEWAY_INFERENCE_DISCOVERY"] == env["LODESTAR_TRAINER_INFERENCE_DISCOVERY"] == "etcd"
+    assert env["LODESTAR_INFERENCE_ETCD"] == env["LODESTAR_GATEWAY_ETCD"] == env["LODESTAR_TRAINER_ETCD"]
+    container = inference["spec"]["template"]["spec"]["containers"][0]
+    advertised = {item["name"]: item.get("value") for item in container["env"]}["LODESTAR_INFERENCE_ADVERTISE_ADDRESS"]
+    assert advertised == "$(LODESTAR_INFERENCE_REPLICA_ID).inference:50051"
     assert gpu["etcd"]["spec"]["replicas"] == 3
     rollout = gpu["rollout"]["spec"]["template"]["spec"]
     assert not rollout.get("volumes")  # a PostgreSQL store: leader and standby share no volume
@@ -162,6 +165,8 @@ def allowed_connections(docs: list[dict[str, Any]]) -> set[tuple[str, str, int]]
 EXPECTED_CONNECTIONS = {
     ("rollout", "etcd", 2379),
     ("gateway", "etcd", 2379),
+    ("inference", "etcd", 2379),
+    ("trainer", "etcd", 2379),
     ("etcd", "etcd", 2379),
     ("etcd", "etcd", 2380),
     ("gateway", "rollout", 50053),
@@ -192,11 +197,11 @@ def test_the_policy_check_can_fail() -> None:
 
 
 def test_the_etcd_tls_component_secures_etcd_and_its_clients(tmp_path: Path) -> None:
-    """The base runs etcd plaintext, which rollout and the gateway accept only because the ConfigMap says so;
+    """The base runs etcd plaintext, which its clients accept only because the ConfigMap says so;
     components/etcd-tls (here on the gpu overlay) serves etcd on https:// to peers and clients, requires
-    client certificates, and gives rollout and the gateway theirs from Secrets."""
+    client certificates, and gives rollout, the gateway, inference and the trainer theirs from Secrets."""
     plain = _config_env(render("gpu"))
-    for service in ("ROLLOUT", "GATEWAY"):
+    for service in ("ROLLOUT", "GATEWAY", "INFERENCE", "TRAINER"):
         assert plain[f"{ENV_PREFIX}{service}_ETCD"].startswith("http://")
         assert plain[f"{ENV_PREFIX}{service}_ETCD_ALLOW_INSECURE"] == "true"
 
@@ -223,7 +228,7 @@ def test_the_etcd_tls_component_secures_etcd_and_its_clients(tmp_path: Path) -> 
     assert etcd["containers"][0]["readinessProbe"]["httpGet"]["port"] == 2381  # /health without a client cert
     assert {"name": "tls", "secret": {"secretName": "lodestar-etcd-server", "defaultMode": 0o400}} in etcd["volumes"]
 
-    for service in ("rollout", "gateway"):
+    for service in ("rollout", "gateway", "inference", "trainer"):
         prefix = f"{ENV_PREFIX}{service.upper()}_ETCD"
         assert env[prefix] == "https://etcd:2379"
         assert env[f"{prefix}_ALLOW_INSECURE"] == "false"
