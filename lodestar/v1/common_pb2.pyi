@@ -667,6 +667,42 @@ class PolicyVersion(_message.Message):
 Global___PolicyVersion: _TypeAlias = PolicyVersion  # noqa: Y015
 
 @_typing.final
+class PolicyVersionSpan(_message.Message):
+    """Sampled tokens [start, end) of one call (indexes into its completion token ids) were sampled by the
+    weights of `policy_version`. A call's spans (`CallRecord.policy_version_spans`,
+    `GenerateFinal.policy_version_spans`) are in order, contiguous and cover every sampled token; a call
+    has them only when a weight swap happened while it ran (vLLM's no-drain swap, `weight_swap = "keep"`):
+    a call without spans was sampled wholly by its `policy_version`. Each token's logprob is that of the
+    version its span names, computed over the whole prefix (prompt and earlier tokens) under that version:
+    a swap recomputes a running request's keys and values under the new weights.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    START_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    policy_version: _builtins.int
+    start: _builtins.int
+    """First sampled token of the span (0-based, inclusive)."""
+    end: _builtins.int
+    """One past its last sampled token."""
+    def __init__(
+        self,
+        *,
+        policy_version: _builtins.int = ...,
+        start: _builtins.int = ...,
+        end: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "policy_version", b"policy_version", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PolicyVersionSpan: _TypeAlias = PolicyVersionSpan  # noqa: Y015
+
+@_typing.final
 class CallRecord(_message.Message):
     """One captured model call, exactly as sampled. Written by the gateway before the reply completes and
     carried unchanged to rollout and the trainer.
@@ -695,6 +731,7 @@ class CallRecord(_message.Message):
     CHAIN_START_FIELD_NUMBER: _builtins.int
     REQUESTED_SAMPLING_FIELD_NUMBER: _builtins.int
     INFERENCE_REPLICA_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_SPANS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Session this call belongs to."""
     sequence: _builtins.int
@@ -706,7 +743,9 @@ class CallRecord(_message.Message):
     """The HTTP request body as received (UTF-8 JSON)."""
     finish_reason: Global___FinishReason.ValueType
     policy_version: _builtins.int
-    """The policy version that produced every sampled token of this call."""
+    """The policy version that sampled the call's first token (every token, unless `policy_version_spans`
+    says otherwise).
+    """
     continued_from_sequence: _builtins.int
     """Sequence number of the earlier call whose tokens this prompt extends; -1 when it starts a new chain."""
     first_token_ms: _builtins.float
@@ -755,6 +794,12 @@ class CallRecord(_message.Message):
         holds what was used). Unset in records written before sampling policies existed.
         """
 
+    @_builtins.property
+    def policy_version_spans(self) -> _containers.RepeatedCompositeFieldContainer[Global___PolicyVersionSpan]:
+        """Which policy version sampled which tokens, when the weights were swapped while the call ran
+        (`GenerateFinal.policy_version_spans`); empty: every token was sampled by `policy_version`.
+        """
+
     def __init__(
         self,
         *,
@@ -779,10 +824,11 @@ class CallRecord(_message.Message):
         chain_start: Global___ChainStart.ValueType = ...,
         requested_sampling: Global___SamplingParams | None = ...,
         inference_replica: _builtins.str = ...,
+        policy_version_spans: _abc.Iterable[Global___PolicyVersionSpan] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["completion", b"completion", "finished_at", b"finished_at", "requested_sampling", b"requested_sampling", "sampling", b"sampling", "started_at", b"started_at", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chain_start", b"chain_start", "completion", b"completion", "completion_logprobs", b"completion_logprobs", "completion_token_ids", b"completion_token_ids", "continued_from_sequence", b"continued_from_sequence", "dialect", b"dialect", "finish_reason", b"finish_reason", "finished_at", b"finished_at", "first_token_ms", b"first_token_ms", "inference_replica", b"inference_replica", "messages", b"messages", "original_request_json", b"original_request_json", "policy_version", b"policy_version", "prompt_token_ids", b"prompt_token_ids", "requested_sampling", b"requested_sampling", "sampling", b"sampling", "sequence", b"sequence", "session_id", b"session_id", "started_at", b"started_at", "tools", b"tools", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chain_start", b"chain_start", "completion", b"completion", "completion_logprobs", b"completion_logprobs", "completion_token_ids", b"completion_token_ids", "continued_from_sequence", b"continued_from_sequence", "dialect", b"dialect", "finish_reason", b"finish_reason", "finished_at", b"finished_at", "first_token_ms", b"first_token_ms", "inference_replica", b"inference_replica", "messages", b"messages", "original_request_json", b"original_request_json", "policy_version", b"policy_version", "policy_version_spans", b"policy_version_spans", "prompt_token_ids", b"prompt_token_ids", "requested_sampling", b"requested_sampling", "sampling", b"sampling", "sequence", b"sequence", "session_id", b"session_id", "started_at", b"started_at", "tools", b"tools", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

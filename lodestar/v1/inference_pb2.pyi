@@ -215,9 +215,12 @@ class GenerateFinal(_message.Message):
     MATCHED_STOP_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SERVED_BY_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_SPANS_FIELD_NUMBER: _builtins.int
     finish_reason: _common_pb2.FinishReason.ValueType
     policy_version: _builtins.int
-    """The policy version whose weights sampled every token of this call."""
+    """The policy version whose weights sampled the first token of this call (every token, unless
+    `policy_version_spans` says otherwise).
+    """
     continuation_used: _builtins.bool
     """True when the prompt started with `GenerateRequest.continuation.token_ids`."""
     tool_call_parse_error: _builtins.bool
@@ -246,6 +249,13 @@ class GenerateFinal(_message.Message):
 
     @_builtins.property
     def usage(self) -> _common_pb2.Usage: ...
+    @_builtins.property
+    def policy_version_spans(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.PolicyVersionSpan]:
+        """Set only when the weights were swapped while this call ran (the vllm backend's no-drain swap): the
+        version of each range of `completion_token_ids`, in order, covering all of them; the first span's
+        version is `policy_version`. Empty: every token was sampled by `policy_version`.
+        """
+
     def __init__(
         self,
         *,
@@ -261,10 +271,11 @@ class GenerateFinal(_message.Message):
         matched_stop: _builtins.str = ...,
         request_id: _builtins.str = ...,
         served_by: _builtins.str = ...,
+        policy_version_spans: _abc.Iterable[_common_pb2.PolicyVersionSpan] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion_logprobs", b"completion_logprobs", "completion_token_ids", b"completion_token_ids", "continuation_used", b"continuation_used", "finish_reason", b"finish_reason", "matched_stop", b"matched_stop", "message", b"message", "policy_version", b"policy_version", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "served_by", b"served_by", "tool_call_parse_error", b"tool_call_parse_error", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion_logprobs", b"completion_logprobs", "completion_token_ids", b"completion_token_ids", "continuation_used", b"continuation_used", "finish_reason", b"finish_reason", "matched_stop", b"matched_stop", "message", b"message", "policy_version", b"policy_version", "policy_version_spans", b"policy_version_spans", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "served_by", b"served_by", "tool_call_parse_error", b"tool_call_parse_error", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -128,6 +128,7 @@ class Proxy:
                     finish_reason=final.finish_reason, completion=completion, policy_version=final.policy_version,
                     usage=final.usage, continued_from_sequence=continued, first_token_ms=first_token_ms,
                     chain_start=start, inference_replica=final.served_by,
+                    policy_version_spans=final.policy_version_spans,
                 )  # fmt: skip
                 link_keys = [*keys, *message_keys([completion])]
                 link = ChainLink(-1, context, link_keys, _continuation(result_half, len(link_keys)))

@@ -15,8 +15,12 @@ Contract of `Engine.generate(request)`:
 - The last step has `finish_reason` set: "stop" when an end-of-turn / EOS id (`EngineInfo.eos_token_ids`)
   was sampled (that id is included in the step's `token_ids`), "length" when `sampling.max_tokens` new ids
   were produced or the context is full. No step follows a finished one.
-- Every step of one request carries the same `policy_version`: the version the request started on. A
-  weight update never changes the weights under a running request.
+- Every step of one request carries the same `policy_version`: the version that sampled its first token.
+  An engine either never changes the weights under a running request (transformers: the old weights stay
+  while a request runs on them; vllm with `weight_swap = "drain"`) or swaps them under it at a token
+  boundary (vllm, `weight_swap = "keep"`): then its steps carry `version_spans`, which version sampled
+  which of the request's tokens so far, and the tokens after the swap are sampled by the new weights over
+  keys and values recomputed under them (no key or value of an older version is reused).
 - Cancellation: the consumer closes the generator (`await gen.aclose()`, or a cancelled task whose
   `async for` is torn down). The engine must stop sampling for that request and free its slot / KV cache.
 - Errors: `lodestar.errors.InvalidArgumentError` for a request the engine cannot run (e.g. prompt longer
@@ -96,6 +100,15 @@ def next_delivery(delivered: float, hold_s: float) -> float:
 
 
 @dataclass(frozen=True)
+class VersionSpan:
+    """The request's sampled tokens [start, end) (0-based over all its steps) came from `version`'s weights."""
+
+    version: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
 class EngineStep:
     """Ids sampled since the previous step of the same request."""
 
@@ -103,7 +116,11 @@ class EngineStep:
     logprobs: tuple[float, ...]
     """One fp32 logprob per id (processed distribution); empty when logprobs were not requested."""
     policy_version: int
+    """The version that sampled the request's first token."""
     finish_reason: EngineFinishReason | None = None
+    version_spans: tuple[VersionSpan, ...] = ()
+    """The versions of every token of the request up to this step, in order, when an engine that swaps
+    under running requests knows them; empty: every token so far is `policy_version`'s."""
 
 
 @dataclass(frozen=True)
@@ -178,8 +195,9 @@ class Engine(Protocol):
     async def update_weights(self, update: WeightUpdate) -> int:
         """Swap to the update's weights atomically; return the version now served (`update.version`).
 
-        Requests already running finish on the weights they started with; new ones use the new weights.
-        On failure the old weights keep serving and the error is raised (InvalidArgumentError for a bad
-        update).
+        New requests use the new weights; running ones finish on the weights they started with or, on an
+        engine that swaps under them, continue on the new weights with `EngineStep.version_spans` saying
+        where (see the module docstring). On failure the old weights keep serving and the error is raised
+        (InvalidArgumentError for a bad update).
         """
         ...

@@ -4,7 +4,8 @@
 continuation included) with `ChatTemplate`, enforces the context length and the server's new-token cap,
 drives the engine, decodes incrementally, applies stop sequences, parses reasoning and tool calls as they
 complete, and builds the `GenerateFinal` (prompt ids, sampled ids, logprobs, finish reason, parsed
-message, usage, policy version). Closing the returned iterator (client cancellation) closes the engine
+message, usage, policy version and, when the weights were swapped under the call, the version of each
+token range). Closing the returned iterator (client cancellation) closes the engine
 stream, which frees the engine slot.
 
 Streams are coalesced: the first engine step goes out as a delta at once (time to first token); after
@@ -44,9 +45,10 @@ from dataclasses import dataclass, field
 from lodestar.chat_json import tool_schema
 from lodestar.errors import ContextLengthExceededError, InvalidArgumentError
 from lodestar.logging import get_logger
+from lodestar.policy_versions import spans_of
 from lodestar.v1 import common_pb2, inference_pb2
 from services.inference.assistant import AssistantDelta, AssistantParser, ParsedAssistant, _partial_suffix
-from services.inference.engine import Engine, EngineRequest, SamplingOptions
+from services.inference.engine import Engine, EngineRequest, SamplingOptions, VersionSpan
 from services.inference.templates import ChatTemplate, Prompt
 from services.inference.tokenizer import IncrementalDecoder
 from services.inference.toolcalls import ToolCallFormat
@@ -157,6 +159,7 @@ class Generation:
         out = self._output(request, call)
         stream, stops, flush_s, paced = call.stream, call.stops, call.flush_s, call.paced
         version: int | None = None
+        spans: tuple[VersionSpan, ...] = ()
         engine_finish: str | None = None
         first_token_s: float | None = None
         last_sent = -math.inf
@@ -169,6 +172,7 @@ class Generation:
                     first_token_s, version = now - started, step.policy_version
                 out.ids += step.token_ids
                 out.logprobs += step.logprobs
+                spans = step.version_spans or spans
                 engine_finish = step.finish_reason
                 stopped = bool(stops.stops) and out.check_stops(final=engine_finish is not None)
                 done = stopped or engine_finish is not None
@@ -189,7 +193,7 @@ class Generation:
             self._streams -= int(stream)
             if isinstance(steps, AsyncGenerator):  # the engine frees the request's slot on close
                 await steps.aclose()
-        final = self._final(call, out, engine_finish, version)
+        final = self._final(call, out, engine_finish, version, spans)
         _log_generated(call, final, first_token_s, started)
         yield inference_pb2.GenerateResponse(final=final)
 
@@ -253,7 +257,12 @@ class Generation:
         return _Output(IncrementalDecoder(self._template.tokenizer), parser, call.stops)
 
     def _final(
-        self, call: _Call, out: _Output, engine_finish: str | None, version: int | None
+        self,
+        call: _Call,
+        out: _Output,
+        engine_finish: str | None,
+        version: int | None,
+        spans: Sequence[VersionSpan] = (),
     ) -> inference_pb2.GenerateFinal:
         """The final event: everything sampled, the parsed message, the finish reason and usage."""
         prompt, stops, parser = call.prompt, call.stops, out.parser
@@ -278,6 +287,7 @@ class Generation:
             matched_stop=stops.matched,
             request_id=call.request_id,
             served_by=self.replica_id,
+            policy_version_spans=_version_spans(spans, len(ids)),
         )
 
 
@@ -358,6 +368,16 @@ class _Output:
         response = _delta(self.ids[self.sent :], self.logprobs[self.sent :], update, self.call_ids)
         self.sent = len(self.ids)
         return response
+
+
+def _version_spans(spans: Sequence[VersionSpan], count: int) -> list[common_pb2.PolicyVersionSpan]:
+    """The final's `policy_version_spans`: the engine's spans over the call's `count` ids, none when one
+    version sampled them all. Ids past the engine's last span (none expected) keep its version."""
+    if not spans:
+        return []
+    versions = [span.version for span in spans for _ in range(span.start, span.end)][:count]
+    versions += [spans[-1].version] * (count - len(versions))
+    return spans_of(versions)
 
 
 def check_token_ids(ids: Sequence[int], vocab_size: int, what: str) -> None:

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from math import comb, sqrt
 from typing import Any
 
+from lodestar.policy_versions import call_version_range
 from lodestar.v1 import rollout_pb2
 
 MAX_STALENESS = 2**32 - 1
@@ -137,4 +138,4 @@ def score(
 
 
 def _versions(session: rollout_pb2.SessionResult) -> set[int]:
-    return {call.policy_version for call in session.calls}
+    return {version for call in session.calls for version in call_version_range(call)}

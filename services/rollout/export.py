@@ -13,7 +13,7 @@ one record; a session with sub-agents or a compaction gives one per branch. A re
   messages: `content` text, assistant `tool_calls` with `arguments` as the JSON text the model produced,
   `tool` messages with `tool_call_id`), followed by the model's completion as the last assistant message;
 - `tools`: the tool definitions of that call (OpenAI `{"type": "function", "function": {...}}`);
-- `reward`, `run_id`, `session_id`, `task_id`, `policy_version` (the newest version among the chain's calls);
+- `reward`, `run_id`, `session_id`, `task_id`, `policy_version` (the newest version that sampled a token of the chain);
 - `token_ids` (the chain end's prompt ids + its sampled ids: the exact tokens of the whole conversation, the
   model's own tokens never re-tokenized) and `loss_mask` (1 on every token some call of the chain sampled,
   0 on prompt, tool-result and template tokens), ready for token-level SFT.
@@ -27,6 +27,7 @@ from typing import Any
 
 from lodestar.chat_json import message_dict, tool_dict
 from lodestar.errors import NotFoundError
+from lodestar.policy_versions import call_version_range
 from lodestar.v1 import common_pb2, rollout_pb2
 from services.rollout.model import SessionStatus
 from services.rollout.store import Store
@@ -67,10 +68,10 @@ def session_records(result: rollout_pb2.SessionResult, *, run_id: str, task_id: 
     """The SFT records (one per chain end) of one scored session."""
     by_sequence = {c.sequence: c for c in result.calls}
     for end in chain_ends(result.calls):
-        chain_versions = [end.policy_version]
+        chain_versions = [call_version_range(end)[1]]
         link = end.continued_from_sequence
         while link >= 0 and link in by_sequence and len(chain_versions) <= len(by_sequence):
-            chain_versions.append(by_sequence[link].policy_version)
+            chain_versions.append(call_version_range(by_sequence[link])[1])
             link = by_sequence[link].continued_from_sequence
         yield {
             "run_id": run_id,

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from lodestar.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from lodestar.policy_versions import call_version_range
 from lodestar.v1 import rollout_pb2
 from services.rollout import groups
 from services.rollout.model import (
@@ -307,7 +308,7 @@ class Scheduler:
         )
         counted = False
         if result.outcome in (rollout_pb2.SESSION_OUTCOME_SCORED, rollout_pb2.SESSION_OUTCOME_TIMED_OUT):
-            versions = [call.policy_version for call in result.calls]
+            versions = [version for call in result.calls for version in call_version_range(call)]
             session.status, session.outcome, session.reward = SessionStatus.SCORED, result.outcome, result.reward
             session.min_policy_version, session.max_policy_version = min(versions, default=0), max(versions, default=0)
             session.counted = counted = True

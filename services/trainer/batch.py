@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from lodestar.policy_versions import call_token_versions
 from lodestar.v1 import common_pb2
 
 
@@ -59,7 +60,8 @@ class TrainingSequence:
     temperatures: list[float] = field(default_factory=list)
     """Sampling temperature of each target's call: its logprob is recomputed under logits / temperature."""
     versions: list[int] = field(default_factory=list)
-    """Policy version that sampled each target (its call's `policy_version`)."""
+    """Policy version that sampled each target (its call's `policy_version`, or its span's when the weights
+    were swapped while the call ran: `lodestar.policy_versions`)."""
 
     @property
     def is_linear(self) -> bool:
@@ -148,4 +150,8 @@ def check_call(call: common_pb2.CallRecord) -> None:
         )
     if not call.prompt_token_ids:
         raise ValueError(f"call {call.session_id}#{call.sequence} has no prompt token ids")
+    try:
+        call_token_versions(call)
+    except ValueError as error:
+        raise ValueError(f"call {call.session_id}#{call.sequence}: {error}") from error
     sampled_temperature(call)

@@ -172,3 +172,18 @@ def test_new_groups_wait_while_the_trainer_is_behind_but_started_groups_go_on() 
     assert scheduler.acquire("d", 1, 10, [], 4.0).assigned == []  # complete but not delivered: still in play
     assert groups.next_group(scheduler, run, 2)[0] is not None
     assert [s.session_id for s in scheduler.acquire("e", 1, 10, [], 5.0).assigned] == ["r-g7-s0", "r-g7-s1"]
+
+
+def test_a_session_spans_every_version_that_sampled_one_of_its_tokens() -> None:
+    """A call whose weights were swapped while it ran (policy_version_spans) counts with its newest version
+    too: a group's max version (and so its staleness at delivery) must not stop at a call's first token."""
+    scheduler, _ = _scheduler(tasks=1, group_size=1)
+    scheduler.acquire("a", 1, 1, [], 0.0)
+    result = session_result("r-g0-s0", 1, "a", versions=(3,))
+    result.calls[0].completion_token_ids.extend([11, 12, 13])
+    result.calls[0].policy_version_spans.add(policy_version=3, start=0, end=1)
+    result.calls[0].policy_version_spans.add(policy_version=4, start=1, end=3)
+    scheduler.complete(result, 1.0)
+    session, group = scheduler.sessions["r-g0-s0"], scheduler.groups["r-g0"]
+    assert (session.min_policy_version, session.max_policy_version) == (3, 4)
+    assert (group.min_policy_version, group.max_policy_version) == (3, 4)

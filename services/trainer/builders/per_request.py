@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from lodestar.policy_versions import call_token_versions
 from lodestar.v1 import common_pb2
 from services.trainer.batch import BuildResult, BuildStats, Sample, TrainingSequence, check_call, sampled_temperature
 
@@ -29,7 +30,7 @@ def add_targets(
     sequence.behaviour_logprobs.extend(call.completion_logprobs[first : first + count])
     sequence.advantages.extend([sample.advantage] * count)
     sequence.temperatures.extend([sampled_temperature(call)] * count)
-    sequence.versions.extend([call.policy_version] * count)
+    sequence.versions.extend(call_token_versions(call)[first : first + count])
 
 
 def add_call_targets(sequence: TrainingSequence, start: int, sample: Sample, call: common_pb2.CallRecord) -> None:
