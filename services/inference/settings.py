@@ -75,6 +75,12 @@ class InferenceSettings(EtcdClientSettings):
     prefix_caching: bool = True
     """vLLM on CUDA: reuse the KV blocks of a prompt's cached prefix (the cache is reset at every weight
     update, so no block computed under an older policy version is reused); on CPU vLLM's own default."""
+    weight_swap: Literal["keep", "drain"] = "keep"
+    """vLLM backend, how a weight update meets running requests. keep: they are frozen at a token boundary,
+    the weights swapped under them, and they continue on the new version (their tokens' versions are
+    recorded per range: `policy_version_spans`); the swap waits for no request. drain: new requests wait
+    while every running one finishes on the old weights; a swap waits for the longest of them. Both reset
+    the prefix cache. The transformers backend always keeps old requests on their old weights."""
 
     def serving_dtype(self, cuda: bool | None = None) -> Literal["float32", "bfloat16", "float16"]:
         """The dtype to serve in: `dtype`, or when unset bfloat16 on CUDA (`cuda`, default: `device` names a

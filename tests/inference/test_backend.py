@@ -2,8 +2,8 @@
 
 Streaming, logprob equality with a teacher-forced forward pass, limits, stop sequences, continuation,
 tool-call parsing (on weights trained here to emit a call), weight updates good and bad, in-flight
-requests finishing on their version, and cancellation. Weight-changing tests run last and restore the
-original weights.
+requests' tokens carrying the version that sampled them, and cancellation. Weight-changing tests run last
+and restore the original weights.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import grpc
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from lodestar.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from services.inference.templates import ChatTemplate
@@ -357,7 +358,13 @@ async def test_checkpoint_path_update(stub, tiny_model_dir: Path, original_weigh
     assert reply.tensors_updated == len(original_weights)
 
 
-async def test_in_flight_request_finishes_on_its_version(stub, teacher, trained_weights, original_weights) -> None:
+async def test_in_flight_request_tokens_carry_their_version(
+    stub, teacher, tiny_model_dir: Path, trained_weights, original_weights
+) -> None:
+    """Weights swapped under a streaming request: every token's logprob is that of the version it is recorded
+    under. transformers keeps the request on its old weights (no spans); vllm swaps under it (default
+    `weight_swap = "keep"`): the final's spans name where the new version took over, unless the request
+    finished before the swap."""
     version = (await stub.GetModelInfo(inference_pb2.GetModelInfoRequest())).policy_version.version
     call = stub.Generate(
         request([user("A long answer.")], sampling=sampling(temperature=1.0, seed=21, max_tokens=200), stream=True)
@@ -373,12 +380,30 @@ async def test_in_flight_request_finishes_on_its_version(stub, teacher, trained_
         reply = await update
         assert final is not None
         assert final.policy_version == version
-        expected = teacher_logprobs(
-            teacher, final.prompt_token_ids, final.completion_token_ids, temperature=1.0, top_k=0, top_p=1.0
-        )
-        assert (expected - torch.tensor(list(final.completion_logprobs))).abs().max().item() < 1e-4
+        ids = final.completion_token_ids
+        swap = len(ids)
+        if final.policy_version_spans:
+            first, second = final.policy_version_spans
+            assert (first.policy_version, first.start, second.policy_version, second.end) == (
+                version,
+                0,
+                version + 1,
+                len(ids),
+            )
+            swap = first.end
+            assert second.start == swap
+            assert 0 < swap < len(ids)
+            trained = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+            trained.load_state_dict(trained_weights, strict=False)
+            expected = teacher_logprobs(trained, final.prompt_token_ids, ids, temperature=1.0, top_k=0, top_p=1.0)
+            got = torch.tensor(list(final.completion_logprobs))
+            assert (expected[swap:] - got[swap:]).abs().max().item() < 1e-4
+        expected = teacher_logprobs(teacher, final.prompt_token_ids, ids, temperature=1.0, top_k=0, top_p=1.0)
+        got = torch.tensor(list(final.completion_logprobs))
+        assert (expected[:swap] - got[:swap]).abs().max().item() < 1e-4
         assert reply.policy_version == version + 1
         fresh = (await collect(stub, request([user("hi")], sampling=sampling(max_tokens=2)))).final
         assert fresh.policy_version == version + 1
+        assert not fresh.policy_version_spans
     finally:
         await _restore(stub, original_weights)

