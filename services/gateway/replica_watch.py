@@ -72,6 +72,7 @@ class ReplicaDiscovery:
         self.replicas = replicas
         self.admission = Admission()
         self.watch = ReplicaWatch(endpoint, self._apply, prefix=prefix, tls=tls)
+        self._logged_waiting: set[str] = set()
 
     def start(self) -> None:
         self.watch.start()
@@ -86,6 +87,8 @@ class ReplicaDiscovery:
             self.replicas.add(address)
         for address in sorted(current - routed):
             await self.replicas.remove(address)
-        if self.admission.waiting:
+        waiting = set(self.admission.waiting)
+        if waiting - self._logged_waiting:
             _log.info("inference replicas wait for the fleet's policy version before they are routed to",
                       waiting=self.admission.waiting)  # fmt: skip
+        self._logged_waiting = waiting
