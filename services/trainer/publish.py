@@ -42,6 +42,7 @@ from services.trainer.rpc import RETRYABLE, details_of, domain_error, status_of,
 
 CHUNK_BYTES = 4 * 1024 * 1024
 MAX_PARALLEL_PUSHES = 32
+NO_REPLICA_POLL_S = 0.5
 """Replicas one fan-out pushes to at once (threads; each mostly waits on its stream)."""
 
 _log = get_logger("trainer.publish")
@@ -217,6 +218,14 @@ class FanoutPublisher:
                 self._by_target[target] = WeightPublisher(target, **self._options)
         return [self._by_target[target] for target in targets]
 
+    def _live_publishers(self) -> list[WeightPublisher]:
+        """The publishers of the replicas named now; when none is (discovered replicas all gone, or not
+        registered yet), wait for one up to the push deadline rather than fail the trainer at once."""
+        deadline = time.monotonic() + self._options.get("timeout_s", 300.0)
+        while not (publishers := self.publishers) and time.monotonic() < deadline:
+            time.sleep(NO_REPLICA_POLL_S)
+        return publishers
+
     def _tries(self, target: str) -> int | None:
         return 1 if target in self._missed else None
 
@@ -230,14 +239,13 @@ class FanoutPublisher:
     def served_version(self) -> int:
         """The oldest version a reachable replica serves (LodestarError when none answers)."""
         versions: list[int] = []
-        last: LodestarError | None = None
-        for publisher in self.publishers:
+        last: LodestarError = UnavailableError("no inference replica is registered")
+        for publisher in self._live_publishers():
             try:
                 versions.append(publisher.served_version())
             except LodestarError as error:
                 last = error
         if not versions:
-            assert last is not None
             raise last
         return min(versions)
 
@@ -254,7 +262,7 @@ class FanoutPublisher:
         """`publish` of an already serialized state: to every replica at once."""
         futures = {
             p.target: self._pool.submit(p.publish_payload, payload, tensors, version, started, self._tries(p.target))
-            for p in self.publishers
+            for p in self._live_publishers()
         }
         results: list[PublishResult] = []
         unreachable: dict[str, str] = {}

@@ -3,12 +3,13 @@ services (transformers backend, tiny model) registered as `inference serve --etc
 (services/inference/registration.py), a real etcd, the trainer's publisher as `create_trainer` builds it.
 One push reaches every registered replica and each rewrites its record with the version; a replica that
 dies is skipped at once (the push does not wait for it) and leaves the publisher's targets when its lease
-expires; a replica that joins later gets the next version."""
+expires; a replica that joins later gets the next version; with no replica registered a push waits for one."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lodestar.errors import UnavailableError
 from lodestar.etcd import EtcdClient
 from lodestar.inference_registry import ReplicaRegistration, list_replicas
 from services.inference.registration import registration
@@ -118,3 +120,15 @@ def test_pushes_follow_the_replicas_registered_in_etcd(
                 assert (served_version(a.address), served_version(c.address)) == (3, 3)
         finally:
             publisher.close()
+
+        registered: list[str] = []  # no replica yet: a push waits for one (within its deadline)
+        waiting = FanoutPublisher(lambda: list(registered), timeout_s=30, attempts=1)
+        try:
+            threading.Timer(0.5, registered.append, [a.address]).start()
+            assert waiting.publish(state, 4).policy_version == 4
+        finally:
+            waiting.close()
+    nobody = FanoutPublisher(list, timeout_s=0.5)
+    with pytest.raises(UnavailableError, match="no inference replica is registered"):
+        nobody.served_version()
+    nobody.close()
