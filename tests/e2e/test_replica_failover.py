@@ -2,8 +2,9 @@
 (two `lodestar inference serve` processes registered in the stack's etcd, the tiny model, the transformers
 engine), and once the first step is done the test SIGKILLs the second replica. The run still does every step;
 the trainer kept pushing (the survivor served versions published after the kill); no session was scored with
-a call the kill cut short (a scored quickstart session has both its calls; one whose call died is an
-infrastructure failure, retried, never a reward); a session whose replica lived kept it."""
+a call the kill cut short (a scored quickstart session has both its calls: the agent's non-streaming calls
+that the kill caught before their answer moved to the survivor, and a session whose call failed anyway would
+be an infrastructure failure, retried, never a reward); a session whose replica lived kept it."""
 
 from __future__ import annotations
 
@@ -127,5 +128,6 @@ def test_a_run_goes_on_when_a_replica_is_killed(tmp_path: Path) -> None:
     )
     log = (tmp_path / "stack" / "logs" / "gateway.log").read_text()
     assert "inference replica removed" in log, "the gateway saw the replica leave etcd"
+    moved = log.count("inference replica failed a call before its first token")
     print(f"killed {VICTIM} after step {killed_after} ({time.time() - killed_at:.0f} s before the end); "
-          f"{scored} scored results, {infra} infrastructure failures")  # fmt: skip
+          f"{scored} scored results, {infra} infrastructure failures, {moved} calls moved")  # fmt: skip
