@@ -310,6 +310,7 @@ class ReplicaWatch:
                         elif (parsed := _parse(event.key, event.value, event.lease_id)) is not None:
                             current[event.key] = parsed
                         await self._changed(current)
+                await asyncio.sleep(initial)  # etcd ended the watch (no error): list again, not in a tight loop
             except errors.LodestarError as error:  # keep the last map; list again once etcd answers
                 _log.warning("inference replica watch interrupted; listing again", error=error.message,
                              retry_in_s=delay)  # fmt: skip
