@@ -55,6 +55,7 @@ async def test_a_replica_set_follows_the_replicas_registered_in_etcd(etcd_endpoi
         assert set(replicas.clients) == {a.record.address, b.record.address}
         assert replicas.router.pick("session-1") in replicas.clients
 
+        before = {f"early{i}": replicas.router.pick(f"early{i}") for i in range(30)}
         a.publish(2)
         b.publish(2)
         late.start()  # joins at version 0 while the fleet serves 2: registered, not routed to
@@ -62,6 +63,9 @@ async def test_a_replica_set_follows_the_replicas_registered_in_etcd(etcd_endpoi
         assert late.record.address not in replicas.clients
         late.publish(2)  # the trainer's next push reached it
         await eventually(lambda: late.record.address in replicas.clients, 10, what="the newcomer admitted")
+        assert {s: replicas.router.pick(s) for s in before} == before, "running sessions stay where they are"
+        placed = {replicas.router.pick(f"new{i}") for i in range(30)}
+        assert late.record.address in placed, "new sessions spread onto the newcomer"
 
         sticky = {f"s{i}": replicas.router.pick(f"s{i}") for i in range(30)}
         await a.stop()  # drains: gone at once, its sessions move, the others stay where they were
