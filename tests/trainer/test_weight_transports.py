@@ -143,7 +143,9 @@ def test_a_replica_dying_during_the_broadcast_costs_a_bounded_wait(trainer_model
     state = dedupe_tied(model, dict(model.state_dict()))
     with (
         InferenceThread.start(trainer_model_dir, tmp_path / "a") as live,
-        serve_inference("transformers", trainer_model_dir, tmp_path) as doomed,
+        serve_inference(  # its spool dir: a process killed mid-receive leaves its spool file behind
+            "transformers", trainer_model_dir, tmp_path, "--weights-spool-dir", str(tmp_path)
+        ) as doomed,
     ):
         timeout_s = 5.0
         publisher = _KillingBroadcast(

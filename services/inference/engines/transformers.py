@@ -203,15 +203,23 @@ class TransformersEngine:
         return update.version
 
     def _load_update(self, base: Any, update: WeightUpdate) -> Any:
+        """A copy of `base` with the update's tensors, each written once: the replaced parameters and buffers
+        are made from the (memory-mapped) files and handed to the deep copy, which copies only the rest
+        (copying a tensor and then overwriting it took a second pass over every updated byte)."""
         files = update.files or (update.path,)
         tensors: dict[str, torch.Tensor] = {}
         for file in files:
             tensors.update(load_file(str(file)))
-        model = copy.deepcopy(base)
-        state = model.state_dict()
+        current = {**dict(base.named_parameters(remove_duplicate=False)), **dict(base.named_buffers())}
+        memo: dict[int, Any] = {}
         with torch.no_grad():
             for name, tensor in tensors.items():
-                state[name].copy_(tensor.to(dtype=state[name].dtype))
+                old = current[name]
+                new = tensor.to(device=old.device, dtype=old.dtype, copy=True)
+                if isinstance(old, torch.nn.Parameter):
+                    new = torch.nn.Parameter(new, requires_grad=old.requires_grad)
+                memo[id(old)] = new
+        model = copy.deepcopy(base, memo)
         return model.eval()
 
     # -- scheduler -----------------------------------------------------------------------------------
