@@ -3,9 +3,12 @@
 A checkpoint directory holds
 - `model.safetensors` and the base model's config/tokenizer files: a Hugging Face model directory that
   `lodestar inference serve --model DIR`, `UpdateWeights(checkpoint_path=DIR)` and `--model DIR` load;
-- `optimizer.pt`: the optimizer's state dict (torch.save; loaded with weights_only=True);
-- `rng.pt`: torch CPU (and CUDA) generator states; `trainer_state.json`: step, policy version, run, groups
-  read from rollout (the StreamGroups resume point), skipped steps, and Python's `random` state.
+- `optimizer.pt`: the optimizer's state dict (torch.save; loaded with weights_only=True), written by one
+  process; under torchrun instead `distributed/`, a torch.distributed.checkpoint of the model and optimizer
+  state in which every rank wrote its own shard (services/trainer/sharded.py);
+- `rng.pt`: torch CPU (and CUDA) generator states (of rank 0; rank r > 0 writes `rng-rank<r>.pt`);
+  `trainer_state.json`: step, policy version, run, groups read from rollout (the StreamGroups resume point),
+  skipped steps, and Python's `random` state.
 
 Writes are atomic: everything goes to a sibling temp directory that is renamed into place, so a crash
 never leaves a half checkpoint under the final name.
@@ -29,6 +32,7 @@ from lodestar.errors import InvalidArgumentError
 
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
+SHARDED_DIR = "distributed"
 RNG_FILE = "rng.pt"
 STATE_FILE = "trainer_state.json"
 
@@ -50,11 +54,18 @@ class Checkpoint:
     path: Path
     state: TrainState
     optimizer: dict[str, Any]
+    """The full optimizer state (empty in a sharded checkpoint: it is in `sharded`)."""
     rng: dict[str, Any]
+    sharded: Path | None = None
+    """The torch.distributed.checkpoint directory of model and optimizer state (written under torchrun)."""
 
 
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step-{step:06d}"
+
+
+def rng_file(rank: int) -> str:
+    return RNG_FILE if rank == 0 else f"rng-rank{rank}.pt"
 
 
 def capture_rng() -> dict[str, Any]:
@@ -81,35 +92,62 @@ def save_checkpoint(
     model_files: list[Path],
 ) -> Path:
     """Write a checkpoint to `path` atomically (replacing one already there); returns `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    staging = begin_checkpoint(path)
     try:
-        for file in model_files:
-            shutil.copy2(file, staging / file.name)
-        save_file(dict(weights), str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
         torch.save(dict(optimizer), staging / OPTIMIZER_FILE)
-        rng = capture_rng()
-        torch.save({key: value for key, value in rng.items() if key != "python"}, staging / RNG_FILE)
-        document = {**asdict(state), "python_random": rng["python"]}
-        (staging / STATE_FILE).write_text(json.dumps(document, indent=2) + "\n")
-        if path.exists():
-            shutil.rmtree(path)
-        staging.rename(path)
+        write_rng(staging, rank=0)
+        finish_checkpoint(staging, path, weights=weights, state=state, model_files=model_files)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return path
 
 
-def load_checkpoint(path: Path) -> Checkpoint:
-    """Read the training state of a checkpoint (the weights are loaded as a model directory by model.py)."""
-    missing = [name for name in (WEIGHTS_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE) if not (path / name).is_file()]
+def begin_checkpoint(path: Path) -> Path:
+    """A new staging directory next to `path`, where a checkpoint is written before it is renamed into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+
+
+def write_rng(staging: Path, *, rank: int) -> None:
+    """This process's torch generator states (Python's go into trainer_state.json, from rank 0)."""
+    rng = capture_rng()
+    torch.save({key: value for key, value in rng.items() if key != "python"}, staging / rng_file(rank))
+
+
+def finish_checkpoint(
+    staging: Path, path: Path, *, weights: Mapping[str, torch.Tensor], state: TrainState, model_files: list[Path]
+) -> None:
+    """Add the model directory (weights, config, tokenizer) and the counters to `staging`, then rename it to
+    `path` (replacing a checkpoint already there). The caller removes `staging` if this raises."""
+    for file in model_files:
+        shutil.copy2(file, staging / file.name)
+    save_file(dict(weights), str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
+    document = {**asdict(state), "python_random": json.dumps(random.getstate())}
+    (staging / STATE_FILE).write_text(json.dumps(document, indent=2) + "\n")
+    if path.exists():
+        shutil.rmtree(path)
+    staging.rename(path)
+
+
+def load_checkpoint(path: Path, *, rank: int = 0) -> Checkpoint:
+    """Read the training state of a checkpoint as rank `rank` resumes it (the weights are loaded as a model
+    directory by model.py, and from `sharded` when there is one). A rank the checkpoint has no generator
+    state for (more ranks than wrote it) takes rank 0's."""
+    sharded = path / SHARDED_DIR
+    optimizer_part = SHARDED_DIR if sharded.is_dir() else OPTIMIZER_FILE
+    required = (WEIGHTS_FILE, RNG_FILE, STATE_FILE)
+    missing = [name for name in required if not (path / name).is_file()]
+    if not (path / optimizer_part).exists():
+        missing.append(f"{OPTIMIZER_FILE} or {SHARDED_DIR}/")
     if missing:
         raise InvalidArgumentError(f"{path} is not a trainer checkpoint (missing {', '.join(missing)})")
     document = json.loads((path / STATE_FILE).read_text())
     python_random = document.pop("python_random")
     state = TrainState(**document)
-    optimizer: dict[str, Any] = torch.load(path / OPTIMIZER_FILE, weights_only=True)
-    rng: dict[str, Any] = torch.load(path / RNG_FILE, weights_only=True)
+    optimizer: dict[str, Any] = {} if sharded.is_dir() else torch.load(path / OPTIMIZER_FILE, weights_only=True)
+    own = path / rng_file(rank)
+    rng: dict[str, Any] = torch.load(own if own.is_file() else path / RNG_FILE, weights_only=True)
     rng["python"] = python_random
-    return Checkpoint(path=path, state=state, optimizer=optimizer, rng=rng)
+    shards = sharded if sharded.is_dir() else None
+    return Checkpoint(path=path, state=state, optimizer=optimizer, rng=rng, sharded=shards)

@@ -38,11 +38,13 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
+    get_state_dict,
     set_optimizer_state_dict,
+    set_state_dict,
 )
 
 from lodestar.errors import InvalidArgumentError
-from services.trainer.model import dedupe_tied, tied_names
+from services.trainer.model import TiedHead, dedupe_tied, tied_names
 
 T = TypeVar("T")
 
@@ -65,14 +67,16 @@ class Parallel:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
             return cls()
-        if not dist.is_initialized():
-            backend = "nccl" if device.startswith("cuda") else "gloo"
-            dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
         collective_device = "cpu"
         if device.startswith("cuda"):
             local = int(os.environ.get("LOCAL_RANK", "0"))
-            torch.cuda.set_device(local)
+            torch.cuda.set_device(local)  # this thread's; the training thread sets it again (loop.py)
             collective_device = f"cuda:{local}"
+        if not dist.is_initialized():
+            # On GPUs, NCCL for CUDA tensors and gloo for the CPU ones that state-dict gathering and
+            # torch.distributed.checkpoint's planning exchange: no collective can meet the wrong backend.
+            backend = "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
+            dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
         return cls(rank=dist.get_rank(), world=dist.get_world_size(), mode=mode, device=collective_device)
 
     @property
@@ -99,13 +103,18 @@ class Parallel:
             return model
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        if tied_names(model):
-            raise InvalidArgumentError("FSDP2 cannot shard a model with tied embeddings here; use --parallel ddp")
+        tied = tied_names(model)
+        if tied - {"lm_head.weight"}:
+            raise InvalidArgumentError(f"FSDP2 cannot shard a model with these tied weights: {sorted(tied)}")
         policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
         base = model.model
         for layer in base.layers:
             fully_shard(layer, mp_policy=policy)
-        fully_shard(base, mp_policy=policy)
+        # The base keeps its gathered parameters from its forward to its backward (what FSDP2 does for a root
+        # anyway, said explicitly here): a tied head reads the gathered embedding after the forward.
+        fully_shard(base, mp_policy=policy, reshard_after_forward=False)
+        if tied:
+            model.lm_head = TiedHead(base.embed_tokens)
         return model
 
     def broadcast(self, value: T | None) -> T | None:
@@ -113,7 +122,7 @@ class Parallel:
         if not self.distributed:
             return value
         box: list[Any] = [value if self.is_main else None]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, device=torch.device(self.device))
         result: T | None = box[0]
         return result
 
@@ -147,7 +156,8 @@ class Parallel:
 
     def barrier(self) -> None:
         if self.distributed:
-            dist.barrier()
+            device = torch.device(self.device)
+            dist.barrier(device_ids=[device.index]) if device.type == "cuda" else dist.barrier()
 
     def set_grad_sync(self, model: Any, enabled: bool) -> None:
         """Let FSDP2 reduce gradients in the next backward only when `enabled` (the last of a step)."""
@@ -165,7 +175,7 @@ class Parallel:
         ]
         if not grads:
             return
-        flat = torch.cat([grad.reshape(-1).float() for grad in grads])
+        flat = torch.cat([grad.reshape(-1).float() for grad in grads]).to(self.device)
         dist.all_reduce(flat)
         flat /= self.world
         offset = 0
@@ -214,3 +224,15 @@ class Parallel:
         """Load a full optimizer state read on every rank (checkpoints are on a shared path)."""
         options = StateDictOptions(full_state_dict=True)
         set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=options)
+
+    def training_state(self, model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Model and optimizer state as this rank holds it (its FSDP2 shards; plain tensors when replicated),
+        FQN-keyed, tied aliases left out: what torch.distributed.checkpoint writes and reads in place."""
+        weights, optim = get_state_dict(model, optimizer)
+        tied = tied_names(model)
+        return {"model": {name: value for name, value in weights.items() if name not in tied}, "optim": optim}
+
+    def load_training_state(self, model: Any, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """Apply a `training_state` that torch.distributed.checkpoint filled (tied aliases share the weight)."""
+        weights = {**state["model"], **{name: model.get_input_embeddings().weight for name in tied_names(model)}}
+        set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=state["optim"])

@@ -27,6 +27,7 @@ import torch
 from services.trainer.attention import LAYOUT_KWARG, Layout, TreeLayout, use_tree_attention
 from services.trainer.batch import MicroBatch
 from services.trainer.flex import FlexLayout
+from services.trainer.model import TiedHead
 
 DEFAULT_ROW_CHUNK = 4096
 AttentionBackend = Literal["explicit", "flex"]
@@ -159,7 +160,7 @@ def target_logprobs(
     if not batch.target_tokens:
         raise ValueError("micro-batch has no targets")
     head = model.lm_head
-    if not isinstance(head, torch.nn.Linear):
+    if not isinstance(head, torch.nn.Linear | TiedHead):
         raise ValueError(f"unsupported LM head {type(head).__name__}: target_logprobs needs a linear lm_head")
     if getattr(model.config, "final_logit_softcapping", None) or getattr(model.config, "logit_scale", None):
         raise ValueError("models that scale or soft-cap their logits are not supported")

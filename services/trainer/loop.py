@@ -38,6 +38,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -45,16 +46,17 @@ from typing import Any, Literal, Protocol
 import structlog
 import torch
 
-from lodestar.errors import FailedPreconditionError, LodestarError
+from lodestar.errors import DeadlineExceededError, FailedPreconditionError, LodestarError
 from lodestar.logging import get_logger
 from lodestar.v1 import rollout_pb2
 from services.trainer.advantages import AdvantageKind
 from services.trainer.batch import MicroBatch
 from services.trainer.builders import BuilderKind
 from services.trainer.checkpoint import TrainState, save_checkpoint, step_dir
-from services.trainer.distributed import Parallel
+from services.trainer.distributed import COLLECTIVE_TIMEOUT, Parallel
 from services.trainer.forward import AttentionBackend, target_logprobs
 from services.trainer.groups import BadGroupError, GroupSamples, group_samples
+from services.trainer.inbox import IDLE, Idle, Inbox, SaveRequest
 from services.trainer.loss import LossConfig, LossNormalizer, LossOutput, policy_loss
 from services.trainer.metrics import MetricsWriter, StepRecord, mean_std
 from services.trainer.mismatch import MismatchTally, warning_text
@@ -63,10 +65,15 @@ from services.trainer.precision import ComputeCopy
 from services.trainer.publish import PublishResult
 from services.trainer.pushing import BackgroundPush
 from services.trainer.sequences import build_step
+from services.trainer.sharded import save_sharded
 from services.trainer.status import Phase, StatusBoard, StopReason
 from services.trainer.stepstats import loss_over_ranks, step_values
 
 _log = get_logger("trainer")
+
+KEEPALIVE_S = COLLECTIVE_TIMEOUT.total_seconds() / 6
+"""Longest wait of rank 0 for a group before it tells the other ranks (waiting in a collective) to wait on."""
+STOPPED_UNDER_TORCHRUN = "the trainer has stopped: under torchrun a checkpoint needs every rank, and they have exited"
 
 Correction = Literal["ppo_clip", "tis"]
 
@@ -132,6 +139,10 @@ class _Plan:
     """Stop instead of stepping, and why."""
     save: bool = False
     """With stop: write a checkpoint before stopping."""
+    checkpoint: Path | None = None
+    """Instead of a step: write a checkpoint here (SaveCheckpoint; every rank writes its shard)."""
+    keepalive: bool = False
+    """Instead of a step: nothing (rank 0 still waits for groups; the other ranks' collective ends in time)."""
 
 
 @dataclass
@@ -161,6 +172,12 @@ class Trainer:
     )
     _partial_credit: bool = field(default=False, init=False)
     """A reward other than 0 or 1 has been read (see `_pass_threshold`)."""
+    _inbox: Inbox | None = field(default=None, init=False)
+    """Rank 0's groups and SaveCheckpoint requests while the loop runs (inbox.py); None when it does not."""
+    _inbox_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _pending: tuple[_Plan, int] | None = field(default=None, init=False)
+    """A plan whose groups were being read when a request came, and its run of groups without signal."""
+    _asked: SaveRequest | None = field(default=None, init=False)
 
     # -- the loop --------------------------------------------------------------------------------------
 
@@ -175,12 +192,19 @@ class Trainer:
             if device.type == "cuda":  # the current CUDA device is per thread: set it in the one that trains
                 torch.cuda.set_device(device)
             self._sync_inference()
-            groups = self.source.groups(self.state.groups_read) if self.source and self.parallel.is_main else None
+            if self.parallel.is_main:
+                with self._inbox_lock:
+                    self._inbox = Inbox(self.source.groups(self.state.groups_read) if self.source else None)
             last = self.state.step + self.config.steps if self.config.steps else None
             while last is None or self.state.step < last:
                 self.board.update(phase=Phase.WAITING)
-                plan = self.parallel.broadcast(self._next_plan(groups) if self.parallel.is_main else None)
+                plan = self.parallel.broadcast(self._next_plan() if self.parallel.is_main else None)
                 assert plan is not None
+                if plan.keepalive:
+                    continue
+                if plan.checkpoint is not None:
+                    self._save_requested(plan.checkpoint)
+                    continue
                 if plan.stop is not None:
                     break
                 if plan.error:
@@ -205,6 +229,7 @@ class Trainer:
             _log.exception("trainer failed", error=reason, step=self.state.step)
             self.board.update(phase=Phase.FAILED, error=reason)
         finally:
+            self._close_inbox()
             if self._pusher is not None:
                 self._pusher.close()
             if self.metrics is not None:
@@ -268,17 +293,24 @@ class Trainer:
 
     # -- the parts ---------------------------------------------------------------------------------------
 
-    def _next_plan(self, groups: Iterator[rollout_pb2.Group] | None) -> _Plan:
+    def _next_plan(self) -> _Plan:
         """Read groups until `groups_per_step` have signal (or a bad group, the end of the run, Stop, or
         `stop_after_no_signal_groups` groups in a row without signal).
 
         The run of groups without signal is counted within the plan: the previous plan ended with a group that
-        had signal. Stale groups neither extend nor break it (their rewards are not looked at)."""
-        plan = _Plan()
-        without_signal = 0
+        had signal. Stale groups neither extend nor break it (their rewards are not looked at).
+
+        A SaveCheckpoint request (or a quiet KEEPALIVE_S) interrupts the reading: the plan read so far is kept
+        for the next call, and the request becomes this plan."""
+        plan, without_signal = self._pending or (_Plan(), 0)
+        self._pending = None
         limit = self.config.stop_after_no_signal_groups
         while len(plan.groups) < self.config.groups_per_step:
-            group = next(groups, None) if groups is not None and not self._stop.is_set() else None
+            assert self._inbox is not None
+            group = self._inbox.next(KEEPALIVE_S) if not self._stop.is_set() else None
+            if isinstance(group, SaveRequest) or group is IDLE:
+                self._pending = (plan, without_signal)
+                return self._between_steps(group)
             if group is None:
                 return self._stop_plan(plan, StopReason.STOP_REQUESTED if self._stop.is_set() else StopReason.RUN_ENDED)
             plan.read += 1
@@ -309,6 +341,45 @@ class Trainer:
             if 0 < limit <= without_signal:
                 return self._stop_plan(plan, StopReason.NO_SIGNAL)
         return plan
+
+    def _between_steps(self, request: SaveRequest | Idle) -> _Plan:
+        """The plan of a SaveCheckpoint request (its directory resolved here, on rank 0), or a keepalive."""
+        if not isinstance(request, SaveRequest) or not request.done.set_running_or_notify_cancel():
+            return _Plan(keepalive=True)  # idle, or a request whose caller gave up
+        self._asked = request
+        return _Plan(checkpoint=request.path or step_dir(self.config.checkpoint_dir, self.state.step))
+
+    def _save_requested(self, target: Path) -> None:
+        """Serve SaveCheckpoint between steps on every rank; its error goes to the caller (rank 0), and the loop
+        goes on (a failed save raises on every rank alike: sharded.py)."""
+        request, self._asked = self._asked, None
+        try:
+            with self._step_lock:
+                saved = self.save(target), self.state.step
+        except Exception as error:
+            _log.warning("requested checkpoint not written", path=str(target), error=str(error))
+            if request is not None:
+                request.done.set_exception(error)
+        else:
+            if request is not None:
+                request.done.set_result(saved)
+
+    def _close_inbox(self) -> None:
+        """The loop ends: requests not served are served alone (one process) or refused (torchrun)."""
+        with self._inbox_lock:
+            inbox, self._inbox = self._inbox, None
+        if self._asked is not None:  # the loop failed between taking a request and serving it
+            self._asked.done.set_exception(FailedPreconditionError("the trainer failed before the checkpoint"))
+        for request in inbox.pending() if inbox is not None else []:
+            if not request.done.set_running_or_notify_cancel():
+                continue
+            try:
+                if self.parallel.distributed:
+                    raise FailedPreconditionError(STOPPED_UNDER_TORCHRUN)
+                with self._step_lock:
+                    request.done.set_result((self.save(request.path), self.state.step))
+            except Exception as error:
+                request.done.set_exception(error)
 
     def _stop_plan(self, plan: _Plan, reason: StopReason) -> _Plan:
         """Stop before `plan` had its groups (the run ended, Stop, no signal): publish what the groups it read
@@ -455,30 +526,51 @@ class Trainer:
         self._stop.set()
         if self.source is not None:
             self.source.cancel()
+        with self._inbox_lock:
+            if self._inbox is not None:
+                self._inbox.wake()
 
     def save(self, path: Path | None) -> Path:
         """Write a checkpoint of the current state (between steps); returns its directory."""
         target = path or step_dir(self.config.checkpoint_dir, self.state.step)
+        if self.parallel.distributed:
+            save_sharded(target, parallel=self.parallel, model=self.model, optimizer=self.optimizer,
+                         state=self.state, model_files=self.model_files)  # fmt: skip
+            return self._saved(target)
         weights = self.parallel.full_state(self.model)
         optimizer = self.parallel.optimizer_state(self.model, self.optimizer)
         if self.parallel.is_main:
             save_checkpoint(
                 target, weights=weights, optimizer=optimizer, state=self.state, model_files=self.model_files
             )
+        return self._saved(target)
+
+    def _saved(self, target: Path) -> Path:
+        if self.parallel.is_main:
             _log.info("checkpoint written", path=str(target), step=self.state.step)
             self.board.update(last_checkpoint=str(target))
         self._saved_step = self.state.step
         return target
 
-    def save_now(self, path: Path | None) -> tuple[Path, int]:
-        """SaveCheckpoint from another thread: waits for the current step to end (single process only: under
-        torchrun the state gather needs every rank, which only the loop itself can ask for)."""
-        if self.parallel.distributed:
-            raise FailedPreconditionError(
-                "under torchrun checkpoints are collective: use --checkpoint-every or Stop with save_checkpoint"
-            )
-        with self._step_lock:
-            return self.save(path), self.state.step
+    def save_now(self, path: Path | None, *, timeout_s: float = 3600.0) -> tuple[Path, int]:
+        """SaveCheckpoint from another thread: the training thread writes it after the current step (at once
+        while it waits for groups), on every rank under torchrun; (directory, step). Once the loop has ended,
+        one process writes it here; under torchrun the other ranks are gone (FailedPreconditionError)."""
+        request = SaveRequest(path)
+        with self._inbox_lock:
+            looping = self._inbox is not None
+            if self._inbox is not None:
+                self._inbox.put(request)
+        if not looping:
+            if self.parallel.distributed:
+                raise FailedPreconditionError(STOPPED_UNDER_TORCHRUN)
+            with self._step_lock:
+                return self.save(path), self.state.step
+        try:
+            return request.done.result(timeout_s)
+        except FutureTimeoutError:
+            request.done.cancel()
+            raise DeadlineExceededError(f"the trainer did not reach a step boundary within {timeout_s:.0f} s") from None
 
 
 def _headline(values: dict[str, float]) -> dict[str, float]:

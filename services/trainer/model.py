@@ -50,6 +50,31 @@ def model_files(model_dir: Path) -> list[Path]:
     )
 
 
+class TiedHead(torch.nn.Module):
+    """An LM head whose weight is the input embedding's, read from the embedding module at each use.
+
+    FSDP2 replaces the embedding's registered parameter (the sharded one at rest, the gathered one from the
+    base's forward to the end of its backward), so a head holding the parameter object itself would keep the
+    stale pre-sharding copy. Read after the base's forward, `weight` is the gathered parameter: the head's
+    gradient accumulates on it next to the embedding's own and FSDP2 reduces both together. The embedding is
+    not a submodule (its parameter is owned, counted and optimized once, by the base).
+    """
+
+    bias: torch.Tensor | None = None
+
+    def __init__(self, embedding: torch.nn.Module) -> None:
+        super().__init__()
+        object.__setattr__(self, "_embedding", embedding)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        weight: torch.Tensor = object.__getattribute__(self, "_embedding").weight
+        return weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(hidden, self.weight)
+
+
 def tied_names(model: Any) -> set[str]:
     """Parameter names that alias an earlier parameter (e.g. lm_head.weight tied to the embeddings)."""
     every = {name for name, _ in model.named_parameters(remove_duplicate=False)}

@@ -11,12 +11,19 @@ of 0.01 moves in steps of ~6e-5), so with RL learning rates (~1e-6) most updates
   fp32 model does the same inside FSDP (see distributed.py).
 
 The log-softmax and the loss are fp32 in every case (forward.py, loss.py).
+
+TF32 on CUDA (`set_matmul_precision`): with bf16 compute the fp32 matmuls left are the LM head's (forward.py
+upcasts the hidden states and the head to fp32 for the log-softmax), and their operands are bf16 values, which
+TF32's 10-bit mantissa holds exactly: TF32 gives the fp32 result (fp32 accumulation) at tensor-core speed.
+(The one fp32 operand is an untied head under FSDP2, kept replicated in fp32: TF32 rounds it to 2^-11, finer
+than the bf16 rounding of everything else in that step.) With fp32 compute the user asked for fp32
+arithmetic, so matmuls stay full fp32 (torch's `TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1` turns TF32 on anyway).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -40,3 +47,15 @@ class ComputeCopy:
         """Cast the master's (just stepped) weights into the copy."""
         for master, low in self._pairs:
             low.copy_(master)
+
+
+def fp32_matmul_precision(device: str, compute_dtype: torch.dtype) -> Literal["highest", "high"]:
+    """torch's float32 matmul precision for training on `device` in `compute_dtype`: "high" (TF32) on CUDA
+    with bf16 compute, where it is lossless (module docstring), else "highest" (full fp32)."""
+    return "high" if device.startswith("cuda") and compute_dtype == torch.bfloat16 else "highest"
+
+
+def set_matmul_precision(device: str, compute_dtype: torch.dtype) -> None:
+    """Apply `fp32_matmul_precision` (process-wide; CPU matmuls are left as torch has them)."""
+    if device.startswith("cuda"):
+        torch.set_float32_matmul_precision(fp32_matmul_precision(device, compute_dtype))

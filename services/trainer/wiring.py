@@ -26,11 +26,12 @@ from services.trainer.loop import LoopConfig, Publisher, Trainer
 from services.trainer.loss import Aggregation, LossConfig
 from services.trainer.metrics import MetricsWriter
 from services.trainer.model import DTYPES, enable_activation_checkpointing, load_model, model_files
-from services.trainer.precision import ComputeCopy
+from services.trainer.precision import ComputeCopy, set_matmul_precision
 from services.trainer.publish import FanoutPublisher, publisher_for
 from services.trainer.replica_discovery import DiscoveredReplicas
 from services.trainer.rollout_client import RolloutClient
 from services.trainer.settings import TrainerSettings
+from services.trainer.sharded import load_sharded
 from services.trainer.status import Status, StatusBoard
 from services.trainer.transports import transport_publisher
 
@@ -105,12 +106,13 @@ def create_trainer(settings: TrainerSettings, parallel: Parallel | None = None, 
     if start is None:
         raise FailedPreconditionError("the trainer needs --model DIR (or --resume CHECKPOINT)")
     parallel = parallel or Parallel.from_env(mode=settings.parallel, device=settings.device)
-    checkpoint = load_checkpoint(settings.resume) if settings.resume else None
+    checkpoint = load_checkpoint(settings.resume, rank=parallel.rank) if settings.resume else None
     if checkpoint is not None and checkpoint.state.run_id and checkpoint.state.run_id != config.run_id:
         raise InvalidArgumentError(
             f"checkpoint {settings.resume} is of run {checkpoint.state.run_id!r}, not {config.run_id!r}"
         )
     compute_dtype = DTYPES[settings.dtype]
+    set_matmul_precision(settings.device, compute_dtype)
     loaded = load_model(start, device=settings.device, dtype="float32")
     checkpointing = settings.activation_checkpointing
     if checkpointing or (checkpointing is None and settings.device.startswith("cuda")):
@@ -124,7 +126,10 @@ def create_trainer(settings: TrainerSettings, parallel: Parallel | None = None, 
         reference.requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     if checkpoint is not None:
-        parallel.load_optimizer_state(model, optimizer, checkpoint.optimizer)
+        if checkpoint.sharded is not None:  # written under torchrun: every rank reads its shards (sharded.py)
+            load_sharded(checkpoint.sharded, parallel=parallel, model=model, optimizer=optimizer)
+        else:
+            parallel.load_optimizer_state(model, optimizer, checkpoint.optimizer)
         state = checkpoint.state
         restore_rng(checkpoint.rng)
     else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,3 +26,22 @@ def tiny_lm(trainer_model_dir: Path) -> Any:
 
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_pretrained(trainer_model_dir, dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def tied_model_dir(trainer_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with tied embeddings (the LM head is the input embedding, as in Qwen3-0.6B/1.7B/4B)."""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("trainer-tied-model")
+    for file in trainer_model_dir.iterdir():
+        if file.is_file() and file.suffix != ".safetensors":
+            shutil.copy2(file, out / file.name)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_pretrained(trainer_model_dir, dtype=torch.float32)
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.model.embed_tokens.weight
+    model.save_pretrained(out)
+    return out

@@ -1,11 +1,12 @@
-"""The same loop under torchrun: two gloo processes on CPU give the weights of one process.
+"""The same loop under torchrun: two gloo processes on CPU give the gradients and weights of one process.
 
-FSDP2 (`fully_shard` over the decoder layers and the base, the LM head replicated) runs on CPU/gloo in
-torch 2.13 and is tested here, and so is the DDP-style replicated mode. Both ranks build the same
-micro-batches from the groups rank 0 read, each runs half of them (padded to the same count) and the
-averaged gradient is the one-process gradient; after two AdamW steps the gathered weights (written by
-rank 0 into the step-2 checkpoint) match a one-process run to 2e-5 (float32; the all-reduce sums in a
-different order than one process accumulates).
+FSDP2 (`fully_shard` over the decoder layers and the base, the LM head replicated, or with tied embeddings
+the head reading the gathered embedding) runs on CPU/gloo in torch 2.13 and is tested here, and so is the
+DDP-style replicated mode. Both ranks build the same micro-batches from the groups rank 0 read, each runs
+half of them (padded to the same count) and the averaged gradient is the one-process gradient: the first
+step's gradient as the optimizer sees it matches to 1e-5 relative to its largest entry, and after two AdamW
+steps the gathered weights (written by rank 0 into the step-2 checkpoint) match a one-process run to 2e-5
+(float32; the all-reduce sums in a different order than one process accumulates).
 """
 
 from __future__ import annotations
@@ -23,22 +24,44 @@ from safetensors.torch import load_file
 from lodestar.local import free_port
 from services.trainer.settings import TrainerSettings
 from services.trainer.wiring import create_trainer
-from tests.trainer.distributed_worker import GROUPS, SETTINGS
+from tests.trainer.distributed_worker import GRADIENTS_FILE, GROUPS, SETTINGS, capture_first_gradients
 from tests.trainer.groups_helpers import FeedSource
 
 REPO = Path(__file__).resolve().parents[2]
 TOLERANCE = 2e-5
+GRADIENT_TOLERANCE = 1e-5
+"""Largest gradient difference relative to the largest gradient entry."""
+
+
+def torchrun(script: str, *args: object, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Two gloo ranks of `tests/trainer/<script>` under torchrun on CPU."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+        "--master-port", str(free_port()), str(REPO / "tests" / "trainer" / script), *map(str, args),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return done
+
+
+def one_process_run(model_dir: Path, out: Path) -> Path:
+    trainer = create_trainer(TrainerSettings(model=model_dir, run_dir=out, **SETTINGS), connect=False)  # type: ignore[arg-type]
+    capture_first_gradients(trainer, out)
+    trainer.source = FeedSource(GROUPS)
+    trainer.run()
+    assert trainer.board.snapshot().step == 2, trainer.board.snapshot().error
+    return out
 
 
 @pytest.fixture(scope="module")
 def one_process(trainer_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("single")
-    trainer = create_trainer(TrainerSettings(model=trainer_model_dir, run_dir=out, **SETTINGS), connect=False)  # type: ignore[arg-type]
-    trainer.source = FeedSource(GROUPS)
-    trainer.run()
-    assert trainer.board.snapshot().step == 2, trainer.board.snapshot().error
-    assert trainer.board.snapshot().last_record is not None
-    return out
+    return one_process_run(trainer_model_dir, tmp_path_factory.mktemp("single"))
+
+
+@pytest.fixture(scope="module")
+def one_process_tied(tied_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return one_process_run(tied_model_dir, tmp_path_factory.mktemp("single-tied"))
 
 
 def step_metrics(run_dir: Path) -> list[dict[str, float]]:
@@ -50,29 +73,34 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["fsdp2", "ddp"])
+@pytest.mark.parametrize(("mode", "tied"), [("fsdp2", False), ("ddp", False), ("fsdp2", True)])
 def test_two_gloo_ranks_match_one_process(
-    mode: str, one_process: Path, trainer_model_dir: Path, tmp_path: Path
+    mode: str, tied: bool, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()), str(REPO / "tests" / "trainer" / "distributed_worker.py"),
-        str(trainer_model_dir), str(tmp_path), mode,
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    model_dir: Path = request.getfixturevalue("tied_model_dir" if tied else "trainer_model_dir")
+    alone_dir: Path = request.getfixturevalue("one_process_tied" if tied else "one_process")
+    done = torchrun("distributed_worker.py", model_dir, tmp_path, mode)
     assert "rank 0/2: stopped step 2" in done.stdout
     assert "rank 1/2: stopped step 2" in done.stdout
-    # AdamW hides a wrong gradient scale in the weights; the loss and the global gradient norm do not.
-    for alone, ranks in zip(step_metrics(one_process), step_metrics(tmp_path), strict=True):
+
+    # The gradient itself, before AdamW (which hides a wrong scale: it divides by the gradient's RMS).
+    grads, expected_grads = torch.load(tmp_path / GRADIENTS_FILE), torch.load(alone_dir / GRADIENTS_FILE)
+    assert grads.keys() == expected_grads.keys()
+    if tied:
+        assert "lm_head.weight" not in grads  # one parameter, trained through both uses
+    largest = max(float(grad.abs().max()) for grad in expected_grads.values())
+    off = max(float((grads[name] - expected_grads[name]).abs().max()) for name in grads)
+    assert off <= GRADIENT_TOLERANCE * largest, f"gradient off by {off:.2e} (largest entry {largest:.2e})"
+
+    for alone, ranks in zip(step_metrics(alone_dir), step_metrics(tmp_path), strict=True):
         for key in ("loss", "grad_norm", "target_tokens", "clip_fraction", "logprob_diff_max", "micro_batches"):
             assert ranks[key] == pytest.approx(alone[key], rel=1e-4, abs=1e-7), key
-    gathered, expected = weights(tmp_path), weights(one_process)
+    gathered, expected = weights(tmp_path), weights(alone_dir)
     assert gathered.keys() == expected.keys()
-    initial = load_file(str(trainer_model_dir / "model.safetensors"))
+    initial = load_file(str(model_dir / "model.safetensors"))
     worst = max(float((gathered[name] - expected[name]).abs().max()) for name in gathered)
     assert worst <= TOLERANCE, f"largest weight difference {worst}"
     moved = max(float((expected[name] - initial[name]).abs().max()) for name in gathered)
     assert moved > 100 * TOLERANCE  # the steps changed the weights far more than the tolerance
-    print(f"{mode}: largest difference {worst:.2e}, largest change {moved:.2e}")
+    print(f"{mode}{' tied' if tied else ''}: gradient off {off:.2e} of {largest:.2e}, weights off {worst:.2e}, "
+          f"moved {moved:.2e}")  # fmt: skip
