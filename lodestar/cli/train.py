@@ -244,7 +244,7 @@ async def _train(
         if heldout is not None and config.eval is not None and not error and not stop.is_set():
             version = progress.trainer.policy_version
             with console.status(f"waiting for inference to serve the final policy (v{version})"):
-                await train_eval.wait_for_version(stack.inference, version)
+                await train_eval.wait_for_version(stack.inference, version, etcd=stack.discovery_etcd)
             console.print(f"evaluating the final policy (v{version}) on {len(heldout.tasks)} held-out tasks")
             try:
                 after = await train_eval.evaluate(stack.rollout, heldout, config.eval, console)

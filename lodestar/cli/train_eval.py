@@ -23,9 +23,11 @@ from rich.table import Table
 
 from lodestar.cli.eval import eval_spec, evaluate_runs, with_tasks
 from lodestar.cli.train_config import EvalConfig
-from lodestar.errors import DeadlineExceededError
+from lodestar.errors import DeadlineExceededError, LodestarError
+from lodestar.etcd import EtcdClient
 from lodestar.grpc.client import split_targets
 from lodestar.grpc.security import current
+from lodestar.inference_registry import DEFAULT_PREFIX, list_replicas
 from lodestar.v1 import inference_pb2, inference_pb2_grpc, rollout_pb2
 
 if TYPE_CHECKING:
@@ -61,22 +63,41 @@ async def evaluate(rollout: str, spec: rollout_pb2.RunSpec, config: EvalConfig, 
     return scores[0]
 
 
-async def wait_for_version(inference: str, version: int, timeout_s: float = 300.0) -> None:
-    """Until every inference replica (comma-separated addresses) serves `version` or a newer one."""
+async def wait_for_version(
+    inference: str, version: int, timeout_s: float = 300.0, *, etcd: str = "", etcd_prefix: str = DEFAULT_PREFIX
+) -> None:
+    """Until every inference replica serves `version` or a newer one: the comma-separated addresses of
+    `inference`, or with `etcd` the replicas registered there at each look (a replica that died leaves the
+    set a lease TTL later instead of holding the evaluation up until the deadline)."""
     deadline = time.monotonic() + timeout_s
-    for target in split_targets(inference):
-        async with current().aio_channel(target) as channel:
-            stub = inference_pb2_grpc.InferenceServiceStub(channel)
-            while True:
-                try:
-                    info = await stub.GetModelInfo(inference_pb2.GetModelInfoRequest(), timeout=10.0)
-                    if info.policy_version.version >= version:
-                        break
-                except grpc.aio.AioRpcError:
-                    pass  # a replica still swapping weights may not answer at once
-                if time.monotonic() > deadline:
-                    raise DeadlineExceededError(f"inference {target} does not serve policy version {version}")
-                await asyncio.sleep(0.5)
+    while True:
+        targets = await _registered(etcd, etcd_prefix) if etcd else split_targets(inference)
+        behind = [target for target in targets if not await _serves(target, version)]
+        if targets and not behind:
+            return
+        if time.monotonic() > deadline:
+            raise DeadlineExceededError(f"inference {behind or 'replicas'} do not serve policy version {version}")
+        await asyncio.sleep(0.5)
+
+
+async def _serves(target: str, version: int) -> bool:
+    async with current().aio_channel(target) as channel:
+        try:
+            reply = await inference_pb2_grpc.InferenceServiceStub(channel).GetModelInfo(
+                inference_pb2.GetModelInfoRequest(), timeout=10.0
+            )
+        except grpc.aio.AioRpcError:
+            return False  # a replica still swapping weights may not answer at once
+    return reply.policy_version.version >= version
+
+
+async def _registered(etcd: str, prefix: str) -> list[str]:
+    try:
+        async with EtcdClient(etcd) as client:
+            replicas, _ = await list_replicas(client, prefix)
+    except LodestarError:
+        return []
+    return sorted({replica.record.address for replica in replicas.values()})
 
 
 def write(run_dir: Path, before: HarnessScore | None, after: HarnessScore | None, steps: int) -> Path:

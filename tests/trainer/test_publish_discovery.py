@@ -3,7 +3,8 @@ services (transformers backend, tiny model) registered as `inference serve --etc
 (services/inference/registration.py), a real etcd, the trainer's publisher as `create_trainer` builds it.
 One push reaches every registered replica and each rewrites its record with the version; a replica that
 dies is skipped at once (the push does not wait for it) and leaves the publisher's targets when its lease
-expires; a replica that joins later gets the next version; with no replica registered a push waits for one."""
+expires (and no longer holds up `lodestar train`'s wait for the final version before its [eval]); a replica
+that joins later gets the next version; with no replica registered a push waits for one."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lodestar.errors import UnavailableError
+from lodestar.cli.train_eval import wait_for_version
+from lodestar.errors import DeadlineExceededError, UnavailableError
 from lodestar.etcd import EtcdClient
 from lodestar.inference_registry import ReplicaRegistration, list_replicas
 from services.inference.registration import registration
@@ -107,11 +109,15 @@ def test_pushes_follow_the_replicas_registered_in_etcd(
             )
 
             _kill(b, b_keeper)
+            where = {"etcd": etcd_endpoint, "etcd_prefix": etcd_prefix}
+            with pytest.raises(DeadlineExceededError, match=b.address):  # lodestar train's wait before [eval]
+                asyncio.run(wait_for_version("", 1, timeout_s=0.2, **where))
             started = time.monotonic()
             assert publisher.publish(state, 2).policy_version == 2, "the survivor took it"
             assert time.monotonic() - started < 15, "the push did not wait out the dead replica"
             assert served_version(a.address) == 2
             wait_until(lambda: publisher.target == a.address, TTL_S + 10, what="the dead replica's lease expiring")
+            asyncio.run(wait_for_version("", 2, timeout_s=10, **where))  # the dead one no longer holds it up
 
             with _replica(trainer_model_dir, tmp_path / "c", "rc", etcd_endpoint, etcd_prefix) as (c, _):
                 wait_until(lambda: c.address in publisher.target, 10, what="the late replica discovered")
