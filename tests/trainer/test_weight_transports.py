@@ -170,3 +170,27 @@ def test_a_replica_dying_during_the_broadcast_costs_a_bounded_wait(trainer_model
             assert served_version(live.address) == version + 1
         finally:
             publisher.close()
+
+
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs: NCCL between the trainer (GPU 0) and a replica (GPU 1)"
+)
+def test_an_nccl_broadcast_reaches_a_replica_on_another_gpu(
+    trainer_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch.cuda.init()  # the trainer's process sees every GPU before the replica is confined to the second
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with serve_inference(
+        "transformers", trainer_model_dir, tmp_path, "--device", "cuda", "--weights-spool-dir", str(tmp_path)
+    ) as replica:
+        monkeypatch.undo()
+        model = _changed_model(trainer_model_dir, 3.0)
+        publisher = BroadcastPublisher([replica.address], backend="nccl", broadcast_timeout_s=60)
+        try:
+            version = publisher.served_version() + 1
+            publisher.publish(dedupe_tied(model, dict(model.state_dict())), version)
+            assert publisher.last_broadcast == [replica.address]
+            final = _greedy(replica.address)
+            assert final.completion_logprobs == pytest.approx(_trainer_logprobs(model, final), abs=2e-2)
+        finally:
+            publisher.close()
