@@ -195,7 +195,7 @@ compose-test: images
 ## pieces other scripts drive (raw_vllm, grpc_floor), and those that need arguments or a daemon
 ## (training_run RUN_DIR, docker_runtime, ttft_split, frontend_layers): see each script's docstring.
 BENCH_SCRIPTS := sandbox_start gateway inference rollout trainer
-BENCH_VLLM_SCRIPTS := vllm_engine
+BENCH_VLLM_SCRIPTS := vllm_engine weight_swap
 bench: setup vllm-venv
 	for script in $(BENCH_SCRIPTS); do $(PY) bench/$$script.py; done
 	for script in $(BENCH_VLLM_SCRIPTS); do .venv-vllm/bin/python bench/$$script.py; done

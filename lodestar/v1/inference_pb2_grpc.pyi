@@ -57,7 +57,9 @@ class InferenceServiceStub:
     """Replace the served weights. The stream is either one `checkpoint_path` message, or a `header`
     followed by `chunk`s whose bytes concatenate to one safetensors file of named tensors. Names,
     shapes and dtypes are validated before the swap: a bad update is refused with INVALID_ARGUMENT and
-    the old weights keep serving. Requests in flight finish on the version they started with. A streamed
+    the old weights keep serving. Requests in flight either finish on the version they started with
+    (transformers; vllm with `--weight-swap drain`) or continue on the new version from a token boundary
+    (vllm's default, no drain), their `GenerateFinal.policy_version_spans` saying from which token. A streamed
     update larger than the server's `--max-weights-bytes` is refused (INVALID_ARGUMENT) before it is spooled.
     A `broadcast` message is the control plane of a torch.distributed data plane: the server joins the
     trainer's process group, receives the payload's bytes there, then validates and swaps as for a stream;
@@ -95,7 +97,9 @@ class InferenceServiceAsyncStub(InferenceServiceStub):
     """Replace the served weights. The stream is either one `checkpoint_path` message, or a `header`
     followed by `chunk`s whose bytes concatenate to one safetensors file of named tensors. Names,
     shapes and dtypes are validated before the swap: a bad update is refused with INVALID_ARGUMENT and
-    the old weights keep serving. Requests in flight finish on the version they started with. A streamed
+    the old weights keep serving. Requests in flight either finish on the version they started with
+    (transformers; vllm with `--weight-swap drain`) or continue on the new version from a token boundary
+    (vllm's default, no drain), their `GenerateFinal.policy_version_spans` saying from which token. A streamed
     update larger than the server's `--max-weights-bytes` is refused (INVALID_ARGUMENT) before it is spooled.
     A `broadcast` message is the control plane of a torch.distributed data plane: the server joins the
     trainer's process group, receives the payload's bytes there, then validates and swaps as for a stream;
@@ -154,7 +158,9 @@ class InferenceServiceServicer(metaclass=_abc_1.ABCMeta):
         """Replace the served weights. The stream is either one `checkpoint_path` message, or a `header`
         followed by `chunk`s whose bytes concatenate to one safetensors file of named tensors. Names,
         shapes and dtypes are validated before the swap: a bad update is refused with INVALID_ARGUMENT and
-        the old weights keep serving. Requests in flight finish on the version they started with. A streamed
+        the old weights keep serving. Requests in flight either finish on the version they started with
+        (transformers; vllm with `--weight-swap drain`) or continue on the new version from a token boundary
+        (vllm's default, no drain), their `GenerateFinal.policy_version_spans` saying from which token. A streamed
         update larger than the server's `--max-weights-bytes` is refused (INVALID_ARGUMENT) before it is spooled.
         A `broadcast` message is the control plane of a torch.distributed data plane: the server joins the
         trainer's process group, receives the payload's bytes there, then validates and swaps as for a stream;

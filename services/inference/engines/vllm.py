@@ -370,8 +370,9 @@ class VllmEngine:
         requests: vLLM frees their blocks and, when they are scheduled again, prefills their prompt and every
         token sampled so far anew, under the new weights. So no key or value computed by an older version is
         read after the swap, neither from the prefix cache nor by a request that keeps running. It runs also
-        when the reload failed: a half-applied reload may have computed nothing, but rolling back is cheap
-        next to serving from blocks whose weights nobody can name."""
+        after a reload that failed and was rolled back: not needed then (the old weights serve again), but
+        cheap, and one rule (nothing cached survives a reload attempt) needs no argument about which layers
+        the failed attempt touched."""
         try:
             await self._reload(path)
             await self._llm.update_weight_version(str(version))
