@@ -5,7 +5,7 @@ A replica started with `--etcd` registers `<prefix>inference/<replica_id>` with 
 a lease it keeps alive, and rewrites the record (same lease) each time it publishes a policy version. The
 key is its presence: revoked when it drains (gone at once, so gateways stop sending it sessions before its
 in-flight calls end), expired by etcd a TTL after it dies. A lost lease is re-registered with backoff, as
-gateway nodes do (`services/gateway/membership.py`). The reader side is `ReplicaWatch`: it lists the prefix,
+gateway nodes do (both are a `lodestar.leased_key.LeasedKey`). The reader side is `ReplicaWatch`: it lists the prefix,
 then watches it from the next revision, and hands every change to a callback as the full map of live
 replicas; when the watch breaks (etcd down, history compacted) it keeps the last map and lists again.
 
@@ -24,13 +24,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from lodestar import errors
-from lodestar.etcd import DEFAULT_TIMEOUT_S, EtcdClient, EtcdTls, EventKind, Lease
+from lodestar.etcd import EtcdClient, EtcdTls, EventKind
+from lodestar.leased_key import RETRY_INITIAL_S, RETRY_MAX_S, LeasedKey
 from lodestar.logging import get_logger
 
 DEFAULT_PREFIX = "/lodestar/"
 INFERENCE_DIR = "inference/"
-RETRY_INITIAL_S = 0.2
-RETRY_MAX_S = 5.0
 _log = get_logger("inference_registry")
 
 
@@ -108,8 +107,9 @@ def _parse(key: str, value: bytes, lease_id: int) -> RegisteredReplica | None:
 
 
 class ReplicaRegistration:
-    """Keeps one replica's key in etcd while it serves (see the module docstring). `start()` never waits for
-    etcd; `wait_registered()` does; `publish(version)` rewrites the record; `stop()` revokes the lease."""
+    """Keeps one replica's key in etcd while it serves (see the module docstring): a `LeasedKey` whose value
+    is the record. `start()` never waits for etcd; `wait_registered()` does; `publish(version)` rewrites the
+    record; `stop()` revokes the lease."""
 
     def __init__(
         self,
@@ -122,120 +122,33 @@ class ReplicaRegistration:
         retry_initial_s: float = RETRY_INITIAL_S,
         retry_max_s: float = RETRY_MAX_S,
     ) -> None:
-        if ttl < 1:
-            raise errors.InvalidArgumentError(f"etcd lease ttl must be at least 1 s, got {ttl}")
         self.record = record
         self.key = replica_key(record.replica_id, prefix)
-        self.ttl = ttl
-        self._retry = (retry_initial_s, retry_max_s)
-        # Answer within the TTL, or a keepalive round trip could outlive the lease it refreshes.
-        self._client = EtcdClient(endpoint, timeout=min(DEFAULT_TIMEOUT_S, float(ttl)), tls=tls)
-        self._connected = False
-        self._lease: Lease | None = None
-        self._registered = asyncio.Event()
-        self._changed = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self.writes = 0
-        """Times the key was written (registrations and version updates)."""
+        self.presence = LeasedKey(
+            endpoint, self.key, lambda: self.record.to_json(), what="inference replica", ttl=ttl, tls=tls,
+            retry_initial_s=retry_initial_s, retry_max_s=retry_max_s,
+        )  # fmt: skip
 
     @property
     def is_registered(self) -> bool:
-        return self._registered.is_set()
+        return self.presence.is_registered
 
     async def wait_registered(self, timeout: float | None = None) -> None:
         """Block until the key is written; DeadlineExceededError after `timeout` seconds."""
-        try:
-            async with asyncio.timeout(timeout):
-                await self._registered.wait()
-        except TimeoutError as error:
-            raise errors.DeadlineExceededError(f"{self.key} not registered in etcd within {timeout} s") from error
+        await self.presence.wait_registered(timeout)
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"registration-{self.record.replica_id}")
+        self.presence.start()
 
     def publish(self, policy_version: int) -> None:
         """The replica now serves `policy_version`: rewrite its record (in the background, same lease)."""
         if policy_version != self.record.policy_version:
             self.record = replace(self.record, policy_version=policy_version)
-            self._changed.set()
+            self.presence.changed()
 
     async def stop(self) -> None:
         """Leave: stop re-registering, revoke the lease (key deleted now), close the client."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        self._registered.clear()
-        lease, self._lease = self._lease, None
-        if lease is not None:
-            try:
-                await lease.revoke()
-                _log.info("inference replica left etcd", key=self.key)
-            except errors.LodestarError as error:
-                _log.warning("lease revoke failed; the replica key expires after its TTL", key=self.key,
-                             ttl=lease.ttl, error=error.message)  # fmt: skip
-        with contextlib.suppress(errors.LodestarError):
-            await self._client.close()
-
-    async def _write(self, lease: Lease) -> None:
-        self._changed.clear()
-        await self._client.put(self.key, self.record.to_json(), lease=lease)
-        self.writes += 1
-
-    async def _register(self) -> Lease:
-        if not self._connected:
-            await self._client.__aenter__()
-            self._connected = True
-        lease = self._lease = await self._client.grant_lease(self.ttl)
-        try:
-            await self._write(lease)
-        except errors.LodestarError:
-            await lease.stop_keepalive("registration failed")  # never written: let it expire
-            raise
-        return lease
-
-    async def _run(self) -> None:
-        initial, limit = self._retry
-        delay, failures = initial, 0
-        while True:
-            try:
-                lease = await self._register()
-            except errors.LodestarError as error:
-                failures += 1
-                log = _log.warning if failures == 1 else _log.debug
-                log("etcd unreachable: the replica serves but is not registered; retrying", key=self.key,
-                    attempt=failures, error=error.message)  # fmt: skip
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, limit)
-                continue
-            self._registered.set()
-            _log.info("inference replica registered in etcd", key=self.key, lease=f"{lease.id:x}",
-                      policy_version=self.record.policy_version, address=self.record.address)  # fmt: skip
-            delay, failures = initial, 0
-            reason = await self._serve(lease)
-            self._registered.clear()
-            _log.error("inference registration lost: re-registering with a new lease", key=self.key, reason=reason)
-
-    async def _serve(self, lease: Lease) -> str:
-        """Rewrite the record on every change until the lease is lost; returns why it was."""
-        lost = asyncio.ensure_future(lease.wait_lost())
-        changed = asyncio.ensure_future(self._changed.wait())
-        try:
-            while True:
-                await asyncio.wait({lost, changed}, return_when=asyncio.FIRST_COMPLETED)
-                if lost.done():
-                    return lost.result()
-                try:
-                    await self._write(lease)
-                except errors.LodestarError as error:  # try again shortly (or re-register if the lease goes)
-                    _log.warning("could not update the replica record", key=self.key, error=error.message)
-                    await asyncio.sleep(self._retry[0])
-                    self._changed.set()
-                changed = asyncio.ensure_future(self._changed.wait())
-        finally:
-            lost.cancel()
-            changed.cancel()
+        await self.presence.stop()
 
 
 OnChange = Callable[[Mapping[str, RegisteredReplica]], Awaitable[None]]

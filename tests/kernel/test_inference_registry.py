@@ -90,11 +90,7 @@ async def test_a_dead_replica_vanishes_after_its_ttl(etcd_endpoint: str, etcd_pr
         await dying.wait_registered(10)
         watch.start()
         await eventually(lambda: "dying" in seen.last, 10, what="the replica listed")
-        task = dying._task  # a SIGKILL, as far as etcd can tell: no more keepalives, no revoke
-        assert task is not None
-        task.cancel()
-        assert dying._lease is not None
-        await dying._lease.stop_keepalive("killed")
+        await dying.presence.abandon()  # a SIGKILL, as far as etcd can tell: no more keepalives, no revoke
         await eventually(lambda: "dying" not in seen.last, TTL_S + 5, what="the lease expiring")
     finally:
         await watch.stop()

@@ -63,11 +63,7 @@ def _kill(server: InferenceThread, keeper: ReplicaRegistration) -> None:
     """What etcd and the trainer see of a SIGKILL: the port closes, keepalives stop, nothing is revoked."""
 
     async def die() -> None:
-        assert keeper._task is not None
-        assert keeper._lease is not None
-        keeper._task.cancel()
-        await keeper._lease.stop_keepalive("killed")
-        keeper._lease = None
+        await keeper.presence.abandon()
         await server._server.stop(0)
 
     server._run(die())
