@@ -30,7 +30,7 @@ class GatewaySettings(EtcdClientSettings):
     """Where the inference replicas come from: "static" = the addresses of --inference; "etcd" = the replicas
     registered in etcd (`lodestar inference serve --etcd`; needs --etcd), added and removed while the node runs
     (--inference is then unused): a replica is routed to once it serves the fleet's policy version, and sessions
-    keep their replica while it lives (docs/deploy.md, "Inference replicas")."""
+    keep their replica while it lives (docs/deploy.md, "Scaling each tier")."""
     inference_load_factor: float = Field(default=1.25, ge=1.0)
     """Several replicas: the most calls one replica serves at once, as a multiple of the mean per replica,
     before a session's calls spill to the next replica on the ring."""
