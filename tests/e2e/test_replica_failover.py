@@ -1,13 +1,15 @@
 """A replica's death costs no training step: `lodestar train` on the quickstart with `inference_replicas = 2`
 (two `lodestar inference serve` processes registered in the stack's etcd, the tiny model, the transformers
-engine), and once the first step is done the test SIGKILLs the second replica. The run still does every step;
-the trainer kept pushing (the survivor served versions published after the kill); no session was scored with
-a call the kill cut short (a scored quickstart session has both its calls: the agent's non-streaming calls
-that the kill caught before their answer moved to the survivor, and a session whose call failed anyway would
-be an infrastructure failure, retried, never a reward); a session whose replica lived kept it."""
+engine), and once the first step is done the test SIGKILLs the second replica. The run still does every
+step; the trainer kept pushing (the survivor published every version and served versions published after the
+kill); no session was scored with a call the kill cut short (a scored quickstart session has both its calls:
+the agent's non-streaming calls that the kill caught before their answer moved to the survivor, and a session
+whose call failed anyway would be an infrastructure failure, retried, never a reward); a session whose
+replica lived kept it."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -126,6 +128,12 @@ def test_a_run_goes_on_when_a_replica_is_killed(tmp_path: Path) -> None:
     assert max(survivor_versions) > killed_after, (
         f"the survivor served no version published after the kill (step {killed_after}): {sorted(survivor_versions)}"
     )
+    published = {
+        int(record["policy_version"])
+        for line in (tmp_path / "stack" / "logs" / "inference.log").read_text().splitlines()
+        if line.startswith("{") and (record := json.loads(line)).get("event") == "policy version published"
+    }
+    assert published == set(range(1, STEPS + 1)), f"every push reached the survivor: {sorted(published)}"
     log = (tmp_path / "stack" / "logs" / "gateway.log").read_text()
     assert "inference replica removed" in log, "the gateway saw the replica leave etcd"
     moved = log.count("inference replica failed a call before its first token")
