@@ -10,8 +10,9 @@ newest version an admitted replica serves (before any is admitted: the newest an
 A replica that joins mid-run comes up with its starting weights; it waits, registered but unrouted, until
 the trainer's next push (the trainer pushes every version to every registered replica) brings it to the
 fleet's version, so no session samples from a policy the run left behind. Once admitted it stays while its
-key lives, also while it lags a version during a push (every replica does, briefly). A key rewritten under a
-new lease is a restarted process: it is admitted again only once it has caught up.
+key lives, also while it lags a version during a push (every replica does, briefly); one that falls further
+behind (it missed pushes: the trainer could not reach it) stops being routed to until it catches up. A key
+rewritten under a new lease is a restarted process: it is admitted again only once it has caught up.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from lodestar.logging import get_logger
 from services.gateway.replicas import ReplicaSet
 
 _log = get_logger("gateway.discovery")
+MAX_LAG = 1
+"""Versions a routed replica may lag behind the fleet: one while a push is under way (the trainer pushes the
+next version only once the last one landed everywhere it could), more only when it missed pushes."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,8 @@ class Admission:
             replica.record.policy_version for replica in live.values()
         ]
         fleet = max(versions, default=0)
+        for key in [key for key in self._admitted if live[key].record.policy_version < fleet - MAX_LAG]:
+            del self._admitted[key]  # it missed pushes (the trainer cannot reach it): not routed until it catches up
         self.waiting = {}
         for key, replica in live.items():
             if key in self._admitted:

@@ -33,7 +33,13 @@ def test_admission_routes_a_newcomer_only_once_it_serves_the_fleets_version() ->
     assert admission.update(dict([_replica("a", 4), _replica("b", 4), _replica("c", 0, lease=2)])) == {"a:1", "b:1"}, (
         "a restarted process (new lease) catches up again"
     )
-    assert admission.update(dict([_replica("c", 0, lease=2)])) == {"c:1"}, "the only replica left is routed to"
+    assert admission.update(dict([_replica("a", 6), _replica("b", 4), _replica("c", 5, lease=2)])) == {"a:1"}, (
+        "b missed two pushes: no longer routed to; c has not caught up"
+    )
+    assert admission.update(dict([_replica("a", 6), _replica("b", 6), _replica("c", 6, lease=2)])) == {
+        "a:1", "b:1", "c:1"
+    }  # fmt: skip
+    assert admission.update(dict([_replica("c", 0, lease=3)])) == {"c:1"}, "the only replica left is routed to"
     assert admission.update({}) == set()
 
 
