@@ -54,7 +54,7 @@ import torch.nn.functional as F  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 
-from services.trainer.attention import TreeLayout, subtree_ends  # noqa: E402
+from services.trainer.attention import TreeLayout  # noqa: E402
 from services.trainer.builders import BuilderKind, build_sequences  # noqa: E402
 from services.trainer.flex import FlexLayout, padded_length  # noqa: E402
 from services.trainer.forward import AttentionBackend, target_logprobs  # noqa: E402
@@ -289,13 +289,15 @@ def builders_equal(check: Check) -> None:
 
 
 def random_forest(size: int, seed: int) -> list[int]:
-    """Parents of a random pre-order forest: each token hangs under some node of the current root path."""
+    """Parents of a random pre-order forest shaped like merged sessions: long chains that now and then (every
+    ~300 tokens) branch off a uniformly drawn earlier token of the current path; a new root rarely."""
     rng = random.Random(seed)
     parents: list[int] = []
     path: list[int] = []
     for token in range(size):
-        if path and rng.random() < 0.995:
-            del path[len(path) - 1 - min(len(path) - 1, int(rng.expovariate(0.05))) + 1 :]
+        if path and rng.random() < 0.998:
+            if rng.random() < 1 / 300:
+                del path[rng.randrange(len(path)) + 1 :]
             parents.append(path[-1])
         else:
             path = []
@@ -313,10 +315,15 @@ def packed_documents(lengths: list[int]) -> list[int]:
 
 
 def dense_mask(parents: list[int], device: torch.device) -> torch.Tensor:
-    """[T, T] bool from subtree ends (k visible to q iff k <= q < end[k]), built on the device."""
-    end = torch.tensor(subtree_ends(parents), device=device)
-    index = torch.arange(len(parents), device=device)
-    return (index[None, :] <= index[:, None]) & (index[:, None] < end[None, :])
+    """[T, T] bool: q sees k iff k is q or an ancestor of q, from `parents` alone (not from the code under test):
+    the reflexive-transitive closure of the parent relation by repeated squaring, on the device."""
+    size = len(parents)
+    reach = torch.eye(size, device=device)
+    children = torch.tensor([q for q, p in enumerate(parents) if p >= 0], dtype=torch.int64, device=device)
+    reach[children, torch.tensor([p for p in parents if p >= 0], dtype=torch.int64, device=device)] = 1.0
+    for _ in range(max(1, (size - 1).bit_length())):
+        reach = (reach @ reach > 0).float()  # 0/1 entries and sums <= T: exact in fp32
+    return reach > 0
 
 
 def attention_case(
