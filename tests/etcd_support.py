@@ -4,13 +4,24 @@ real members (the cluster and two-host tests)."""
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import json
+import ssl
 import subprocess
 import time
+import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
 from lodestar.local import find_etcd, free_port
+from lodestar.tls import Identity, LocalPki
 from tests.conftest import EtcdServer, _healthy, _stop
 
 CLUSTER_START_TIMEOUT_S = 30.0
@@ -28,14 +39,78 @@ def restart_etcd(server: EtcdServer) -> None:
         time.sleep(0.05)
 
 
-class EtcdCluster:
-    """Three etcd members on free ports of `host` (loopback by default), each with its own data dir."""
+@dataclass(frozen=True)
+class MemberTls:
+    """Client TLS of a test cluster: each member serves `server` (valid for the cluster's address), requires
+    client certificates signed by `ca` (--client-cert-auth), and is health-checked with `client`."""
 
-    def __init__(self, root: Path, size: int = 3, host: str = "127.0.0.1") -> None:
+    ca: Path
+    server: Identity
+    client: Identity
+
+    def args(self) -> list[str]:
+        files = [f"--cert-file={self.server.cert}", f"--key-file={self.server.key}", f"--trusted-ca-file={self.ca}"]
+        return [*files, "--client-cert-auth"]
+
+    def ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.ca))
+        context.load_cert_chain(self.client.cert, self.client.key)
+        return context
+
+
+def certificate_for_address(pki: LocalPki, directory: Path, address: str) -> Identity:
+    """A certificate and key signed by `pki`'s CA for a server at IP `address` (lodestar.tls issues its
+    certificates for loopback and service names only; a test network's address needs its own)."""
+    authority = x509.load_pem_x509_certificate(pki.ca.read_bytes())
+    signer = serialization.load_pem_private_key((pki.ca.parent / "ca-key.pem").read_bytes(), password=None)
+    assert isinstance(signer, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"etcd-{address}")]))
+        .issuer_name(authority.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(address))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
+        .sign(signer, hashes.SHA256())
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    identity = Identity(directory / f"etcd-{address}.pem", directory / f"etcd-{address}-key.pem")
+    identity.key.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    identity.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return identity
+
+
+def _healthy_member(url: str, tls: MemberTls | None) -> bool:
+    if tls is None:
+        return _healthy(url)
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=1.0, context=tls.ssl_context()) as reply:
+            return bool(json.loads(reply.read()).get("health") == "true")
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+
+
+class EtcdCluster:
+    """Three etcd members on free ports of `host` (loopback by default), each with its own data dir; with
+    `tls`, clients speak https and must present a certificate of its CA (members talk plaintext among
+    themselves)."""
+
+    def __init__(self, root: Path, size: int = 3, host: str = "127.0.0.1", tls: MemberTls | None = None) -> None:
         root.mkdir(parents=True, exist_ok=True)
         names = [f"m{i}" for i in range(size)]
         peers = {name: f"http://{host}:{free_port()}" for name in names}
-        self.clients = {name: f"http://{host}:{free_port()}" for name in names}
+        scheme = "http" if tls is None else "https"
+        self.clients = {name: f"{scheme}://{host}:{free_port()}" for name in names}
         cluster = ",".join(f"{name}={url}" for name, url in peers.items())
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         for name in names:
@@ -44,10 +119,11 @@ class EtcdCluster:
             command += [f"--listen-peer-urls={peers[name]}", f"--initial-advertise-peer-urls={peers[name]}"]
             command += [f"--initial-cluster={cluster}", "--initial-cluster-state=new", "--log-level=warn"]
             command += ["--logger=zap", "--heartbeat-interval=100", "--election-timeout=1000"]
+            command += tls.args() if tls is not None else []
             with (root / f"{name}.log").open("ab") as log:
                 self.processes[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + CLUSTER_START_TIMEOUT_S
-        while not all(_healthy(url) for url in self.clients.values()):
+        while not all(_healthy_member(url, tls) for url in self.clients.values()):
             if time.monotonic() > deadline:
                 self.stop()
                 raise AssertionError(f"the etcd cluster did not become healthy; logs in {root}")

@@ -1,6 +1,8 @@
 """The rollout control plane across two hosts: a leader on host A and a standby on host B (two network
 namespaces on a bridge, `tests/netns_support.py`), one PostgreSQL and a 3-member etcd on the infra host
-(the bridge's address), every process real and every connection over the bridge.
+(the bridge's address), every process real and every connection over the bridge. etcd speaks TLS and requires
+client certificates, all from one CA (`lodestar.tls`, as `lodestar up --tls` makes; the members' own
+certificates name the bridge's address); the rollout instances require the control-plane token.
 
 Three simulated gateway nodes (real etcd leases; the node's own `GrpcRollout` client given both rollout
 addresses, and its `complete_with_retries`) acquire and report sessions while a reader follows the group
@@ -31,14 +33,15 @@ import psycopg
 import pytest
 
 from lodestar.errors import LodestarError
-from lodestar.etcd import EtcdClient
+from lodestar.etcd import EtcdClient, EtcdTls
 from lodestar.grpc import security
 from lodestar.grpc.client import LeaderChannel, connect, leader_from_error
 from lodestar.grpc.security import Security
 from lodestar.local import wait_serving
+from lodestar.tls import LocalPki, ensure_local_pki
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
 from services.gateway.node.rollout_client import GrpcRollout, RetryPolicy, complete_with_retries
-from tests.etcd_support import EtcdCluster
+from tests.etcd_support import EtcdCluster, MemberTls, certificate_for_address
 from tests.netns_support import HostNetwork, unavailable_reason
 from tests.rollout.helpers import call_record, make_spec
 from tests.rollout.postgres import PACKAGE_HINT, PostgresServer, find_bin_dir
@@ -80,8 +83,15 @@ def postgres(hosts: HostNetwork) -> Iterator[PostgresServer]:
 
 
 @pytest.fixture
-def cluster(hosts: HostNetwork, tmp_path: Path) -> Iterator[EtcdCluster]:
-    started = EtcdCluster(tmp_path / "etcd", host=hosts.infra_ip)
+def pki(tmp_path: Path) -> LocalPki:
+    return ensure_local_pki(tmp_path / "pki", ("rollout", "client"))
+
+
+@pytest.fixture
+def cluster(hosts: HostNetwork, pki: LocalPki, tmp_path: Path) -> Iterator[EtcdCluster]:
+    server = certificate_for_address(pki, tmp_path / "pki", hosts.infra_ip)
+    tls = MemberTls(pki.ca, server, pki.identities["client"])
+    started = EtcdCluster(tmp_path / "etcd", host=hosts.infra_ip, tls=tls)
     try:
         yield started
     finally:
@@ -101,14 +111,16 @@ def client_token() -> Iterator[None]:
 
 @contextlib.contextmanager
 def rollout_on(
-    hosts: HostNetwork, host: str, etcd: str, prefix: str, store: str, tmp_path: Path
+    hosts: HostNetwork, host: str, etcd: str, prefix: str, store: str, pki: LocalPki, tmp_path: Path
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`lodestar rollout serve` inside `host`'s namespace, bound to its address (SIGTERM, then SIGKILL, at exit)."""
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
     argv = [sys.executable, "-m", "lodestar.cli.main", "rollout", "serve", "--host", hosts.ips[host]]
     argv += ["--port", str(ROLLOUT_PORT), "--auth-token-file", str(token_file), "--etcd", etcd]
-    argv += ["--etcd-allow-insecure", "--etcd-prefix", prefix, "--store", store]
+    own = pki.identities["rollout"]
+    argv += ["--etcd-tls-ca", str(pki.ca), "--etcd-tls-cert", str(own.cert), "--etcd-tls-key", str(own.key)]
+    argv += ["--etcd-prefix", prefix, "--store", store]
     argv += ["--leader-ttl-s", str(LEADER_TTL_S), "--log-json"]
     with (tmp_path / f"rollout-{host}.log").open("ab") as log:
         process = subprocess.Popen(hosts.exec_argv(host, argv), cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
@@ -253,6 +265,7 @@ async def test_killing_the_leader_host_mid_run_loses_nothing_and_counts_nothing_
     hosts: HostNetwork,
     postgres: PostgresServer,
     cluster: EtcdCluster,
+    pki: LocalPki,
     client_token: None,
     tmp_path: Path,
     etcd_prefix: str,
@@ -261,9 +274,9 @@ async def test_killing_the_leader_host_mid_run_loses_nothing_and_counts_nothing_
     endpoints = ",".join(cluster.clients.values())
     a, b = (f"{hosts.ips[host]}:{ROLLOUT_PORT}" for host in ("a", "b"))
     logs = {host: tmp_path / f"rollout-{host}.log" for host in ("a", "b")}
-    with rollout_on(hosts, "a", endpoints, etcd_prefix, store, tmp_path) as leader:
+    with rollout_on(hosts, "a", endpoints, etcd_prefix, store, pki, tmp_path) as leader:
         await wait_serving(a, 60)
-        with rollout_on(hosts, "b", endpoints, etcd_prefix, store, tmp_path) as standby:
+        with rollout_on(hosts, "b", endpoints, etcd_prefix, store, pki, tmp_path) as standby:
             await eventually(lambda: _names_leader(b), 60, what="the standby on host B to name the leader")
             assert await _names_leader(b) == a
 
@@ -277,9 +290,9 @@ async def test_killing_the_leader_host_mid_run_loses_nothing_and_counts_nothing_
             ).run.run_id
             await creator.close()
 
-            ledger, finished = Ledger(), asyncio.Event()
+            ledger, finished, client = Ledger(), asyncio.Event(), pki.identities["client"]
             async with (
-                EtcdClient(endpoints) as etcd,
+                EtcdClient(endpoints, tls=EtcdTls(pki.ca, client.cert, client.key)) as etcd,
                 _tasks(
                     read_groups([a, b], run_id, ledger),
                     *(simulated_node(f"node-{i}", etcd, f"{a},{b}", ledger, finished, i) for i in range(NODES)),
