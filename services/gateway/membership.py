@@ -5,7 +5,8 @@ capacity, start time) bound to a lease it keeps alive (`lodestar.leased_key.Leas
 replicas do). The key is the node's presence: revoked at shutdown (gone at once), expired by etcd a TTL
 after the node dies or is cut off. When the lease is lost (partition, etcd restart, expiry) `Membership`
 logs an error and registers again with a new lease as soon as etcd answers, retrying with bounded
-exponential backoff; etcd being down at start only delays registration (proxying does not need etcd). `list_nodes` is the reader side (rollout).
+exponential backoff; etcd being down at start only delays registration (proxying does not need etcd).
+`list_nodes` is the reader side (rollout).
 """
 
 from __future__ import annotations
