@@ -81,6 +81,7 @@ async def test_a_watch_follows_joins_versions_and_leaves(etcd_endpoint: str, etc
         await second.stop()
 
 
+@pytest.mark.slow  # waits out a lease TTL
 async def test_a_dead_replica_vanishes_after_its_ttl(etcd_endpoint: str, etcd_prefix: str) -> None:
     seen = Seen()
     watch = ReplicaWatch(etcd_endpoint, seen, prefix=etcd_prefix)
@@ -96,6 +97,7 @@ async def test_a_dead_replica_vanishes_after_its_ttl(etcd_endpoint: str, etcd_pr
         await watch.stop()
 
 
+@pytest.mark.slow  # an etcd of its own, stopped and restarted
 async def test_the_watch_keeps_its_map_while_etcd_is_down_and_lists_again(
     private_etcd: EtcdServer, etcd_prefix: str
 ) -> None:
