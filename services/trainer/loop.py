@@ -7,7 +7,8 @@ One step:
    whose ids and logprobs differ in length) skips the step: its groups are not trained on, the reason
    goes to the log, to GetStatus.error and to skipped_steps.
 2. Build training sequences per group (builders/: per_request, prefix_merging or tree) and pack them into
-   micro-batches of at most `micro_batch_tokens` tokens (pack.py).
+   micro-batches of at most `micro_batch_tokens` tokens (pack.py); a longer sequence is split into parts
+   that recompute their context, with the same loss and gradient (split.py).
 3. For each micro-batch: the policy's logprob of every sampled token (forward.py), the policy loss under
    one step-level normalizer (loss.py), backward. Gradients accumulate to exactly the step gradient.
 4. Clip the gradient norm, optimizer step (AdamW), policy version + 1.
@@ -60,7 +61,7 @@ from services.trainer.inbox import IDLE, Idle, Inbox, SaveRequest
 from services.trainer.loss import LossConfig, LossNormalizer, LossOutput, policy_loss
 from services.trainer.metrics import MetricsWriter, StepRecord, mean_std
 from services.trainer.mismatch import MismatchTally, warning_text
-from services.trainer.pack import pack
+from services.trainer.pack import pack_step
 from services.trainer.precision import ComputeCopy
 from services.trainer.publish import PublishResult
 from services.trainer.pushing import BackgroundPush
@@ -239,7 +240,11 @@ class Trainer:
         """One optimizer step on the plan's groups (module docstring, steps 2-6)."""
         started = self._clock()
         sequences, stats = build_step(plan.groups, self.config.builder, self.config.vocab_size)
-        micro_batches = pack(sequences, self.config.micro_batch_tokens)
+        micro_batches, split = pack_step(sequences, self.config.micro_batch_tokens)
+        if split.over_budget_parts:
+            _log.warning("micro-batch over budget: a path from the root is longer than the budget",
+                         parts=split.over_budget_parts, tokens=split.longest_part,
+                         micro_batch_tokens=self.config.micro_batch_tokens)  # fmt: skip
         built = self._clock()
 
         harness_of = {sample.sample_index: sample.harness for group in plan.groups for sample in group.samples}
@@ -269,6 +274,7 @@ class Trainer:
             groups=plan.groups,
             no_signal_rewards=plan.no_signal_rewards,
             stats=stats,
+            split=split,
             micro_batches=len(micro_batches),
             loss=totals,
             grad_norm=grad_norm,

@@ -11,6 +11,9 @@ Every step's values are a flat name -> float map (the same names in the JSONL, i
 - work: `calls`, `call_tokens` (prompt + sampled tokens over all calls: per-request work),
   `tokens_trained` (tokens in the built sequences), `merge_ratio` = call_tokens / tokens_trained,
   `target_tokens` (tokens with loss), `sequences`, `micro_batches`, `merges`, `breaks`;
+- splitting (services/trainer/split.py): `split_sequences` (sequences longer than micro_batch_tokens cut into
+  parts), `split_parts` (the parts they became), `recomputed_tokens` (context computed again: the extra work,
+  not in tokens_trained), `over_budget_parts` (parts over the budget: a path from the root is longer);
 - loss: `loss`, `clip_fraction`, `kl`, `grad_norm`, `lr`;
 - training-inference gap on the sampled tokens: `logprob_diff_mean`, `logprob_diff_max` (|trainer - inference|);
 - time (seconds): `time_build`, `time_forward_backward`, `time_optimizer`, `time_push`, `time_step`, and

@@ -1,11 +1,12 @@
 """Packing: training sequences -> micro-batches of at most `token_budget` tokens (one forward pass each).
 
-First-fit decreasing: sequences sorted by length (longest first, ties in input order) go into the first
-micro-batch with room, else into a new one. A sequence longer than the budget is never split: it goes
-alone into its own micro-batch (a tree is computed whole; splitting it into subtrees that re-include
-their ancestors would recompute the shared prefix, which is the work the tree builder exists to save).
-The caller sizes the budget so that the longest sequence fits in memory; the attention and the
-vocabulary chunking of services/trainer/forward.py keep the memory linear in the micro-batch's tokens.
+A sequence longer than the budget is first split into parts that fit (services/trainer/split.py: each part
+recomputes the ancestors of its tokens as context, every target stays exactly one loss term, the gradient
+is the unsplit one). Then first-fit decreasing: sequences and parts sorted by length (longest first, ties
+in input order) go into the first micro-batch with room, else into a new one. Only a part that holds a
+target whose path from the root is longer than the budget is longer than it; it goes alone. The attention
+and the vocabulary chunking of services/trainer/forward.py keep the memory linear in the micro-batch's
+tokens, so the budget bounds the memory of a pass.
 
 Within a micro-batch, sequences are concatenated: parents and targets are offset to global indices, a
 root keeps parent -1, so the tree/block-diagonal attention mask follows from `parents` alone.
@@ -16,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.trainer.batch import MicroBatch, TrainingSequence
+from services.trainer.split import SplitStats, split_to_budget
 
 
 def _concatenate(sequences: Sequence[TrainingSequence]) -> MicroBatch:
@@ -35,14 +37,15 @@ def _concatenate(sequences: Sequence[TrainingSequence]) -> MicroBatch:
     return batch
 
 
-def pack(sequences: Sequence[TrainingSequence], token_budget: int) -> list[MicroBatch]:
-    """Micro-batches holding every sequence exactly once; each at most `token_budget` tokens unless it holds
-    a single longer sequence. Raises ValueError for a non-positive budget."""
-    if token_budget <= 0:
-        raise ValueError(f"token budget must be positive, got {token_budget}")
+def pack_step(sequences: Sequence[TrainingSequence], token_budget: int) -> tuple[list[MicroBatch], SplitStats]:
+    """Micro-batches holding every target of `sequences` exactly once, each at most `token_budget` tokens
+    unless it holds a single over-budget part (module docstring), and what splitting did.
+
+    Raises ValueError for a non-positive budget."""
+    parts, stats = split_to_budget(sequences, token_budget)
     bins: list[list[TrainingSequence]] = []
     room: list[int] = []
-    for sequence in sorted(sequences, key=len, reverse=True):
+    for sequence in sorted(parts, key=len, reverse=True):
         size = len(sequence)
         for index, free in enumerate(room):
             if size <= free:
@@ -52,4 +55,9 @@ def pack(sequences: Sequence[TrainingSequence], token_budget: int) -> list[Micro
         else:
             bins.append([sequence])
             room.append(token_budget - size)
-    return [_concatenate(members) for members in bins]
+    return [_concatenate(members) for members in bins], stats
+
+
+def pack(sequences: Sequence[TrainingSequence], token_budget: int) -> list[MicroBatch]:
+    """The micro-batches of `pack_step`."""
+    return pack_step(sequences, token_budget)[0]

@@ -12,6 +12,7 @@ from services.trainer.distributed import Parallel
 from services.trainer.groups import GroupSamples
 from services.trainer.loss import LossOutput
 from services.trainer.metrics import mean_std
+from services.trainer.split import SplitStats
 
 
 def step_values(
@@ -19,6 +20,7 @@ def step_values(
     groups: Sequence[GroupSamples],
     no_signal_rewards: Sequence[float] = (),
     stats: BuildStats,
+    split: SplitStats | None = None,
     micro_batches: int,
     loss: LossOutput | None,
     grad_norm: float,
@@ -29,6 +31,7 @@ def step_values(
     counters: Mapping[str, float],
     push_bytes: int = 0,
 ) -> dict[str, float]:
+    split = split or SplitStats()
     trained = [reward for group in groups for reward in group.rewards]
     rewards = [*trained, *no_signal_rewards]  # every scored session read, as GRPO logs its reward
     reward_mean, reward_std = mean_std(rewards)
@@ -47,6 +50,10 @@ def step_values(
         "micro_batches": float(micro_batches),
         "merges": float(stats.merges),
         "breaks": float(stats.breaks),
+        "split_sequences": float(split.split_sequences),
+        "split_parts": float(split.parts),
+        "recomputed_tokens": float(split.recomputed_tokens),
+        "over_budget_parts": float(split.over_budget_parts),
         "grad_norm": grad_norm,
         "lr": lr,
         "staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
