@@ -9,6 +9,11 @@ yielded` with backoff, so no group is read twice or skipped. A stream that ends 
 run has no more groups. `cancel()`
 (from any thread) ends a blocked read: the iterator stops. A follower rollout instance answers UNAVAILABLE
 naming the leader (`lodestar-leader` trailing metadata): both calls move to the leader and carry on.
+
+The target may list a leader and its standbys ("a:50053,b:50053", as gateway nodes take it). With one address
+a read waits for it to be ready (a restarting rollout comes back there). With several, a call fails fast on
+an address that does not answer and the client moves to the next one, so the trainer follows a failover to a
+standby on another host even when the dead leader's address never answers again.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 import grpc
 
 from lodestar.errors import UnavailableError
-from lodestar.grpc.client import leader_from_error
+from lodestar.grpc.client import leader_from_error, split_targets
 from lodestar.logging import get_logger
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
 from services.trainer.rpc import RETRYABLE, details_of, domain_error, status_of, sync_channel
@@ -35,11 +40,15 @@ class RolloutClient:
     """See the module docstring."""
 
     def __init__(self, target: str, run_id: str, *, rpc_timeout_s: float = 30.0, reconnect_s: float = 600.0) -> None:
-        self.target = target
+        self.targets = split_targets(target)
+        if not self.targets:
+            raise ValueError(f"no rollout address in {target!r}")
+        self.target = self.targets[0]
+        self._next = 1
         self.run_id = run_id
         self._rpc_timeout_s = rpc_timeout_s
         self._reconnect_s = reconnect_s
-        self._channel = sync_channel(target)
+        self._channel = sync_channel(self.target)
         self._stub = rollout_pb2_grpc.RolloutServiceStub(self._channel)
         self._lock = threading.Lock()
         self._call: Any = None
@@ -51,11 +60,24 @@ class RolloutClient:
         if leader is None or leader == self.target:
             return False
         _log.info("following the rollout leader", previous=self.target, leader=leader)
-        old, self.target = self._channel, leader
-        self._channel = sync_channel(leader)
+        self._connect(leader)
+        return True
+
+    def _try_next(self, error: grpc.RpcError) -> bool:
+        """Move to the next listed address after `error` left this one unanswered; False with one address."""
+        if len(self.targets) < 2 or status_of(error) != grpc.StatusCode.UNAVAILABLE:
+            return False
+        target = self.targets[self._next % len(self.targets)]
+        self._next += 1
+        _log.info("rollout unavailable, trying the next address", previous=self.target, next=target)
+        self._connect(target)
+        return True
+
+    def _connect(self, target: str) -> None:
+        old, self.target = self._channel, target
+        self._channel = sync_channel(target)
         self._stub = rollout_pb2_grpc.RolloutServiceStub(self._channel)
         old.close()
-        return True
 
     def close(self) -> None:
         self.cancel()
@@ -77,7 +99,7 @@ class RolloutClient:
             request = rollout_pb2.StreamGroupsRequest(
                 run_id=self.run_id, start_after=delivered, tokens_only=True, max_groups=1
             )
-            call = self._stub.StreamGroups(request, wait_for_ready=True)
+            call = self._stub.StreamGroups(request, wait_for_ready=len(self.targets) == 1)
             with self._lock:
                 self._call = call
             if self._cancelled.is_set():
@@ -98,6 +120,7 @@ class RolloutClient:
                     continue
                 if status_of(error) not in RETRYABLE:
                     raise domain_error(error, f"StreamGroups from {self.target}") from error
+                self._try_next(error)
                 now = time.monotonic()
                 failing_since = failing_since or now
                 if now - failing_since > self._reconnect_s:
@@ -113,15 +136,22 @@ class RolloutClient:
                     self._call = None
 
     def report_policy_version(self, version: int) -> None:
-        """Tell rollout which version inference serves now (retried on UNAVAILABLE, following the leader)."""
+        """Tell rollout which version inference serves now: retried on UNAVAILABLE with backoff for up to
+        `reconnect_s` (a failover to a standby takes the leader's lease TTL), following the leader."""
         request = rollout_pb2.ReportPolicyVersionRequest(policy_version=version)
-        for attempt in (1, 2, 3):
+        backoff = 0.5
+        deadline = time.monotonic() + self._reconnect_s
+        while True:
             try:
                 self._stub.ReportPolicyVersion(request, timeout=self._rpc_timeout_s)
                 return
             except grpc.RpcError as error:
                 if self._follow_leader(error):
                     continue
-                if attempt == 3 or status_of(error) not in RETRYABLE:
+                if status_of(error) not in RETRYABLE or time.monotonic() > deadline:
                     raise domain_error(error, f"ReportPolicyVersion to {self.target}") from error
-                time.sleep(0.5)
+                self._try_next(error)
+                _log.warning("policy version report failed, retrying", version=version, error=details_of(error))
+                if self._cancelled.wait(backoff):
+                    raise domain_error(error, f"ReportPolicyVersion to {self.target}") from error
+                backoff = min(backoff * 2, MAX_BACKOFF_S)

@@ -41,6 +41,7 @@ from lodestar.local import wait_serving
 from lodestar.tls import LocalPki, ensure_local_pki
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
 from services.gateway.node.rollout_client import GrpcRollout, RetryPolicy, complete_with_retries
+from services.trainer.rollout_client import RolloutClient
 from tests.etcd_support import EtcdCluster, MemberTls, certificate_for_address
 from tests.netns_support import HostNetwork, unavailable_reason
 from tests.rollout.helpers import call_record, make_spec
@@ -212,27 +213,29 @@ async def simulated_node(
 
 
 async def read_groups(targets: list[str], run_id: str, ledger: Ledger) -> None:
-    """What the trainer does: stream the run's groups after those it has; when the stream breaks, go where a
-    follower points, else to the next address, and resume."""
-    index, target = 0, targets[0]
-    while True:
-        channel = connect(target)
-        try:
-            request = rollout_pb2.StreamGroupsRequest(run_id=run_id, start_after=len(ledger.groups), tokens_only=True)
-            async for reply in rollout_pb2_grpc.RolloutServiceStub(channel).StreamGroups(request, timeout=120):
-                ledger.groups.append(reply.group)
-            return  # the run finished: the stream ended
-        except grpc.aio.AioRpcError as error:
-            if error.code() != grpc.StatusCode.UNAVAILABLE:
-                raise
-            leader = leader_from_error(error)
-            if leader is None or leader == target:
-                index += 1
-                leader = targets[index % len(targets)]
-            target = leader
-            await asyncio.sleep(0.2)
-        finally:
-            await channel.close()
+    """The trainer's own group reader (`services.trainer.rollout_client`, in a thread as the trainer runs it),
+    given both hosts' addresses: when the stream breaks it goes where a follower points, else to the next
+    address, and resumes after the groups it has."""
+    client = RolloutClient(",".join(targets), run_id)
+
+    def read() -> None:
+        for group in client.groups(0):
+            ledger.groups.append(group)
+
+    try:
+        await asyncio.to_thread(read)
+    finally:
+        client.cancel()
+        client.close()
+
+
+def report_version(targets: list[str], run_id: str, version: int) -> None:
+    """The trainer's policy-version report, sent while the leader is dead and the standby not yet leading."""
+    client = RolloutClient(",".join(targets), run_id, rpc_timeout_s=5.0, reconnect_s=LEADER_TTL_S + 30)
+    try:
+        client.report_policy_version(version)
+    finally:
+        client.close()
 
 
 async def _names_leader(address: str) -> str | None:
@@ -308,8 +311,11 @@ async def test_killing_the_leader_host_mid_run_loses_nothing_and_counts_nothing_
                 counted_at_kill, groups_at_kill = len(ledger.counted()), len(ledger.groups)
                 killed_at = time.monotonic()
                 assert leader.wait(10) == -signal.SIGKILL
+                report = asyncio.create_task(asyncio.to_thread(report_version, [a, b], run_id, 1))
                 await wait_serving(b, LEADER_TTL_S + 15)
                 took_over_s = time.monotonic() - killed_at
+                async with asyncio.timeout(LEADER_TTL_S + 45):
+                    await report  # the trainer's report reached the new leader
 
                 async with asyncio.timeout(60):
                     await reader  # ends when the run finished
@@ -337,6 +343,7 @@ async def test_killing_the_leader_host_mid_run_loses_nothing_and_counts_nothing_
 
     # None lost: the run completed on the standby with every session scored.
     assert run.state == rollout_pb2.RUN_STATE_COMPLETED, _tail(logs["b"])
+    assert run.policy_version == 1  # the report sent across the failover
     assert (run.sessions_succeeded, run.groups_complete) == (SESSIONS, TASKS)
     assert reply.counted  # the repeated report gets the first answer...
 
