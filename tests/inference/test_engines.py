@@ -75,6 +75,15 @@ async def test_update_keeps_running_requests_on_their_version(
     )
 
 
+async def test_swaps_with_nothing_running_keep_one_copy_of_the_weights(
+    engine: TransformersEngine, tiny_model_dir: Path
+) -> None:
+    files, metas = read_checkpoint_meta(tiny_model_dir)
+    for version in (1, 2, 3):
+        await engine.update_weights(WeightUpdate(tiny_model_dir, tuple(metas), version, tuple(files)))
+    assert [group.version for group in engine._groups] == [3]
+
+
 def test_sampling_options_defaults_cap_and_validation() -> None:
     resolved = sampling_options(common_pb2.SamplingParams(max_tokens=64000), cap=256, room=10000)
     assert (resolved.max_tokens, resolved.temperature, resolved.top_p, resolved.top_k, resolved.seed) == (

@@ -196,7 +196,9 @@ class TransformersEngine:
         base = self._current
         model = await asyncio.to_thread(self._load_update, base.model, update)
         group = _Group(version=update.version, model=model)
-        self._groups.append(group)
+        # The groups no sequence runs on go now: the scheduler prunes only while something runs, and swaps
+        # with nothing running (pushes between rollout batches) kept every version's weights alive.
+        self._groups = [old for old in self._groups if old.sequences] + [group]
         self._current = group
         self._wake.set()
         _log.info("weights swapped", policy_version=update.version, tensors=len(update.tensors))
