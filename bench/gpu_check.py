@@ -92,13 +92,12 @@ class Row:
 
 @dataclass
 class Check:
-    """The run: device, budget, the rows so far (written out after each one), progress output."""
+    """The run: device, budget, the rows so far (written out after each one), where progress lines go."""
 
     device: torch.device
     budget_s: float
     out: Path | None
     console: Console
-    progress: Progress
     workdir: Path
     group_size: int
     sample: int
@@ -527,13 +526,15 @@ def throughput(check: Check) -> None:
             vocab = int(master.config.vocab_size)
             group = synthetic_samples(replace(shape, vocab_size=vocab), group_size=group_size, seed=0)
             for kind in BuilderKind:
-                label = f"{model_name} ({params / 1e9:.2f}B parameters), {shape_name}, {kind.value}"
+                count = f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.2f}M"
+                label = f"{model_name} ({count} parameters), {shape_name}, {kind.value}"
                 if check.elapsed() > check.budget_s:
                     check.add(4, label, "skipped", f"time budget ({check.budget_s:.0f} s) spent")
                     continue
                 sequences = build_sequences(kind, group).sequences
                 try:
-                    detail = measure(check, compute, optimizer, dims, pack(sequences, budget), attention, peak)
+                    batches = pack(sequences, budget)
+                    detail = measure(check, compute, optimizer, dims, batches, budget, attention, peak)
                     check.add(4, label, "measured", detail)
                 except torch.cuda.OutOfMemoryError as error:
                     longest = max(len(sequence) for sequence in sequences)
@@ -565,6 +566,7 @@ def measure(
     optimizer: torch.optim.Optimizer,
     dims: Dims,
     batches: list[Any],
+    budget: int,
     attention: AttentionBackend,
     peak: float | None,
 ) -> str:
@@ -602,10 +604,10 @@ def measure(
     flops = sum(dims.flops(batch) for batch in timed)
     mfu = f"{100 * flops / seconds / peak:.1f}%" if peak else "n/a (unknown peak)"
     memory = f"{torch.cuda.max_memory_allocated(check.device) / 2**30:.1f} GiB" if check.cuda else "n/a on CPU"
-    over = sum(len(batch.token_ids) > 32_768 for batch in batches) if check.cuda else 0
+    over = sum(len(batch.token_ids) > budget for batch in batches)
     return (
         f"{rate:,.0f} tokens/s, MFU {mfu}, peak {memory}; step ~{all_tokens / rate + step_s:.0f} s for "
-        f"{all_tokens:,} tokens in {len(batches)} micro-batches ({over} over the 32K budget), timed "
+        f"{all_tokens:,} tokens in {len(batches)} micro-batches ({over} over the {budget:,}-token budget), timed "
         f"{len(timed)} ({tokens:,} tokens, {seconds:.1f} s) after a {warm_s:.1f} s first pass; AdamW {step_s:.1f} s"
     )
 
@@ -639,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TimeElapsedColumn())  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp, Progress(*columns, console=console) as progress:
-        check = Check(device, args.budget_s, args.out, console, progress, Path(tmp), args.group_size, sample,
+        check = Check(device, args.budget_s, args.out, console, Path(tmp), args.group_size, sample,
                       args.peak_tflops)  # fmt: skip
         task = progress.add_task("gpu check", total=len(order))
         for key in order:

@@ -80,6 +80,16 @@ def replicas(model: Path, count: int, logs: Path, dtype: str) -> Iterator[list[S
         yield [stack.enter_context(serve_inference("transformers", model, logs, *extra)) for _ in range(count)]
 
 
+def check_alive(servers: list[ServerProcess]) -> None:
+    """A replica that died during a row makes the row's figures a push to fewer replicas: stop, say why."""
+    dead = [server for server in servers if server.process.poll() is not None]
+    if dead:
+        tails = "\n".join(
+            f"{server.address} exited {server.process.returncode}:\n{server.log()[-2000:]}" for server in dead
+        )
+        raise SystemExit(f"{len(dead)} of {len(servers)} replicas died during the benchmark\n{tails}")
+
+
 def publisher(transport: str, addresses: list[str]) -> Any:
     if transport == "grpc":
         return FanoutPublisher(addresses, timeout_s=600, attempts=1)
@@ -169,12 +179,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     addresses = [server.address for server in servers]
                     for transport in TRANSPORTS:
                         row = time_pushes(transport, addresses, state, args.repeats)
+                        check_alive(servers)
                         row |= {"model": name, "params": params, "replicas": count, "transport": transport}
                         print(json.dumps(row), flush=True)
                         rows.append(row)
                     if count == 3 and model_dir == SMOLLM2 and not args.skip_steps:
                         del model, state
                         steps = step_waits(addresses, model_dir, args.steps)
+                        check_alive(servers)
                         print(json.dumps(steps), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -192,8 +204,8 @@ def section(results: dict[str, Any], repeats: int) -> str:
         "machine; a push is timed from the trainer's fp32 state to every replica serving the version "
         f"(serialize, transfer, validate, swap). Median of {repeats} pushes after a warm-up, all in one run.",
         "",
-        "| model | replicas | transport | seconds (median) | vs grpc | payload MB | MB moved |",
-        "|---|---|---|---|---|---|---|",
+        "| model | replicas | transport | seconds (median) | each push | vs grpc | payload MB | MB moved |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     base: dict[tuple[str, int], float] = {}
     for row in results["rows"]:
@@ -203,7 +215,8 @@ def section(results: dict[str, Any], repeats: int) -> str:
         ratio = base[key] / row["seconds"] if key in base else 1.0
         lines.append(
             f"| {row['model']} | {row['replicas']} | {row['transport']} | {row['seconds']:.2f} | "
-            f"{ratio:.1f}x | {row['payload'] / 1e6:.0f} | {row['moved'] / 1e6:.0f} |"
+            f"{' / '.join(f'{t:.1f}' for t in row['all'])} | {ratio:.1f}x | {row['payload'] / 1e6:.0f} | "
+            f"{row['moved'] / 1e6:.0f} |"
         )
     if results["steps"]:
         lines += [

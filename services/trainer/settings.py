@@ -18,7 +18,8 @@ class TrainerSettings(EtcdClientSettings):
 
     port: int = 50054
     rollout: str = "127.0.0.1:50053"
-    """RolloutService address (groups come from StreamGroups)."""
+    """RolloutService address (groups come from StreamGroups), or a leader's and its standbys' addresses
+    separated by commas: the trainer moves to whichever answers after a failover (docs/deploy.md)."""
     inference: str = "127.0.0.1:50051"
     """InferenceService address (weights are pushed with UpdateWeights), or several replicas' addresses separated
     by commas (serialized once, pushed to all at once: services/trainer/publish.py); empty: push nothing."""
@@ -119,7 +120,7 @@ class TrainerSettings(EtcdClientSettings):
     `weights_dir` and every replica sent only its path (trainer and replicas on one filesystem; each replica's
     --checkpoint-dirs must list weights_dir); "broadcast" = a torch.distributed broadcast from the trainer
     (rank 0) to every replica at once (gloo over TCP, or NCCL), a replica the broadcast misses getting the
-    version over gRPC. Choosing one: docs/trainer.md, figures: docs/benchmarks.md."""
+    version over gRPC. Choosing one: docs/deploy.md ("Weight transports"), figures: docs/benchmarks.md."""
     weights_dir: Path | None = None
     """shared_fs: the directory versions are written to (only the newest is kept); default
     <run_dir>/weights. On one machine /dev/shm/<name> is fastest (RAM)."""
