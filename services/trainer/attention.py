@@ -141,9 +141,10 @@ def _scores(qb: torch.Tensor, kb: torch.Tensor, mask: torch.Tensor, scale: float
 
 class _TreeAttention(torch.autograd.Function):
     """Masked softmax attention per query block (explicit math: on CPU, SDPA's backward with a boolean mask
-    is several times slower than these matmuls), keeping only the fp32 logsumexp of each query for backward
-    (not the output: the backward's dO . O term is sum P dP from the fp32 probabilities). Block math in
-    fp32 (fp64 stays fp64; no copy for either); outputs and gradients in the inputs' dtypes."""
+    is several times slower than these matmuls), keeping the fp32 logsumexp of each query and the fp32
+    output for backward (its dO . O term: from the output rounded to bf16 it would carry bf16's error, and
+    summing P dP over the keys instead costs a pass over every score block). Block math in fp32 (fp64 stays
+    fp64; no copy for either); outputs and gradients in the inputs' dtypes."""
 
     @staticmethod
     def forward(
@@ -153,8 +154,9 @@ class _TreeAttention(torch.autograd.Function):
         groups = heads // k.shape[1]
         qg = q.view(batch, k.shape[1], groups, size, dim)
         scale = scale if scale is not None else dim**-0.5
-        out = torch.empty_like(qg)
-        lse = torch.empty(qg.shape[:-1], dtype=torch.promote_types(q.dtype, torch.float32), device=q.device)
+        wide = torch.promote_types(q.dtype, torch.float32)
+        out = torch.empty(qg.shape, dtype=wide, device=q.device)  # fp32 for bf16 inputs: kept for backward
+        lse = torch.empty(qg.shape[:-1], dtype=wide, device=q.device)
         for index in range(len(layout.keys)):
             span, kb, vb, mask = _block(layout, index, k, v)
             scores = _scores(_wide(qg[..., span, :]), _wide(kb), mask, scale)
@@ -163,13 +165,13 @@ class _TreeAttention(torch.autograd.Function):
             total = weights.sum(-1, keepdim=True)
             out[..., span, :] = (weights @ _wide(vb).unsqueeze(2)).div_(total)
             lse[..., span] = (peak + total.log()).squeeze(-1)
-        ctx.save_for_backward(q, k, v, lse)
+        ctx.save_for_backward(q, k, v, out, lse)
         ctx.layout, ctx.scale = layout, scale
-        return out.view(q.shape)
+        return out.view(q.shape).to(q.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, k, v, lse = ctx.saved_tensors
+        q, k, v, out, lse = ctx.saved_tensors
         layout: TreeLayout = ctx.layout
         grouped = (*lse.shape, q.shape[-1])  # [B, Hkv, G, T, D]
         qg, grad = q.view(grouped), grad_out.reshape(grouped)
@@ -182,10 +184,8 @@ class _TreeAttention(torch.autograd.Function):
             qb, gb = _wide(qg[..., span, :]), _wide(grad[..., span, :])
             probabilities = _scores(qb, kb, mask, ctx.scale).sub_(lse[..., span, None]).exp_()
             gv = (probabilities.transpose(-1, -2) @ gb).sum(2)
-            d_probabilities = gb @ vb.unsqueeze(2).transpose(-1, -2)
-            # sum_k P dP = dO . O, from the fp32 probabilities rather than the output rounded to its dtype
-            row = (d_probabilities * probabilities).sum(-1, keepdim=True)
-            d_scores = d_probabilities.sub_(row).mul_(probabilities)
+            row = (gb * out[..., span, :]).sum(-1, keepdim=True)  # dO . O = sum_k P dP, per query
+            d_scores = (gb @ vb.unsqueeze(2).transpose(-1, -2)).sub_(row).mul_(probabilities)
             dq[..., span, :] = (d_scores @ kb.unsqueeze(2)).mul_(ctx.scale)
             gk = (d_scores.transpose(-1, -2) @ qb).sum(2).mul_(ctx.scale)
             if isinstance(key, slice):
