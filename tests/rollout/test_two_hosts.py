@@ -163,9 +163,13 @@ async def simulated_node(
     link = GrpcRollout(targets)
     lease = await etcd.grant_lease(NODE_TTL_S)
     held: dict[str, tuple[rollout_pb2.SessionAssignment, asyncio.Task[None]]] = {}
+    # Sessions whose result is being reported: decided, so no longer cancelled (as services/gateway/node/attempt.py);
+    # acquire names such an attempt as cancelled when its result lands during the call.
+    reporting: set[str] = set()
 
     async def run(assignment: rollout_pb2.SessionAssignment) -> None:
         await asyncio.sleep(rng.uniform(0.2, 0.8))
+        reporting.add(assignment.session_id)
         result = rollout_pb2.SessionResult(
             session_id=assignment.session_id,
             attempt=assignment.attempt,
@@ -179,6 +183,7 @@ async def simulated_node(
         if what == "counted" and ledger.killed:
             ledger.counted_after_kill += 1
         held.pop(assignment.session_id, None)
+        reporting.discard(assignment.session_id)
 
     try:
         while not finished.is_set():
@@ -195,7 +200,7 @@ async def simulated_node(
                     continue
                 for ref in acquired.cancelled:  # also names attempts whose result landed during the call
                     entry = held.get(ref.session_id)
-                    if entry is not None and entry[0].attempt == ref.attempt:
+                    if entry is not None and entry[0].attempt == ref.attempt and ref.session_id not in reporting:
                         ledger.cancelled.append((ref.session_id, ref.attempt))
                         entry[1].cancel()
                         del held[ref.session_id]

@@ -75,7 +75,8 @@ def test_a_drain_grace_lets_running_sessions_finish_and_hands_back_the_rest(
         env = {"PIDFILE": str(pidfile)}
         standin.offer(assignment("done", command=HANG_AGENT, env={**env, "RELEASE": str(release)}),
                       assignment("hang", command=HANG_AGENT, env=env))  # fmt: skip
-        standin.wait_for(lambda: len(read_pids(pidfile)) == 2, 60, "both harnesses to hang")
+        # Each hanging harness writes two pids (its own, its sleep's): 4 once both hang (== 2 raced them).
+        standin.wait_for(lambda: len(read_pids(pidfile)) == 4, 60, "both harnesses to hang")
         standin.offer(assignment("waiting", command=HANG_AGENT, env=env))
         ready = rollout_pb2.SESSION_STAGE_READY
         standin.wait_for(lambda: ready in standin.stages_seen("waiting"), 30, "the third session to wait for a slot")
