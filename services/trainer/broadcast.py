@@ -33,10 +33,9 @@ import json
 import socket
 import struct
 import threading
-import time
 import uuid
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, Literal
 
@@ -46,8 +45,8 @@ import torch.distributed
 from lodestar.errors import UnavailableError
 from lodestar.logging import get_logger
 from lodestar.v1 import inference_pb2
-from services.trainer.publish import PublishResult, serialize
-from services.trainer.replica_set import Outcome, ReplicaSet, Targets, collect
+from services.trainer.publish import PublishResult
+from services.trainer.replica_set import Outcome, ReplicaSet, ReplicaSetPublisher, Targets, collect
 
 c10d: Any = torch.distributed
 """torch.distributed, untyped: its stubs leave out the stores and the process group options used here."""
@@ -76,7 +75,7 @@ def bucket_sizes(payload: bytes, bucket_bytes: int) -> tuple[int, list[int]]:
     return start, sizes
 
 
-class BroadcastPublisher:
+class BroadcastPublisher(ReplicaSetPublisher):
     """Publisher of `weights_transport = "broadcast"` (see the module docstring)."""
 
     def __init__(
@@ -111,24 +110,6 @@ class BroadcastPublisher:
         self._bucket_bytes = max(1, bucket_bytes)
         self.last_broadcast: list[str] = []
         """The replicas that took the latest version through the broadcast (the others, if any, by gRPC)."""
-
-    @property
-    def target(self) -> str:
-        return ",".join(self.replicas.targets())
-
-    def close(self) -> None:
-        self.replicas.close()
-
-    def served_version(self) -> int:
-        return self.replicas.served_version()
-
-    def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes:
-        """The safetensors payload of `state` in the replicas' serving dtype (a snapshot of it)."""
-        return serialize(state, self.replicas.wire_dtype())
-
-    def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
-        started = time.perf_counter()
-        return self.publish_payload(self.prepare(state), len(state), version, started)
 
     def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult:
         """Broadcast `payload` as `version` to every live replica; stream it to those the broadcast missed."""

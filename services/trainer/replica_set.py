@@ -21,7 +21,7 @@ import torch
 from lodestar.errors import InvalidArgumentError, LodestarError, UnavailableError
 from lodestar.logging import get_logger
 from lodestar.v1 import inference_pb2, inference_pb2_grpc
-from services.trainer.publish import WIRE_DTYPES, PublishResult, WeightPublisher, WeightsRefusedError
+from services.trainer.publish import WIRE_DTYPES, PublishResult, WeightPublisher, WeightsRefusedError, serialize
 from services.trainer.rpc import RETRYABLE, details_of, domain_error, status_of, sync_channel
 
 _log = get_logger("trainer.publish")
@@ -209,3 +209,33 @@ def _outcome(call: Callable[..., Outcome], target: str, *args: Any) -> Outcome:
         return call(target, *args)
     except LodestarError as error:
         return error
+
+
+class ReplicaSetPublisher:
+    """What every publisher over a `ReplicaSet` shares (shared_fs.py, broadcast.py): its targets, the version
+    the replicas serve, and the payload in their serving dtype. A subclass sets `replicas` and moves the bytes
+    in `publish_payload`."""
+
+    replicas: ReplicaSet
+
+    @property
+    def target(self) -> str:
+        return ",".join(self.replicas.targets())
+
+    def close(self) -> None:
+        self.replicas.close()
+
+    def served_version(self) -> int:
+        return self.replicas.served_version()
+
+    def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes:
+        """The safetensors payload of `state` in the replicas' serving dtype (a snapshot of it)."""
+        return serialize(state, self.replicas.wire_dtype())
+
+    def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
+        started = time.perf_counter()
+        return self.publish_payload(self.prepare(state), len(state), version, started)
+
+    def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult:
+        """Make every live replica serve `payload` as `version`."""
+        raise NotImplementedError

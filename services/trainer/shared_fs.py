@@ -13,21 +13,18 @@ into its own memory during the swap, so only the newest file is kept.
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-
-import torch
 
 from lodestar.logging import get_logger
 from lodestar.v1 import inference_pb2
-from services.trainer.publish import PublishResult, serialize
-from services.trainer.replica_set import ReplicaSet, Targets, collect
+from services.trainer.publish import PublishResult
+from services.trainer.replica_set import ReplicaSet, ReplicaSetPublisher, Targets, collect
 
 _log = get_logger("trainer.publish")
 
 
-class SharedFsPublisher:
+class SharedFsPublisher(ReplicaSetPublisher):
     """Publisher of `weights_transport = "shared_fs"` (see the module docstring)."""
 
     def __init__(
@@ -45,24 +42,6 @@ class SharedFsPublisher:
         )
         self.directory = directory.resolve()
         self._previous: Path | None = None
-
-    @property
-    def target(self) -> str:
-        return ",".join(self.replicas.targets())
-
-    def close(self) -> None:
-        self.replicas.close()
-
-    def served_version(self) -> int:
-        return self.replicas.served_version()
-
-    def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes:
-        """The safetensors payload of `state` in the replicas' serving dtype (a snapshot of it)."""
-        return serialize(state, self.replicas.wire_dtype())
-
-    def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
-        started = time.perf_counter()
-        return self.publish_payload(self.prepare(state), len(state), version, started)
 
     def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult:
         """Write `payload` as `version`'s file, then make every replica load it."""
