@@ -87,12 +87,7 @@ class LeasedKey:
 
     async def stop(self) -> None:
         """Leave: stop re-registering, revoke the lease (key deleted now), close the client."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        self._registered.clear()
-        lease, self.lease = self.lease, None
+        lease = await self._halt()
         if lease is not None:
             try:
                 await lease.revoke()
@@ -105,14 +100,19 @@ class LeasedKey:
 
     async def abandon(self) -> None:
         """Stop keeping the key without revoking it: it expires a TTL later, as when the process is killed."""
+        lease = await self._halt()
+        if lease is not None:
+            await lease.stop_keepalive("abandoned")
+
+    async def _halt(self) -> Lease | None:
+        """Stop the keeping task and hand over the lease it held (None when there was none)."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         self._registered.clear()
         lease, self.lease = self.lease, None
-        if lease is not None:
-            await lease.stop_keepalive("abandoned")
+        return lease
 
     async def _write(self, lease: Lease) -> None:
         self._changed.clear()
