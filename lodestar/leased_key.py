@@ -53,6 +53,7 @@ class LeasedKey:
         self._registered = asyncio.Event()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._leaving: asyncio.Future[None] | None = None
         self.registrations = 0
         """How many times the key was registered (1 + re-registrations after a lost lease)."""
 
@@ -86,7 +87,13 @@ class LeasedKey:
         self._changed.set()
 
     async def stop(self) -> None:
-        """Leave: stop re-registering, revoke the lease (key deleted now), close the client."""
+        """Leave: stop re-registering, revoke the lease (key deleted now), close the client. Calls that overlap
+        (a server's drain and its shutdown) share one leave, and each returns only once it is done."""
+        if self._leaving is None:
+            self._leaving = asyncio.ensure_future(self._leave())
+        await asyncio.shield(self._leaving)
+
+    async def _leave(self) -> None:
         lease = await self._halt()
         if lease is not None:
             try:

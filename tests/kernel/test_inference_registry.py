@@ -4,6 +4,7 @@ whose keepalive stops vanishes a TTL later, and a watch survives etcd going away
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
@@ -120,3 +121,24 @@ async def test_the_watch_keeps_its_map_while_etcd_is_down_and_lists_again(
         await watch.stop()
         await replica.stop()
         await late.stop()
+
+
+async def test_a_second_stop_returns_once_the_first_has_revoked(etcd_endpoint: str, etcd_prefix: str) -> None:
+    """A server's drain and its shutdown both stop the registration, and overlap when nothing is in flight:
+    the shutdown's stop must not close the client under the drain's revoke (the key would outlive the drain
+    by a TTL), and returns only once the key is gone."""
+    registration = ReplicaRegistration(etcd_endpoint, _record("r1", 1001), ttl=60, prefix=etcd_prefix)
+    registration.start()
+    await registration.wait_registered(10)
+    drain = asyncio.ensure_future(registration.stop())
+    for _ in range(10_000):  # loop turns, until the drain's stop has taken the lease to revoke
+        if registration.presence.lease is None:
+            break
+        await asyncio.sleep(0)
+    else:
+        pytest.fail("the drain's stop never took the lease")
+    await registration.stop()
+    async with EtcdClient(etcd_endpoint) as client:
+        listed, _ = await list_replicas(client, etcd_prefix)
+    assert listed == {}, "revoked at once, not left to expire a TTL later"
+    await drain
