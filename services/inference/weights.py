@@ -204,6 +204,26 @@ async def _receive_broadcast(spec: inference_pb2.WeightsBroadcast, spool_dir: Pa
     return path
 
 
+MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
+
+
+def in_memory(path: Path) -> bool:
+    """Whether `path` lies on a filesystem held in memory (/dev/shm): a mapping of it reads RAM, not a disk."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    resolved, best, kind = path.resolve(), -1, ""
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = Path(fields[1].replace("\\040", " "))
+        if resolved.is_relative_to(point) and len(point.parts) > best:
+            best, kind = len(point.parts), fields[2]
+    return kind in MEMORY_FILESYSTEMS
+
+
 def default_spool_dir() -> Path:
     """/dev/shm when it is a writable directory (fastest), else the temp directory."""
     shm = Path("/dev/shm")

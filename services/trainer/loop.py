@@ -64,7 +64,7 @@ from services.trainer.mismatch import MismatchTally, warning_text
 from services.trainer.pack import pack_step
 from services.trainer.precision import ComputeCopy
 from services.trainer.publish import PublishResult
-from services.trainer.pushing import BackgroundPush
+from services.trainer.pushing import BackgroundPush, shares_memory
 from services.trainer.sequences import build_step
 from services.trainer.sharded import save_sharded
 from services.trainer.status import Phase, StatusBoard, StopReason
@@ -87,6 +87,7 @@ class GroupSource(Protocol):
 
 class Publisher(Protocol):
     def publish(self, state: dict[str, torch.Tensor], version: int) -> PublishResult: ...
+    def payload_dtype(self) -> torch.dtype | None: ...
     def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes: ...
     def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult: ...
     def served_version(self) -> int: ...
@@ -469,7 +470,7 @@ class Trainer:
         if self.config.async_push and self.publisher is not None:
             if self._pusher is None:
                 self._pusher = BackgroundPush(self.publisher, self._report_version)
-            return self._pusher.submit(weights, self.state.policy_version)
+            return self._pusher.submit(weights, self.state.policy_version, copy=shares_memory(weights, self.model))
         result = self.publisher.publish(weights, self.state.policy_version) if self.publisher else None
         self._report_version(self.state.policy_version)
         return (result.payload_bytes, result.seconds) if result else (0, 0.0)

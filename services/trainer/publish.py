@@ -116,9 +116,13 @@ class WeightPublisher:
             self._wire = info.serving_dtype if info.serving_dtype in WIRE_DTYPES else ""
         return self._wire
 
+    def payload_dtype(self) -> torch.dtype | None:
+        """The dtype the payload's floating-point tensors go in (None: as they are)."""
+        return WIRE_DTYPES.get(self.wire_dtype())
+
     def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes:
         """The payload of `state` in the serving dtype."""
-        return serialize(state, WIRE_DTYPES.get(self.wire_dtype()))
+        return serialize(state, self.payload_dtype())
 
     def served_version(self) -> int:
         """The version inference serves now."""
@@ -249,10 +253,14 @@ class FanoutPublisher:
             raise last
         return min(versions)
 
-    def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes:
-        """The payload of `state` in the replicas' serving dtype (as it is when they differ or do not say)."""
+    def payload_dtype(self) -> torch.dtype | None:
+        """The replicas' common serving dtype (None when they differ or do not say: the state goes as it is)."""
         wire = {publisher.wire_dtype() for publisher in self.publishers}
-        return serialize(state, WIRE_DTYPES.get(wire.pop()) if len(wire) == 1 else None)
+        return WIRE_DTYPES.get(wire.pop()) if len(wire) == 1 else None
+
+    def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes:
+        """The payload of `state` in the replicas' serving dtype."""
+        return serialize(state, self.payload_dtype())
 
     def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
         started = time.perf_counter()

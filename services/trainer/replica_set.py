@@ -228,9 +228,13 @@ class ReplicaSetPublisher:
     def served_version(self) -> int:
         return self.replicas.served_version()
 
+    def payload_dtype(self) -> torch.dtype | None:
+        """The replicas' common serving dtype (None: the state goes as it is)."""
+        return self.replicas.wire_dtype()
+
     def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes:
-        """The safetensors payload of `state` in the replicas' serving dtype (a snapshot of it)."""
-        return serialize(state, self.replicas.wire_dtype())
+        """The safetensors payload of `state` in the replicas' serving dtype."""
+        return serialize(state, self.payload_dtype())
 
     def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
         started = time.perf_counter()

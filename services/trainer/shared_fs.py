@@ -6,8 +6,10 @@ once, in the replicas' serving dtype, to `<weights_dir>/policy-v<version>.safete
 temporary name and renamed, so a replica never reads half a file), and sends every replica an
 UpdateWeights with only that `checkpoint_path` and the version, all at once. Each replica must list the
 directory in its `--checkpoint-dirs` (else it refuses with PERMISSION_DENIED, which stops training with
-that hint). A version's file is deleted once the next version is served: every replica loads the file
-into its own memory during the swap, so only the newest file is kept.
+that hint). A version's file is deleted once the next version is served, so only the newest file is kept:
+a replica has copied it in during the swap or, when it lies in memory (/dev/shm) and the dtype matches,
+maps it (the transformers engine: the replicas share its pages, which live until the last replica drops
+that version).
 """
 
 from __future__ import annotations

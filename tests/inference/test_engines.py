@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from services.inference.engines.scripted import ScriptedEngine
 from services.inference.engines.transformers import TransformersEngine
 from services.inference.generation import sampling_options
 from services.inference.templates import ChatTemplate
-from services.inference.weights import check_tensors, read_checkpoint_meta, read_safetensors_meta
+from services.inference.weights import check_tensors, in_memory, read_checkpoint_meta, read_safetensors_meta
 from tests.inference.conftest import REPO, serve_inference
 from tests.inference.helpers import channel, collect, tool, tool_result, user
 from tests.waiting import eventually
@@ -82,6 +84,43 @@ async def test_swaps_with_nothing_running_keep_one_copy_of_the_weights(
     for version in (1, 2, 3):
         await engine.update_weights(WeightUpdate(tiny_model_dir, tuple(metas), version, tuple(files)))
     assert [group.version for group in engine._groups] == [3]
+
+
+def _mapped_from(tensor: torch.Tensor, path: Path) -> bool:
+    """Whether `tensor`'s memory lies in this process's mapping of `path` (/proc/self/maps)."""
+    address = tensor.data_ptr()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5] == str(path):
+            start, end = (int(bound, 16) for bound in fields[0].split("-"))
+            if start <= address < end:
+                return True
+    return False
+
+
+async def test_an_update_in_memory_is_mapped_and_one_on_disk_is_copied(
+    engine: TransformersEngine, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A version in /dev/shm (spooled, or shared_fs) becomes the parameters without a copy, and outlives
+    its file; one on a disk is copied in (a lazily mapped disk file would be read during generation)."""
+    weights = {name: t.detach().clone() + 0.5 for name, t in engine._current.model.state_dict().items()}
+    shm = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        for version, directory in ((1, shm), (2, tmp_path)):
+            path = directory / f"v{version}.safetensors"
+            save_file(weights, str(path))
+            metas = read_safetensors_meta(path)
+            await engine.update_weights(WeightUpdate(path, tuple(metas), version, (path,)))
+            served = engine._current.model.state_dict()
+            mapped = [_mapped_from(tensor, path) for tensor in served.values()]
+            assert all(mapped) if version == 1 else not any(mapped), "in memory: the file's pages, not a copy"
+            assert in_memory(path) == (version == 1)
+            path.unlink()
+            assert all(torch.equal(served[name], weights[name]) for name in weights)
+        steps = [step async for step in engine.generate(engine_request((5, 6), max_tokens=2, seed=5))]
+        assert steps[-1].policy_version == 2
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
 
 
 def test_sampling_options_defaults_cap_and_validation() -> None:

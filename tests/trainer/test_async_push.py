@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load
 
 from lodestar.errors import UnavailableError
 from services.trainer.publish import PublishResult, WeightPublisher, serialize
-from services.trainer.pushing import BackgroundPush
+from services.trainer.pushing import BackgroundPush, Snapshot, shares_memory
 from services.trainer.settings import TrainerSettings
 from services.trainer.status import Phase
 from services.trainer.wiring import create_trainer
@@ -29,12 +30,17 @@ class SlowPublisher:
 
     def __init__(self, seconds: float, fail_at: int = -1, gate: threading.Event | None = None) -> None:
         self.seconds, self.fail_at, self.gate = seconds, fail_at, gate
+        self.dtype: torch.dtype | None = None
+        self.payloads: list[bytes] = []
         self.active = self.most_active = 0
         self.versions: list[int] = []
         self._lock = threading.Lock()
 
+    def payload_dtype(self) -> torch.dtype | None:
+        return self.dtype
+
     def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes:
-        return serialize(state)
+        return serialize(state, self.dtype)
 
     def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult:
         with self._lock:
@@ -47,6 +53,7 @@ class SlowPublisher:
             if version == self.fail_at:
                 raise UnavailableError(f"no inference replica took policy version {version}")
             self.versions.append(version)
+            self.payloads.append(payload)
             return PublishResult(version, tensors, len(payload), time.perf_counter() - started, 1)
         finally:
             with self._lock:
@@ -77,6 +84,52 @@ def test_a_failed_push_is_raised_by_the_next_submit() -> None:
     push.submit(_state(), 1)
     with pytest.raises(UnavailableError, match="policy version 1"):
         push.submit(_state(), 2)
+    push.close()
+
+
+def test_the_pushed_version_is_the_state_at_submit_not_after_the_next_step() -> None:
+    """The trainer's thread returns from submit while the push waits; the optimizer then changes the
+    model's memory in place: the version pushed must be the state as it was at submit."""
+    gate = threading.Event()
+    publisher = SlowPublisher(0.0, gate=gate)
+    push = BackgroundPush(publisher, lambda version: None)
+    weight = torch.ones(4, 4)
+    size, _ = push.submit({"w": weight}, 1, copy=True)
+    weight.add_(1.0)  # the next optimizer step
+    gate.set()
+    push.wait()
+    assert size == 16 * 4
+    assert torch.equal(load(publisher.payloads[0])["w"], torch.ones(4, 4))
+    push.close()
+
+
+def test_a_snapshot_reuses_its_buffers_and_casts_to_the_payload_dtype() -> None:
+    snapshot = Snapshot()
+    state = {"w": torch.randn(8, 4), "step": torch.tensor([3])}
+    first = snapshot.take(state, torch.bfloat16)
+    assert (first["w"].dtype, first["step"].dtype) == (torch.bfloat16, torch.int64)
+    assert torch.equal(first["w"], state["w"].to(torch.bfloat16))
+    state["w"].mul_(2)
+    second = snapshot.take(state, torch.bfloat16)
+    assert second["w"].data_ptr() == first["w"].data_ptr(), "the buffer is reused, not allocated again"
+    assert torch.equal(second["w"], state["w"].to(torch.bfloat16))
+    assert snapshot.take(state, None)["w"].dtype == torch.float32, "a new dtype gets a new buffer"
+
+
+def test_a_state_is_copied_only_when_it_is_the_models_memory() -> None:
+    model = torch.nn.Linear(4, 4)
+    assert shares_memory(model.state_dict(), model)
+    assert not shares_memory({name: t.clone() for name, t in model.state_dict().items()}, model)
+
+
+def test_the_payload_is_in_the_publishers_dtype() -> None:
+    publisher = SlowPublisher(0.0)
+    publisher.dtype = torch.bfloat16
+    push = BackgroundPush(publisher, lambda version: None)
+    size, _ = push.submit({"w": torch.ones(4, 4)}, 1)
+    push.wait()
+    assert size == 16 * 2
+    assert load(publisher.payloads[0])["w"].dtype == torch.bfloat16
     push.close()
 
 

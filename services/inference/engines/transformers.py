@@ -48,7 +48,7 @@ from services.inference.engines.kv_batch import PaddedBatch, new_cache
 from services.inference.sampling import processed_logprobs, sample
 from services.inference.settings import InferenceSettings
 from services.inference.tokenizer import TextTokenizer
-from services.inference.weights import check_tensors
+from services.inference.weights import check_tensors, in_memory
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
@@ -207,8 +207,12 @@ class TransformersEngine:
     def _load_update(self, base: Any, update: WeightUpdate) -> Any:
         """A copy of `base` with the update's tensors, each written once: the replaced parameters and buffers
         are made from the (memory-mapped) files and handed to the deep copy, which copies only the rest
-        (copying a tensor and then overwriting it took a second pass over every updated byte)."""
+        (copying a tensor and then overwriting it took a second pass over every updated byte). Files held in
+        memory (/dev/shm: a spooled stream or broadcast, a `shared_fs` version) are not copied at all when
+        the dtype and device match: the parameters are the file's pages, mapped copy-on-write, shared by the
+        replicas that load one `shared_fs` file and kept after the file is deleted."""
         files = update.files or (update.path,)
+        copy_needed = not all(in_memory(file) for file in files)
         tensors: dict[str, torch.Tensor] = {}
         for file in files:
             tensors.update(load_file(str(file)))
@@ -217,7 +221,7 @@ class TransformersEngine:
         with torch.no_grad():
             for name, tensor in tensors.items():
                 old = current[name]
-                new = tensor.to(device=old.device, dtype=old.dtype, copy=True)
+                new = tensor.to(device=old.device, dtype=old.dtype, copy=copy_needed)
                 if isinstance(old, torch.nn.Parameter):
                     new = torch.nn.Parameter(new, requires_grad=old.requires_grad)
                 memo[id(old)] = new
