@@ -17,36 +17,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import asdict, dataclass, replace
-from datetime import UTC, datetime
-from typing import Any
+from dataclasses import dataclass, replace
+from datetime import datetime
 
 from lodestar import errors
 from lodestar.etcd import EtcdClient, EtcdTls, EventKind
 from lodestar.leased_key import RETRY_INITIAL_S, RETRY_MAX_S, LeasedKey
 from lodestar.logging import get_logger
+from lodestar.presence import DEFAULT_PREFIX, JsonRecord, decoded, directory, member_key
 
-DEFAULT_PREFIX = "/lodestar/"
-INFERENCE_DIR = "inference/"
+INFERENCE_DIR = "inference"
 _log = get_logger("inference_registry")
 
 
 def replicas_prefix(prefix: str = DEFAULT_PREFIX) -> str:
     """Where replica keys live: `<prefix>inference/`."""
-    return f"{prefix.rstrip('/')}/{INFERENCE_DIR}"
+    return directory(prefix, INFERENCE_DIR)
 
 
 def replica_key(replica_id: str, prefix: str = DEFAULT_PREFIX) -> str:
-    if not replica_id or "/" in replica_id:
-        raise errors.InvalidArgumentError(f"replica id must be non-empty and without '/', got {replica_id!r}")
-    return replicas_prefix(prefix) + replica_id
+    return member_key(prefix, INFERENCE_DIR, replica_id, "replica")
 
 
 @dataclass(frozen=True)
-class ReplicaRecord:
+class ReplicaRecord(JsonRecord):
     """What a replica announces about itself (the value of its key, as JSON)."""
+
+    kind = "replica"
 
     replica_id: str
     address: str
@@ -55,26 +53,6 @@ class ReplicaRecord:
     """The policy version it serves now."""
     model_name: str
     started_at: datetime
-
-    def to_json(self) -> str:
-        fields: dict[str, Any] = asdict(self)
-        fields["started_at"] = self.started_at.astimezone(UTC).isoformat()
-        return json.dumps(fields, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, raw: bytes | str) -> ReplicaRecord:
-        """Parse a replica value; InvalidArgumentError when it is not a replica record."""
-        try:
-            data = json.loads(raw)
-            return cls(
-                replica_id=str(data["replica_id"]),
-                address=str(data["address"]),
-                policy_version=int(data["policy_version"]),
-                model_name=str(data["model_name"]),
-                started_at=datetime.fromisoformat(str(data["started_at"])),
-            )
-        except (ValueError, KeyError, TypeError) as error:
-            raise errors.InvalidArgumentError(f"not a replica record: {type(error).__name__}: {error}") from error
 
 
 @dataclass(frozen=True)
@@ -99,14 +77,11 @@ async def list_replicas(client: EtcdClient, prefix: str = DEFAULT_PREFIX) -> tup
 
 
 def _parse(key: str, value: bytes, lease_id: int) -> RegisteredReplica | None:
-    try:
-        return RegisteredReplica(key, ReplicaRecord.from_json(value), lease_id)
-    except errors.InvalidArgumentError as error:
-        _log.warning("skipping malformed inference replica key", key=key, error=error.message)
-        return None
+    record = decoded(ReplicaRecord, key, value)
+    return RegisteredReplica(key, record, lease_id) if record is not None else None
 
 
-class ReplicaRegistration:
+class ReplicaRegistration(LeasedKey):
     """Keeps one replica's key in etcd while it serves (see the module docstring): a `LeasedKey` whose value
     is the record. `start()` never waits for etcd; `wait_registered()` does; `publish(version)` rewrites the
     record; `stop()` revokes the lease."""
@@ -123,32 +98,16 @@ class ReplicaRegistration:
         retry_max_s: float = RETRY_MAX_S,
     ) -> None:
         self.record = record
-        self.key = replica_key(record.replica_id, prefix)
-        self.presence = LeasedKey(
-            endpoint, self.key, lambda: self.record.to_json(), what="inference replica", ttl=ttl, tls=tls,
-            retry_initial_s=retry_initial_s, retry_max_s=retry_max_s,
+        super().__init__(
+            endpoint, replica_key(record.replica_id, prefix), lambda: self.record.to_json(),
+            what="inference replica", ttl=ttl, tls=tls, retry_initial_s=retry_initial_s, retry_max_s=retry_max_s,
         )  # fmt: skip
-
-    @property
-    def is_registered(self) -> bool:
-        return self.presence.is_registered
-
-    async def wait_registered(self, timeout: float | None = None) -> None:
-        """Block until the key is written; DeadlineExceededError after `timeout` seconds."""
-        await self.presence.wait_registered(timeout)
-
-    def start(self) -> None:
-        self.presence.start()
 
     def publish(self, policy_version: int) -> None:
         """The replica now serves `policy_version`: rewrite its record (in the background, same lease)."""
         if policy_version != self.record.policy_version:
             self.record = replace(self.record, policy_version=policy_version)
-            self.presence.changed()
-
-    async def stop(self) -> None:
-        """Leave: stop re-registering, revoke the lease (key deleted now), close the client."""
-        await self.presence.stop()
+            self.changed()
 
 
 OnChange = Callable[[Mapping[str, RegisteredReplica]], Awaitable[None]]

@@ -27,7 +27,8 @@ from lodestar.errors import DeadlineExceededError, LodestarError
 from lodestar.etcd import EtcdClient
 from lodestar.grpc.client import split_targets
 from lodestar.grpc.security import current
-from lodestar.inference_registry import DEFAULT_PREFIX, list_replicas
+from lodestar.inference_registry import list_replicas
+from lodestar.presence import DEFAULT_PREFIX
 from lodestar.v1 import inference_pb2, inference_pb2_grpc, rollout_pb2
 
 if TYPE_CHECKING:

@@ -11,35 +11,30 @@ exponential backoff; etcd being down at start only delays registration (proxying
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
-from typing import Any
+from dataclasses import dataclass
+from datetime import datetime
 
-from lodestar import errors
 from lodestar.etcd import EtcdClient, EtcdTls
 from lodestar.leased_key import RETRY_INITIAL_S, RETRY_MAX_S, LeasedKey
-from lodestar.logging import get_logger
+from lodestar.presence import DEFAULT_PREFIX, JsonRecord, decoded, directory, member_key
 
-DEFAULT_PREFIX = "/lodestar/"
-NODES_DIR = "nodes/"
-_log = get_logger("gateway.membership")
+NODES_DIR = "nodes"
 
 
 def nodes_prefix(prefix: str = DEFAULT_PREFIX) -> str:
     """Where node keys live: `<prefix>nodes/`."""
-    return f"{prefix.rstrip('/')}/{NODES_DIR}"
+    return directory(prefix, NODES_DIR)
 
 
 def node_key(node_id: str, prefix: str = DEFAULT_PREFIX) -> str:
-    if not node_id or "/" in node_id:
-        raise errors.InvalidArgumentError(f"node id must be non-empty and without '/', got {node_id!r}")
-    return nodes_prefix(prefix) + node_id
+    return member_key(prefix, NODES_DIR, node_id, "node")
 
 
 @dataclass(frozen=True)
-class NodeRecord:
+class NodeRecord(JsonRecord):
     """What a node announces about itself (the value of its key, as JSON)."""
+
+    kind = "node"
 
     node_id: str
     grpc_address: str
@@ -52,27 +47,6 @@ class NodeRecord:
     """Sessions this node can run at once (0 until the node lifecycle runs harnesses)."""
     started_at: datetime
     """When the node started serving (UTC)."""
-
-    def to_json(self) -> str:
-        fields: dict[str, Any] = asdict(self)
-        fields["started_at"] = self.started_at.astimezone(UTC).isoformat()
-        return json.dumps(fields, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, raw: bytes | str) -> NodeRecord:
-        """Parse a node value; InvalidArgumentError when it is not a node record."""
-        try:
-            data = json.loads(raw)
-            return cls(
-                node_id=str(data["node_id"]),
-                grpc_address=str(data["grpc_address"]),
-                http_base_url=str(data["http_base_url"]),
-                inference=str(data["inference"]),
-                capacity=int(data["capacity"]),
-                started_at=datetime.fromisoformat(str(data["started_at"])),
-            )
-        except (ValueError, KeyError, TypeError) as error:
-            raise errors.InvalidArgumentError(f"not a node record: {type(error).__name__}: {error}") from error
 
 
 @dataclass(frozen=True)
@@ -89,23 +63,17 @@ class RegisteredNode:
 async def list_nodes(client: EtcdClient, prefix: str = DEFAULT_PREFIX) -> list[RegisteredNode]:
     """The nodes registered right now, sorted by key; values that do not parse are skipped (logged)."""
     snapshot = await client.get_prefix(nodes_prefix(prefix))
-    nodes: list[RegisteredNode] = []
-    for item in snapshot.items:
-        try:
-            record = NodeRecord.from_json(item.value)
-        except errors.InvalidArgumentError as error:
-            _log.warning("skipping malformed node key", key=item.key, error=error.message)
-            continue
-        nodes.append(RegisteredNode(item.key, record, item.lease_id, item.mod_revision))
-    return nodes
+    return [
+        RegisteredNode(item.key, record, item.lease_id, item.mod_revision)
+        for item in snapshot.items
+        if (record := decoded(NodeRecord, item.key, item.value)) is not None
+    ]
 
 
-class Membership:
+class Membership(LeasedKey):
     """Keeps one node registered for as long as it runs (see the module docstring): a `LeasedKey` whose
-    value is the node's record.
-
-    `start()` never waits for etcd; `wait_registered()` does. `stop()` revokes the lease (the key is
-    deleted at once) and closes the client."""
+    value is the node's record. `start()` never waits for etcd; `wait_registered()` does. `stop()` revokes
+    the lease (the key is deleted at once) and closes the client."""
 
     def __init__(
         self,
@@ -119,38 +87,7 @@ class Membership:
         tls: EtcdTls | None = None,
     ) -> None:
         self.record = record
-        self.key = node_key(record.node_id, prefix)
-        self.ttl = ttl
-        self._presence = LeasedKey(
-            endpoint, self.key, record.to_json, what="node", ttl=ttl, tls=tls, retry_initial_s=retry_initial_s,
-            retry_max_s=retry_max_s,
+        super().__init__(
+            endpoint, node_key(record.node_id, prefix), record.to_json, what="node", ttl=ttl, tls=tls,
+            retry_initial_s=retry_initial_s, retry_max_s=retry_max_s,
         )  # fmt: skip
-
-    @property
-    def endpoint(self) -> str:
-        return self._presence.endpoint
-
-    @property
-    def is_registered(self) -> bool:
-        return self._presence.is_registered
-
-    @property
-    def lease_id(self) -> int | None:
-        """The lease the key is bound to while registered."""
-        return self._presence.lease_id
-
-    @property
-    def registrations(self) -> int:
-        """How many times the key was written (1 + re-registrations after a lost lease)."""
-        return self._presence.registrations
-
-    async def wait_registered(self, timeout: float | None = None) -> None:
-        """Block until the key is written; DeadlineExceededError after `timeout` seconds."""
-        await self._presence.wait_registered(timeout)
-
-    def start(self) -> None:
-        self._presence.start()
-
-    async def stop(self) -> None:
-        """Leave: stop re-registering, revoke the lease (key deleted now), close the client."""
-        await self._presence.stop()

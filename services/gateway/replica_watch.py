@@ -21,8 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lodestar.etcd import EtcdTls
-from lodestar.inference_registry import DEFAULT_PREFIX, RegisteredReplica, ReplicaWatch
+from lodestar.inference_registry import RegisteredReplica, ReplicaWatch
 from lodestar.logging import get_logger
+from lodestar.presence import DEFAULT_PREFIX
 from services.gateway.replicas import ReplicaSet
 
 _log = get_logger("gateway.discovery")

@@ -16,8 +16,9 @@ from collections.abc import Mapping
 
 from lodestar.errors import DeadlineExceededError
 from lodestar.etcd import EtcdTls
-from lodestar.inference_registry import DEFAULT_PREFIX, RegisteredReplica, ReplicaWatch
+from lodestar.inference_registry import RegisteredReplica, ReplicaWatch
 from lodestar.logging import get_logger
+from lodestar.presence import DEFAULT_PREFIX
 
 LIST_TIMEOUT_S = 30.0
 """How long the constructor waits for the first listing (etcd down: the first push finds no replica)."""

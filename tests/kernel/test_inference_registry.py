@@ -92,7 +92,7 @@ async def test_a_dead_replica_vanishes_after_its_ttl(etcd_endpoint: str, etcd_pr
         await dying.wait_registered(10)
         watch.start()
         await eventually(lambda: "dying" in seen.last, 10, what="the replica listed")
-        await dying.presence.abandon()  # a SIGKILL, as far as etcd can tell: no more keepalives, no revoke
+        await dying.abandon()  # a SIGKILL, as far as etcd can tell: no more keepalives, no revoke
         await eventually(lambda: "dying" not in seen.last, TTL_S + 5, what="the lease expiring")
     finally:
         await watch.stop()
@@ -132,7 +132,7 @@ async def test_a_second_stop_returns_once_the_first_has_revoked(etcd_endpoint: s
     await registration.wait_registered(10)
     drain = asyncio.ensure_future(registration.stop())
     for _ in range(10_000):  # loop turns, until the drain's stop has taken the lease to revoke
-        if registration.presence.lease is None:
+        if registration.lease is None:
             break
         await asyncio.sleep(0)
     else:

@@ -63,7 +63,7 @@ def _kill(server: InferenceThread, keeper: ReplicaRegistration) -> None:
     """What etcd and the trainer see of a SIGKILL: the port closes, keepalives stop, nothing is revoked."""
 
     async def die() -> None:
-        await keeper.presence.abandon()
+        await keeper.abandon()
         await server._server.stop(0)
 
     server._run(die())
