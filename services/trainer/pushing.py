@@ -31,10 +31,9 @@ from services.trainer.publish import PublishResult
 _log = get_logger("trainer.push")
 
 
-class PayloadPublisher(Protocol):
+class StatePublisher(Protocol):
     def payload_dtype(self) -> torch.dtype | None: ...
-    def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes: ...
-    def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult: ...
+    def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult: ...
 
 
 class Snapshot:
@@ -80,7 +79,7 @@ def payload_bytes(state: Mapping[str, torch.Tensor], dtype: torch.dtype | None) 
 class BackgroundPush:
     """Pushes versions from one worker thread, one at a time (see the module docstring)."""
 
-    def __init__(self, publisher: PayloadPublisher, on_served: Callable[[int], None]) -> None:
+    def __init__(self, publisher: StatePublisher, on_served: Callable[[int], None]) -> None:
         self._publisher = publisher
         self._on_served = on_served
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-push")
@@ -94,10 +93,9 @@ class BackgroundPush:
         `state` may change once this returns (it is the model's memory), so push a snapshot of it. Returns
         (payload tensor bytes, seconds waited for the previous push)."""
         waited = self.wait()
-        started = time.perf_counter()
         dtype = self._publisher.payload_dtype()
         pushed = self._snapshot.take(state, dtype) if copy else dict(state)
-        self._pending = self._pool.submit(self._push, pushed, version, started)
+        self._pending = self._pool.submit(self._push, pushed, version)
         return payload_bytes(pushed, dtype), waited
 
     def wait(self) -> float:
@@ -117,9 +115,8 @@ class BackgroundPush:
             _log.error("the last weight push failed", error=str(error))
         self._pool.shutdown(wait=True)
 
-    def _push(self, state: Mapping[str, torch.Tensor], version: int, started: float) -> PublishResult:
-        payload = self._publisher.prepare(state)
-        result = self._publisher.publish_payload(payload, len(state), version, started)
+    def _push(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
+        result = self._publisher.publish(state, version)
         self._on_served(version)
         _log.info("weights pushed", policy_version=version, seconds=round(result.seconds, 3),
                   payload_bytes=result.payload_bytes)  # fmt: skip

@@ -214,7 +214,7 @@ def _outcome(call: Callable[..., Outcome], target: str, *args: Any) -> Outcome:
 class ReplicaSetPublisher:
     """What every publisher over a `ReplicaSet` shares (shared_fs.py, broadcast.py): its targets, the version
     the replicas serve, and the payload in their serving dtype. A subclass sets `replicas` and moves the bytes
-    in `publish_payload`."""
+    in `publish_payload`, or overrides `publish` to move the state without one payload (shared_fs)."""
 
     replicas: ReplicaSet
 

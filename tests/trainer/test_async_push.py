@@ -39,22 +39,21 @@ class SlowPublisher:
     def payload_dtype(self) -> torch.dtype | None:
         return self.dtype
 
-    def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes:
-        return serialize(state, self.dtype)
-
-    def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult:
+    def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
+        started = time.perf_counter()
         with self._lock:
             self.active += 1
             self.most_active = max(self.most_active, self.active)
         try:
             if self.gate is not None:
                 assert self.gate.wait(30.0), "the test never opened the gate"
+            payload = serialize(state, self.dtype)  # after the gate: the state as it is by then
             time.sleep(self.seconds)
             if version == self.fail_at:
                 raise UnavailableError(f"no inference replica took policy version {version}")
             self.versions.append(version)
             self.payloads.append(payload)
-            return PublishResult(version, tensors, len(payload), time.perf_counter() - started, 1)
+            return PublishResult(version, len(state), len(payload), time.perf_counter() - started, 1)
         finally:
             with self._lock:
                 self.active -= 1
