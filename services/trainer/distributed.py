@@ -88,7 +88,14 @@ class Parallel:
         return self.world > 1
 
     def close(self) -> None:
+        """Leave the process group, after a barrier. Without it a rank aborted at exit now and then
+        (`terminate called without an active exception`, exit -6, and torchrun fails the run): a gloo worker
+        thread released the last collective's tensors (the stop plan's broadcast) after it completed, and
+        that release needs the GIL, which a finalizing interpreter no longer hands out (core dump: the
+        thread exits inside ~AsyncBroadcastWork). The barrier waits for the work before it; two-rank runs:
+        1 abort in 7 to 14 before, none in 30 after."""
         if self.distributed and dist.is_initialized():
+            self.barrier()
             dist.destroy_process_group()
 
     @property
