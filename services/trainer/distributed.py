@@ -44,9 +44,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from lodestar.errors import InvalidArgumentError
+from lodestar.logging import get_logger
 from services.trainer.model import TiedHead, dedupe_tied, tied_names
 
 T = TypeVar("T")
+_log = get_logger("trainer.distributed")
 
 Mode = Literal["fsdp2", "ddp"]
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)
@@ -95,7 +97,10 @@ class Parallel:
         thread exits inside ~AsyncBroadcastWork). The barrier waits for the work before it; two-rank runs:
         1 abort in 7 to 14 before, none in 30 after."""
         if self.distributed and dist.is_initialized():
-            self.barrier()
+            try:
+                self.barrier()
+            except RuntimeError as error:  # a rank that died or left: leave anyway (c10d errors are RuntimeErrors)
+                _log.warning("barrier before leaving the process group failed", error=str(error))
             dist.destroy_process_group()
 
     @property
