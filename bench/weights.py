@@ -10,8 +10,9 @@ Qwen2-shaped model of ~0.5B parameters (served in bf16, the dtype a GPU replica 
 the same 1 GB a GPU push carries).
 
 The step table runs real optimizer steps of SmolLM2-135M (forward + backward + AdamW on one 256-token
-sequence) followed by a push to 3 replicas: synchronously over gRPC (before) and with `async_push` over
-shared_fs and broadcast (after), and reports the seconds each step waited for publishing.
+sequence) followed by a push to 3 replicas: synchronously over gRPC, and with `async_push` over shared_fs
+and broadcast, and reports the seconds each step waited for publishing (the snapshot copy and any wait for
+the push before).
 
     .venv/bin/python bench/weights.py [--repeats 3] [--skip-large] [--write-docs]
 """
@@ -132,7 +133,7 @@ def step_waits(addresses: list[str], model_dir: Path, steps: int) -> dict[str, d
         optimizer.zero_grad(set_to_none=True)
 
     results: dict[str, dict[str, float]] = {}
-    for mode in ("grpc sync (before)", "shared_fs async_push", "broadcast async_push"):
+    for mode in ("grpc synchronous", "shared_fs async_push", "broadcast async_push"):
         transport = mode.split()[0]
         pub = publisher(transport, addresses)
         version = pub.served_version()

@@ -6,8 +6,10 @@ takes the version."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -95,8 +97,13 @@ def test_a_gloo_broadcast_makes_two_replicas_serve_the_trainers_weights(
         assert not list((tmp_path / "a").iterdir()), "the received payload's spool file is deleted"
 
 
-def test_shared_fs_writes_each_version_once_and_sends_its_path(trainer_model_dir: Path, tmp_path: Path) -> None:
-    shared = tmp_path / "shared"
+def test_shared_fs_writes_each_version_once_and_sends_its_path(
+    trainer_model_dir: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """In /dev/shm, as on one machine: the replicas map the file (no copy) and still answer the trainer's
+    logprobs after the file is gone."""
+    shared = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="lodestar-test-shared-"))
+    request.addfinalizer(lambda: shutil.rmtree(shared, ignore_errors=True))
     model = _changed_model(trainer_model_dir, 2.0)
     state = dedupe_tied(model, dict(model.state_dict()))
     with (
@@ -112,6 +119,8 @@ def test_shared_fs_writes_each_version_once_and_sends_its_path(trainer_model_dir
             assert final.completion_logprobs == pytest.approx(_trainer_logprobs(model, final), abs=1e-4)
             publisher.publish(state, version + 1)
             assert [path.name for path in shared.iterdir()] == [f"policy-v{version + 1:06d}.safetensors"]
+            again = _greedy(a.address)  # served from the mapping of a file deleted since
+            assert again.completion_logprobs == pytest.approx(_trainer_logprobs(model, again), abs=1e-4)
         finally:
             publisher.close()
     with InferenceThread.start(trainer_model_dir, tmp_path / "c") as closed:  # no --checkpoint-dirs
