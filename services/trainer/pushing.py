@@ -1,18 +1,17 @@
 """A weight push that overlaps the next step (`async_push`): at most one policy version in flight.
 
-With a synchronous push the trainer waits, every step, for inference to receive, validate and swap in the
-new weights before it reads its next groups. `BackgroundPush` takes the step's state and pushes it from a
-worker thread while the trainer trains its next step. What the trainer's thread still does is one copy:
-when the state is the model's own memory (a single process: the next optimizer step changes it in place),
-`Snapshot` copies it, cast to the payload dtype, into buffers allocated once and reused every step (a
-memcpy into memory already mapped: 0.04 s for SmolLM2's 538 MB here, against 0.7 s to serialize them,
-which the worker now does);
-a gathered or offloaded state (torchrun, CUDA) is already a private copy and is handed over as it is.
-Rollout hears the new version (`on_served`) only once every replica serves it. Before a second version is sent
-the first must have landed (`submit` waits for it): one version in flight, so sampling is at most one more
-version behind than with a synchronous push, and the wait is what `push_wait_s` reports. An error of the push
-(a refusal, no replica reachable) is raised in the trainer's thread by the next `submit` or `wait`: the
-trainer then fails as it would have one step earlier.
+With a synchronous push the trainer waits, every step, for inference to receive, validate and swap in the new
+weights before it reads its next groups. `BackgroundPush` takes the step's state and pushes it from a worker
+thread while the trainer trains its next step. What the trainer's thread still does is one copy: when the
+state is the model's own memory (a single process: the next optimizer step changes it in place), `Snapshot`
+copies it, cast to the payload dtype, into buffers allocated once and reused every step (a memcpy into memory
+already mapped: 0.04 s for SmolLM2's 538 MB here, against 0.7 s to serialize them, which the worker now does);
+a gathered or offloaded state (torchrun, CUDA) is already a private copy and is handed over as it is. Rollout
+hears the new version (`on_served`) only once every replica serves it. Before a second version is sent the
+first must have landed (`submit` waits for it): one version in flight, so sampling is at most one more version
+behind than with a synchronous push, and the wait is what `push_wait_s` reports. An error of the push (a
+refusal, no replica reachable) is raised in the trainer's thread by the next `submit` or `wait`: the trainer
+then fails as it would have one step earlier.
 """
 
 from __future__ import annotations
