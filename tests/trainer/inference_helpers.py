@@ -75,6 +75,17 @@ def served_version(address: str) -> int:
         return int(info.policy_version.version)
 
 
+def trainer_logprobs(model: Any, final: inference_pb2.GenerateFinal) -> list[float]:
+    """A trainer model's logprob of each sampled id of `final` (teacher forcing over prompt + completion)."""
+    import torch
+
+    ids = [*final.prompt_token_ids, *final.completion_token_ids]
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+    start = len(final.prompt_token_ids) - 1
+    return [float(logprobs[start + i, token]) for i, token in enumerate(final.completion_token_ids)]
+
+
 def text_message(role: int, text: str) -> common_pb2.ChatMessage:
     return common_pb2.ChatMessage(role=role, content=[common_pb2.ContentPart(text=common_pb2.TextPart(text=text))])
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,9 +13,10 @@ import torch
 from lodestar.errors import UnavailableError
 from lodestar.local import free_port
 from lodestar.v1 import common_pb2, inference_pb2
+from services.inference.weights import default_spool_dir, in_memory
 from services.trainer.model import dedupe_tied, load_model
 from services.trainer.publish import WeightPublisher, WeightsRefusedError
-from tests.trainer.inference_helpers import InferenceThread, generate, served_version, text_message
+from tests.trainer.inference_helpers import InferenceThread, generate, served_version, text_message, trainer_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +53,28 @@ def test_pushed_weights_are_served_under_the_new_version(inference: InferenceThr
     assert before.policy_version == version - 1
     assert after.policy_version == version
     assert list(after.completion_logprobs) != list(before.completion_logprobs)
+
+
+def test_a_stream_spooled_in_memory_is_served_exactly(trainer_model_dir: Path) -> None:
+    """The default spool is /dev/shm, and a replica maps a version spooled there instead of copying it: what
+    it serves after the push (and after the spool file is deleted) is exactly the trainer's weights."""
+    model = load_model(trainer_model_dir)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2.5)
+    spool = Path(tempfile.mkdtemp(dir=default_spool_dir(), prefix="lodestar-test-spool-"))
+    try:
+        assert in_memory(spool), "this machine's /dev/shm is a tmpfs"
+        with InferenceThread.start(trainer_model_dir, spool) as server:
+            publisher = WeightPublisher(server.address, timeout_s=30)
+            try:
+                publisher.publish(dedupe_tied(model, dict(model.state_dict())), served_version(server.address) + 1)
+            finally:
+                publisher.close()
+            assert not list(spool.iterdir()), "the spool file is deleted after the swap"
+            final = greedy(server.address)
+            assert final.completion_logprobs == pytest.approx(trainer_logprobs(model.eval(), final), abs=1e-4)
+    finally:
+        shutil.rmtree(spool, ignore_errors=True)
 
 
 def test_refused_weights_are_a_clear_error_and_inference_keeps_serving(

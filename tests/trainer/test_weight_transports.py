@@ -24,7 +24,7 @@ from services.trainer.model import dedupe_tied, load_model
 from services.trainer.publish import WeightsRefusedError, serialize
 from services.trainer.shared_fs import SharedFsPublisher
 from tests.inference.conftest import serve_inference
-from tests.trainer.inference_helpers import InferenceThread, generate, served_version, text_message
+from tests.trainer.inference_helpers import InferenceThread, generate, served_version, text_message, trainer_logprobs
 
 pytestmark = pytest.mark.slow
 
@@ -42,15 +42,6 @@ def _greedy(address: str) -> inference_pb2.GenerateFinal:
         sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=6),
     )
     return generate(address, request)
-
-
-def _trainer_logprobs(model: Any, final: inference_pb2.GenerateFinal) -> list[float]:
-    """The trainer model's logprob of each sampled id of `final` (teacher forcing over prompt + completion)."""
-    ids = [*final.prompt_token_ids, *final.completion_token_ids]
-    with torch.no_grad():
-        logprobs = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
-    start = len(final.prompt_token_ids) - 1
-    return [float(logprobs[start + i, token]) for i, token in enumerate(final.completion_token_ids)]
 
 
 def test_buckets_hold_whole_tensors_and_cover_the_data(trainer_model_dir: Path) -> None:
@@ -86,8 +77,8 @@ def test_a_gloo_broadcast_makes_two_replicas_serve_the_trainers_weights(
             for address in (a.address, b.address):
                 final = _greedy(address)
                 assert final.policy_version == version
-                assert final.completion_logprobs == pytest.approx(_trainer_logprobs(model, final), abs=1e-4)
-            assert list(before.completion_logprobs) != pytest.approx(_trainer_logprobs(model, before), abs=1e-2)
+                assert final.completion_logprobs == pytest.approx(trainer_logprobs(model, final), abs=1e-4)
+            assert list(before.completion_logprobs) != pytest.approx(trainer_logprobs(model, before), abs=1e-2)
 
             with pytest.raises(WeightsRefusedError, match="not newer"):  # the refusal crosses the broadcast
                 publisher.publish(state, version)
@@ -116,11 +107,11 @@ def test_shared_fs_writes_each_version_once_and_sends_its_path(
             publisher.publish(state, version)
             assert (served_version(a.address), served_version(b.address)) == (version, version)
             final = _greedy(b.address)
-            assert final.completion_logprobs == pytest.approx(_trainer_logprobs(model, final), abs=1e-4)
+            assert final.completion_logprobs == pytest.approx(trainer_logprobs(model, final), abs=1e-4)
             publisher.publish(state, version + 1)
             assert [path.name for path in shared.iterdir()] == [f"policy-v{version + 1:06d}.safetensors"]
             again = _greedy(a.address)  # served from the mapping of a file deleted since
-            assert again.completion_logprobs == pytest.approx(_trainer_logprobs(model, again), abs=1e-4)
+            assert again.completion_logprobs == pytest.approx(trainer_logprobs(model, again), abs=1e-4)
         finally:
             publisher.close()
     with InferenceThread.start(trainer_model_dir, tmp_path / "c") as closed:  # no --checkpoint-dirs
@@ -172,7 +163,7 @@ def test_a_replica_dying_during_the_broadcast_costs_a_bounded_wait(trainer_model
             assert publisher.last_broadcast == [live.address], "the live replica's transfer is its own"
             assert took < timeout_s + 10, f"the push took {took:.1f} s"
             final = _greedy(live.address)
-            assert final.completion_logprobs == pytest.approx(_trainer_logprobs(model, final), abs=1e-4)
+            assert final.completion_logprobs == pytest.approx(trainer_logprobs(model, final), abs=1e-4)
 
             publisher.publish(state, version + 1)  # the dead replica is left out at the probe
             assert publisher.last_broadcast == [live.address]
@@ -200,6 +191,6 @@ def test_an_nccl_broadcast_reaches_a_replica_on_another_gpu(
             publisher.publish(dedupe_tied(model, dict(model.state_dict())), version)
             assert publisher.last_broadcast == [replica.address]
             final = _greedy(replica.address)
-            assert final.completion_logprobs == pytest.approx(_trainer_logprobs(model, final), abs=2e-2)
+            assert final.completion_logprobs == pytest.approx(trainer_logprobs(model, final), abs=2e-2)
         finally:
             publisher.close()
