@@ -45,7 +45,7 @@ import torch.distributed
 from lodestar.errors import UnavailableError
 from lodestar.logging import get_logger
 from lodestar.v1 import inference_pb2
-from services.trainer.publish import PublishResult
+from services.trainer.publish import PayloadPublisher, PublishResult
 from services.trainer.replica_set import Outcome, ReplicaSet, ReplicaSetPublisher, Targets, collect
 
 c10d: Any = torch.distributed
@@ -75,7 +75,7 @@ def bucket_sizes(payload: bytes, bucket_bytes: int) -> tuple[int, list[int]]:
     return start, sizes
 
 
-class BroadcastPublisher(ReplicaSetPublisher):
+class BroadcastPublisher(ReplicaSetPublisher, PayloadPublisher):
     """Publisher of `weights_transport = "broadcast"` (see the module docstring)."""
 
     def __init__(

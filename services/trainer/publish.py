@@ -80,7 +80,31 @@ def _requests(payload: bytes, version: int) -> Iterator[inference_pb2.UpdateWeig
         yield inference_pb2.UpdateWeightsRequest(chunk=bytes(view[start : start + CHUNK_BYTES]))
 
 
-class WeightPublisher:
+class PayloadPublisher:
+    """A publisher that moves one serialized payload: `publish` serializes the state once, in the payload
+    dtype, and hands the bytes to `publish_payload` (WeightPublisher, FanoutPublisher, BroadcastPublisher;
+    shared_fs writes its file straight from the tensors instead)."""
+
+    def payload_dtype(self) -> torch.dtype | None:
+        """The dtype the payload's floating-point tensors go in (None: as they are)."""
+        raise NotImplementedError
+
+    def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult:
+        """Make inference serve `payload` (`tensors` tensors) as `version`; `started`: the push's
+        perf_counter start."""
+        raise NotImplementedError
+
+    def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes:
+        """The safetensors payload of `state` in the payload dtype."""
+        return serialize(state, self.payload_dtype())
+
+    def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
+        """Make inference serve `state` as policy `version`; returns once it does."""
+        started = time.perf_counter()
+        return self.publish_payload(self.prepare(state), len(state), version, started)
+
+
+class WeightPublisher(PayloadPublisher):
     """UpdateWeights client with deadline and retries (see the module docstring)."""
 
     def __init__(
@@ -117,12 +141,8 @@ class WeightPublisher:
         return self._wire
 
     def payload_dtype(self) -> torch.dtype | None:
-        """The dtype the payload's floating-point tensors go in (None: as they are)."""
+        """The dtype inference serves (None when it does not say: the state goes as it is)."""
         return WIRE_DTYPES.get(self.wire_dtype())
-
-    def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes:
-        """The payload of `state` in the serving dtype."""
-        return serialize(state, self.payload_dtype())
 
     def served_version(self) -> int:
         """The version inference serves now."""
@@ -131,11 +151,6 @@ class WeightPublisher:
         except grpc.RpcError as error:
             raise domain_error(error, f"GetModelInfo to {self.target}") from error
         return int(info.policy_version.version)
-
-    def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
-        """Make inference serve `state` as policy `version`; returns once it does."""
-        started = time.perf_counter()
-        return self.publish_payload(self.prepare(state), len(state), version, started)
 
     def publish_payload(
         self, payload: bytes, tensors: int, version: int, started: float, attempts: int | None = None
@@ -184,7 +199,7 @@ class WeightPublisher:
             return False
 
 
-class FanoutPublisher:
+class FanoutPublisher(PayloadPublisher):
     """WeightPublisher over several replicas (see the module docstring): fixed addresses, or a function that
     names the live replicas at each push (replicas discovered in etcd: services/trainer/replica_discovery.py)."""
 
@@ -258,16 +273,8 @@ class FanoutPublisher:
         wire = {publisher.wire_dtype() for publisher in self.publishers}
         return WIRE_DTYPES.get(wire.pop()) if len(wire) == 1 else None
 
-    def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes:
-        """The payload of `state` in the replicas' serving dtype."""
-        return serialize(state, self.payload_dtype())
-
-    def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
-        started = time.perf_counter()
-        return self.publish_payload(self.prepare(state), len(state), version, started)
-
     def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult:
-        """`publish` of an already serialized state: to every replica at once."""
+        """To every replica at once."""
         futures = {
             p.target: self._pool.submit(p.publish_payload, payload, tensors, version, started, self._tries(p.target))
             for p in self._live_publishers()

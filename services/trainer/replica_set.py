@@ -21,7 +21,7 @@ import torch
 from lodestar.errors import InvalidArgumentError, LodestarError, UnavailableError
 from lodestar.logging import get_logger
 from lodestar.v1 import inference_pb2, inference_pb2_grpc
-from services.trainer.publish import WIRE_DTYPES, PublishResult, WeightPublisher, WeightsRefusedError, serialize
+from services.trainer.publish import WIRE_DTYPES, PublishResult, WeightPublisher, WeightsRefusedError
 from services.trainer.rpc import RETRYABLE, details_of, domain_error, status_of, sync_channel
 
 _log = get_logger("trainer.publish")
@@ -214,7 +214,8 @@ def _outcome(call: Callable[..., Outcome], target: str, *args: Any) -> Outcome:
 class ReplicaSetPublisher:
     """What every publisher over a `ReplicaSet` shares (shared_fs.py, broadcast.py): its targets, the version
     the replicas serve, and the payload in their serving dtype. A subclass sets `replicas` and moves the bytes
-    in `publish_payload`, or overrides `publish` to move the state without one payload (shared_fs)."""
+    in `publish` (shared_fs), or also derives from PayloadPublisher and moves the serialized payload in
+    `publish_payload` (broadcast)."""
 
     replicas: ReplicaSet
 
@@ -231,15 +232,3 @@ class ReplicaSetPublisher:
     def payload_dtype(self) -> torch.dtype | None:
         """The replicas' common serving dtype (None: the state goes as it is)."""
         return self.replicas.wire_dtype()
-
-    def prepare(self, state: Mapping[str, torch.Tensor]) -> bytes:
-        """The safetensors payload of `state` in the replicas' serving dtype."""
-        return serialize(state, self.payload_dtype())
-
-    def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
-        started = time.perf_counter()
-        return self.publish_payload(self.prepare(state), len(state), version, started)
-
-    def publish_payload(self, payload: bytes, tensors: int, version: int, started: float) -> PublishResult:
-        """Make every live replica serve `payload` as `version`."""
-        raise NotImplementedError
