@@ -1,10 +1,11 @@
 """Verifiers: one module per `VerifierSpec.kind` and this small registry.
 
 `make_verifier(spec)` builds one from its config (InvalidArgumentError for an unknown kind or a bad
-config). A verifier's `score(input)` returns a `Verdict` or raises `VerifierError`: a crash or timeout is
-an infrastructure failure, never a reward of 0. Every verdict is checked (`base.checked_verdict`): a reward
-that is not a finite number is a VerifierError, one outside the config's `reward_range` (default [0, 1]) is
-clamped into it.
+config). A verifier's `score(input)` returns a `Verdict`, raises `VerifierError` (a failure of the node,
+the runtime, the verifier's own code or the dataset: infrastructure, never a reward) or `AgentFailure` (the
+agent caused it: the verdict is the lowest reward of the range with `details.agent_failure`, the reason).
+Every verdict is checked (`base.checked_verdict`): a reward that is not a finite number is a VerifierError,
+one outside the config's `reward_range` (default [0, 1]) is clamped into it.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from typing import Any
 from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import rollout_pb2
 from services.gateway.node.verifiers.base import (
+    AgentFailure,
     Verdict,
     Verifier,
     VerifierError,
     VerifierInput,
+    agent_failure_verdict,
     checked_verdict,
     config_dict,
     reward_range,
@@ -45,7 +48,11 @@ class BoundedVerifier:
         self.bounds = bounds
 
     async def score(self, given: VerifierInput) -> Verdict:
-        return checked_verdict(await self.inner.score(given), self.bounds, self.kind)
+        try:
+            verdict = await self.inner.score(given)
+        except AgentFailure as failure:
+            return agent_failure_verdict(failure, self.bounds, self.kind)
+        return checked_verdict(verdict, self.bounds, self.kind)
 
 
 def make_verifier(spec: rollout_pb2.VerifierSpec) -> Verifier:
@@ -56,4 +63,4 @@ def make_verifier(spec: rollout_pb2.VerifierSpec) -> Verifier:
     return BoundedVerifier(factory(config), reward_range(config, spec.kind))
 
 
-__all__ = ["VERIFIERS", "Verdict", "Verifier", "VerifierError", "VerifierInput", "make_verifier"]
+__all__ = ["VERIFIERS", "AgentFailure", "Verdict", "Verifier", "VerifierError", "VerifierInput", "make_verifier"]

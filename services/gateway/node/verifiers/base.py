@@ -1,7 +1,9 @@
 """What every verifier shares: its input (task, final answer, the session's workspace and a way to run a
-process there), its verdict, the error that marks a verifier failure as infrastructure, never a reward, and
-the declared reward range every verdict is checked against (`checked_verdict`: a non-finite reward is a
-verifier failure, one outside `reward_range` is clamped into it, and the details say so).
+process there), its verdict, the two ways a verifier can fail — `VerifierError` (infrastructure: retried,
+never a reward) and `AgentFailure` (the agent caused it: scored with the lowest reward of the range, its
+reason in the details) — and the declared reward range every verdict is checked against (`checked_verdict`:
+a non-finite reward is a verifier failure, one outside `reward_range` is clamped into it, and the details
+say so). docs/nodes.md, "Who failed", lists which failure is which.
 """
 
 from __future__ import annotations
@@ -27,6 +29,23 @@ DEFAULT_REWARD_RANGE = (0.0, 1.0)
 class VerifierError(LodestarError):
     """The verifier crashed, timed out or could not run: an infrastructure failure (the attempt is
     reported INFRA_FAILED and retried), never a reward of 0."""
+
+
+class AgentFailure(LodestarError):
+    """The agent caused the verifier to fail (the code under test hangs, crashes or ends the verifier's
+    process; the agent broke what the verifier needs): the attempt is scored, with the lowest reward of the
+    verifier's range and this reason (`details.agent_failure`), and never retried. Raise it only where the
+    failure can be told apart from the node's, the runtime's or the dataset's (those are VerifierError)."""
+
+    def __init__(self, message: str, details: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.details: dict[str, Any] = dict(details or {})
+
+
+def agent_failure_verdict(failure: AgentFailure, bounds: tuple[float, float], kind: str) -> Verdict:
+    """The verdict of an agent-caused verifier failure: the lowest reward of `bounds` (an agent must never
+    gain by breaking its verifier rather than failing its tests), with the reason."""
+    return Verdict(bounds[0], {"kind": kind, **failure.details, "agent_failure": failure.message})
 
 
 class SessionProcess(Protocol):
@@ -136,8 +155,8 @@ def tail(text: str) -> str:
 
 
 def process_failure(result: HarnessResult, kind: str, timeout_s: float) -> VerifierError | None:
-    """The infrastructure failure a finished verifier process shows, if any: a timeout, death by a signal,
-    or a command that could not be found or executed (126/127)."""
+    """The infrastructure failure a finished verifier process that runs nothing of the agent's shows, if
+    any: a timeout, death by a signal, or a command that could not be found or executed (126/127)."""
     if result.timed_out:
         return VerifierError(f"{kind} verifier timed out after {timeout_s:g} s")
     if result.returncode < 0:
@@ -146,4 +165,16 @@ def process_failure(result: HarnessResult, kind: str, timeout_s: float) -> Verif
         return VerifierError(
             f"{kind} verifier command could not run (exit {result.returncode}): {tail(result.stderr)[-500:]}"
         )
+    return None
+
+
+def agent_process_failure(result: HarnessResult, step: str, timeout_s: float) -> AgentFailure | None:
+    """The failure a finished process that runs the agent's code shows, if any: a timeout, death by a signal
+    or exit 126/127 (the agent can delete or break what it runs) are the agent's doing, never the node's."""
+    if result.timed_out:
+        return AgentFailure(f"{step} did not finish in {timeout_s:g} s (the code under test hangs)")
+    if result.returncode < 0:
+        return AgentFailure(f"{step} was killed by signal {-result.returncode} (the code under test crashed)")
+    if result.returncode in (126, 127):
+        return AgentFailure(f"{step} exited {result.returncode} (a program it runs is missing or not executable)")
     return None
