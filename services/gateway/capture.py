@@ -9,6 +9,11 @@ can be lost only if the operating system itself dies, which also kills the harne
 (rollout retries such a session). `full` — every commit is also fsynced (survives power loss; costs an
 fsync, ~5 ms on the development VMs, shared by all records of a group commit).
 
+WAL. Commits never checkpoint (`wal_autocheckpoint=0`): after about `WalPolicy.checkpoint_bytes` of new
+data, `WalCheckpointer` copies the WAL into the database on a second connection, concurrently with new commits,
+then rewinds it between two transactions of the writer thread, so the WAL file stays bounded under continuous
+writes (`services/gateway/wal_checkpoint.py`).
+
 Retention. A session handed to `expire(session_id, at)` is deleted with its calls by the first `prune(now)`
 after `at` (the node expires its sessions once rollout holds their results: `services/gateway/retention.py`).
 SQLite reuses the freed pages, so the file stays as large as the sessions it holds at once, not as large as
@@ -18,6 +23,7 @@ every session the node ever ran.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,11 +33,12 @@ from typing import Literal, TypeVar
 from lodestar.errors import UnavailableError
 from lodestar.logging import get_logger
 from lodestar.v1 import common_pb2, gateway_pb2
+from services.gateway.wal_checkpoint import CheckpointResult, WalCheckpointer, WalPolicy
 
 Synchronous = Literal["full", "normal", "off"]
 _Operation = tuple[str, str, common_pb2.CallRecord | Callable[[], common_pb2.CallRecord] | None]
-CHECKPOINT_BYTES = 32 * 1024 * 1024
-"""Checkpoint the WAL after about this much new data."""
+PAGE_SIZE = 16384
+"""Records are 10s-100s of KB: bigger pages write them faster."""
 _log = get_logger("gateway.capture")
 T = TypeVar("T")
 
@@ -65,7 +72,7 @@ PRUNE_BATCH = 200
 class CaptureStore:
     """Sessions and captured calls of one gateway node."""
 
-    def __init__(self, path: Path, *, synchronous: Synchronous = "normal") -> None:
+    def __init__(self, path: Path, *, synchronous: Synchronous = "normal", wal: WalPolicy | None = None) -> None:
         self.path = path
         self._synchronous = synchronous
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capture-store")
@@ -73,8 +80,11 @@ class CaptureStore:
         self._pending: list[tuple[_Operation, asyncio.Future[None]]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._checkpointer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capture-checkpoint")
-        self._checkpointing: asyncio.Future[None] | None = None
+        self._wal = WalCheckpointer(path, synchronous=synchronous, policy=wal or WalPolicy(), page_size=PAGE_SIZE)
+        self._checkpointing: asyncio.Task[CheckpointResult] | None = None
         self._wal_bytes = 0
+        self.checkpoints: list[CheckpointResult] = []
+        """The latest checkpoints (for status and tests; the last 64)."""
 
     async def open(self) -> None:
         await self._run(self._open)
@@ -82,19 +92,22 @@ class CaptureStore:
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        db.execute("PRAGMA page_size=16384")  # records are 10s-100s of KB: bigger pages write them faster
+        db.execute(f"PRAGMA page_size={PAGE_SIZE}")
         db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run on their own thread (`_checkpoint`)
+        self._wal.configure(db)  # no checkpoint inside a commit; the WAL's size limit
         db.execute(f"PRAGMA synchronous={self._synchronous.upper()}")
         db.execute("PRAGMA busy_timeout=5000")
         db.executescript(_SCHEMA)
         self._db = db
+        self._wal.open()
 
     async def close(self) -> None:
         if self._flusher is not None:
             await asyncio.shield(self._flusher)
         if self._checkpointing is not None:
-            await self._checkpointing
+            with contextlib.suppress(Exception):  # logged by `_checkpoint_done`
+                await self._checkpointing
+        await self._run(self._wal.close)
         if self._db is not None:
             await self._run(self._db.close)
             self._db = None
@@ -205,6 +218,7 @@ class CaptureStore:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+        self._wal_bytes += PAGE_SIZE * len(ids)  # the pages a deletion rewrites (roughly)
         return ids
 
     async def stored(self) -> tuple[int, int]:
@@ -261,24 +275,25 @@ class CaptureStore:
                     for _, future in batch:
                         if not future.done():
                             future.set_result(None)
-            if self._wal_bytes > CHECKPOINT_BYTES and self._checkpointing is None:
+            if self._wal_bytes > self._wal.policy.checkpoint_bytes and self._checkpointing is None:
                 self._wal_bytes = 0
-                loop = asyncio.get_running_loop()
-                self._checkpointing = loop.run_in_executor(self._checkpointer, self._checkpoint)
+                self._checkpointing = asyncio.create_task(self._wal.checkpoint(self._on_checkpointer, self._run))
                 self._checkpointing.add_done_callback(self._checkpoint_done)
         finally:
             self._flusher = None
 
-    def _checkpoint(self) -> None:
-        """Copy the WAL into the database on a second connection, concurrently with new commits (a
-        checkpoint inside a commit would stall that call's response)."""
-        with sqlite3.connect(self.path, isolation_level=None) as db:
-            db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    async def _on_checkpointer(self, fn: Callable[[], T]) -> T:
+        """The checkpointer's PASSIVE rounds run on their own thread, concurrently with commits."""
+        return await asyncio.get_running_loop().run_in_executor(self._checkpointer, fn)
 
-    def _checkpoint_done(self, future: asyncio.Future[None]) -> None:
+    def _checkpoint_done(self, task: asyncio.Task[CheckpointResult]) -> None:
         self._checkpointing = None
-        if not future.cancelled() and future.exception() is not None:
-            _log.warning("capture checkpoint failed", error=str(future.exception()))
+        if task.cancelled():
+            return
+        if (error := task.exception()) is not None:
+            _log.warning("capture checkpoint failed", error=str(error))
+            return
+        self.checkpoints = [*self.checkpoints[-63:], task.result()]
 
     def _write(self, operations: list[_Operation]) -> None:
         """One transaction (one commit, one fsync under synchronous=full) for a batch, in order."""
@@ -297,6 +312,7 @@ class CaptureStore:
                     self._wal_bytes += len(blob)
                 elif kind == "discard":
                     db.execute("DELETE FROM requests WHERE call_id = ?", (call_id,))
+                    self._wal_bytes += PAGE_SIZE
         except BaseException:
             db.execute("ROLLBACK")
             raise

@@ -1,0 +1,89 @@
+"""The capture store's WAL stays bounded under continuous writes (services/gateway/wal_checkpoint.py), on a real
+SQLite file: writers never pause long enough for a PASSIVE checkpoint alone to catch up, and an outside reader
+holds an old snapshot for a while (no checkpoint can rewind the WAL meanwhile); once it lets go, the WAL file
+is back under its limit, and every record written is there."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import sqlite3
+import time
+from pathlib import Path
+
+from lodestar.v1 import common_pb2
+from services.gateway.capture import CaptureStore
+from services.gateway.wal_checkpoint import WalPolicy
+
+POLICY = WalPolicy(checkpoint_bytes=512 * 1024, limit_bytes=4 * 1024 * 1024, tail_bytes=128 * 1024)
+BODY = "y" * 32_000
+"""A request half of a small agent call."""
+WRITERS = 4
+WRITE_S = 2.0
+READER_HOLDS = (0.3, 0.8)
+"""When (seconds after the writes start) the outside reader takes its snapshot and lets it go."""
+
+
+def _wal_bytes(path: Path) -> int:
+    wal = path.with_name(path.name + "-wal")
+    return wal.stat().st_size if wal.exists() else 0
+
+
+async def _write_calls(store: CaptureStore, writer: int, until: float) -> int:
+    """One session's calls back to back until `until` (monotonic); how many were written."""
+    session_id, sequence = f"ses_{writer}_{secrets.token_hex(4)}", 0
+    while time.monotonic() < until:
+        call_id = secrets.token_hex(8)
+        await store.begin(call_id, lambda: common_pb2.CallRecord(original_request_json=BODY))
+        await store.append(call_id, common_pb2.CallRecord(session_id=session_id, sequence=sequence))
+        sequence += 1
+        await asyncio.sleep(0.01)
+    return sequence
+
+
+async def _hold_snapshot(path: Path, start: float, hold: tuple[float, float]) -> int:
+    """An outside reader (another connection, as an export or a debugging shell would be) holding a read
+    transaction from `start + hold[0]` to `start + hold[1]`; the WAL size when it lets go."""
+    await asyncio.sleep(start + hold[0] - time.monotonic())
+    reader = sqlite3.connect(path, isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT COUNT(*) FROM calls").fetchone()
+        await asyncio.sleep(start + hold[1] - time.monotonic())
+        return _wal_bytes(path)
+    finally:
+        reader.execute("COMMIT")
+        reader.close()
+
+
+async def test_the_wal_stays_under_its_limit_under_continuous_writes_and_a_long_reader(tmp_path: Path) -> None:
+    path = tmp_path / "capture.sqlite"
+    store = CaptureStore(path, wal=POLICY)
+    await store.open()
+    try:
+        start = time.monotonic()
+        until = start + WRITE_S
+        tail: list[int] = []
+
+        async def sample_tail() -> None:  # the WAL's size over the last quarter of the writes
+            await asyncio.sleep(WRITE_S * 0.75)
+            while time.monotonic() < until:
+                tail.append(_wal_bytes(path))
+                await asyncio.sleep(0.02)
+
+        writes = [_write_calls(store, writer, until) for writer in range(WRITERS)]
+        reader = asyncio.create_task(_hold_snapshot(path, start, READER_HOLDS))
+        sampler = asyncio.create_task(sample_tail())
+        written = await asyncio.gather(*writes)
+        held_at = await reader
+        await sampler
+        wal_after = _wal_bytes(path)
+        assert await store.stored() == (0, sum(written)), "every record written is in the store"
+    finally:
+        await store.close()
+    assert sum(written) * len(BODY) > 4 * POLICY.limit_bytes, "enough was written to pass the limit many times"
+    assert held_at > POLICY.limit_bytes, f"the reader's snapshot let the WAL grow ({held_at} bytes)"
+    assert any(not c.restarted for c in store.checkpoints), "a rewind waited for the reader"
+    assert store.checkpoints[-1].restarted
+    assert max(tail) <= POLICY.limit_bytes, f"the WAL stays under its limit after the reader left: {tail}"
+    assert wal_after <= POLICY.limit_bytes
