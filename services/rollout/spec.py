@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 from google.protobuf import json_format
 
+from lodestar.docker_refs import check_image, check_mount_path, check_session_env
 from lodestar.errors import InvalidArgumentError
 from lodestar.kinds import runtime_kind, validate_harness, validate_verifier_kind
 from lodestar.sampling import resolved_policy, validate_policy
@@ -146,8 +147,9 @@ def validate_spec(spec: rollout_pb2.RunSpec) -> None:
 
 
 def validate_runtime(spec: rollout_pb2.RunSpec) -> None:
-    """InvalidArgumentError for an unknown runtime kind, a negative CPU limit, bad docker options, or a
-    docker run in which some task has no image (neither its own nor the run's)."""
+    """InvalidArgumentError for an unknown runtime kind, a negative CPU limit, bad docker options, a docker
+    run in which some task has no image (neither its own nor the run's) or an image that is no docker image
+    reference, or a docker run whose harness.env sets a DOCKER_* variable (lodestar/docker_refs.py)."""
     runtime = spec.runtime
     kind = runtime_kind(runtime)
     if math.isnan(runtime.cpus) or runtime.cpus < 0:
@@ -172,11 +174,19 @@ def validate_runtime(spec: rollout_pb2.RunSpec) -> None:
     if missing:
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise InvalidArgumentError(f"runtime 'docker' needs an image: set runtime.image or task image ({shown})")
+    if runtime.image:
+        check_image(runtime.image, what="runtime.image")
+    for task in spec.tasks:
+        if task.image:
+            check_image(task.image, what=f"task {task.task_id!r} image")
+    check_session_env(spec.harness.env, what="harness.env")
 
 
 def check_mount(path: str) -> None:
-    """InvalidArgumentError for a mount that is not a plain absolute path (`..`, `.`, empty segments), names a
-    socket, or is in or below `REFUSED_MOUNTS` (`/` itself included)."""
+    """InvalidArgumentError for a mount that is not a plain absolute path (`..`, `.`, empty segments), holds a
+    comma or quote (a field of docker's --mount), names a socket, or is in or below `REFUSED_MOUNTS` (`/`
+    itself included)."""
+    check_mount_path(path)
     parts = path.split("/")[1:]
     if path != "/" and any(part in ("", ".", "..") for part in parts):
         raise InvalidArgumentError(

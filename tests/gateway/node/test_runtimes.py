@@ -109,7 +109,7 @@ def test_docker_run_argv_isolates_limits_labels_and_mounts_read_only():
                      "type=bind,source=/opt/harnesses,target=/opt/harnesses,readonly",
                      f"type=bind,source=/usr/bin/node,target={NODE_BIN}/node,readonly"):  # fmt: skip
         assert expected in joined
-    assert argv[-4:] == ["--entrypoint", "sleep", "img:1", "infinity"]
+    assert argv[-5:] == ["--entrypoint", "sleep", "--", "img:1", "infinity"]
     assert limits_argv(rollout_pb2.RuntimeSpec(kind="docker")) == [], "0 means no limit"
 
 
@@ -120,7 +120,9 @@ def test_session_containers_never_run_as_root():
     assert f"--user {SESSION_UID}:{SESSION_UID}" in joined
     assert "--cap-drop ALL" in joined
     assert "--security-opt no-new-privileges" in joined
-    assert "--user 1234:99" in " ".join(run_argv("c", rollout_pb2.RuntimeSpec(), mounted=[], user=(1234, 99), **args))
+    assert "--user 1234:99" in " ".join(
+        run_argv("c", rollout_pb2.RuntimeSpec(image="i"), mounted=[], user=(1234, 99), **args)
+    )
     with pytest.raises(ValueError, match="never runs as root"):
         run_argv("c", rollout_pb2.RuntimeSpec(), mounted=[], user=(0, 0), **args)
     assert session_user(euid=0) == (SESSION_UID, SESSION_UID)
@@ -132,10 +134,10 @@ def test_session_containers_never_run_as_root():
 def test_a_node_install_below_root_gets_a_traversable_root():
     args: dict[str, Any] = {"root": Path("/s/a1"), "fixed_root": FIXED, "node": None, "labels": {}}
     pyenv = [Path("/root/.pyenv/versions/3.11.7"), Path("/opt/venv")]
-    masked = " ".join(run_argv("c", rollout_pb2.RuntimeSpec(), mounted=pyenv, root_mask=Path("/m"), **args))
+    masked = " ".join(run_argv("c", rollout_pb2.RuntimeSpec(image="i"), mounted=pyenv, root_mask=Path("/m"), **args))
     assert "type=bind,source=/m,target=/root " in masked
     plain = " ".join(
-        run_argv("c", rollout_pb2.RuntimeSpec(), mounted=[Path("/opt/venv")], root_mask=Path("/m"), **args)
+        run_argv("c", rollout_pb2.RuntimeSpec(image="i"), mounted=[Path("/opt/venv")], root_mask=Path("/m"), **args)
     )
     assert "target=/root " not in plain
 

@@ -20,8 +20,10 @@ a listener on the gateway's loopback address and port *inside* the container's n
 exits or its time is up, the container is killed (every process in it, background tools included) and the
 cgroup counters tell whether a limit was hit.
 
-POST: the verifier's processes `docker exec` in the same container (restarted: same files, no processes),
-as the same user; the directories the node makes for them are given to that user.
+POST: each verifier process `docker exec`s in the same container, restarted for it and killed after it
+(same files, no process of the harness or of an earlier verifier step left: the command verifier's score
+step must not share the container with what its command step started), as the same user; the directories
+the node makes for them are given to that user.
 Cleanup (every exit path): `docker rm -f`, then the private root. A node killed with SIGKILL loses its
 containers at once (a reaper child with PR_SET_PDEATHSIG removes every container labelled with the node's
 sessions directory), and a node that starts removes any such container left behind.
@@ -46,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lodestar.docker_refs import check_image
 from lodestar.errors import FailedPreconditionError, InvalidArgumentError
 from lodestar.logging import get_logger
 from lodestar.v1 import rollout_pb2
@@ -126,7 +129,7 @@ class DockerRuntime:
         prepared = Invocation("verifier", argv, clean_env(self.visible, extra=env), self.visible.workdir)
         await self._hand_over()
         await self._ensure_running()
-        return await self._exec(self.translate(prepared), timeout_s, stop_after=False)
+        return await self._exec(self.translate(prepared), timeout_s, stop_after=True)
 
     def details(self) -> dict[str, Any]:
         limits = {"cpus": self.spec.cpus, "memory_bytes": self.spec.memory_bytes,
@@ -191,10 +194,11 @@ class DockerRuntime:
         return relay
 
     async def _exec(self, invocation: Invocation, timeout_s: float, *, stop_after: bool) -> HarnessResult:
-        """`docker exec` the invocation (its env passed by name, so values never show in a process list);
+        """`docker exec` the invocation (its env passed by name, so values never show in a process list; a
+        DOCKER_* name is refused, and the client's own settings stay the node's: `DockerCli.client_env`);
         at the deadline, on cancellation, and with `stop_after` always, the container is killed."""
         started = time.monotonic()
-        names = [arg for key in invocation.env for arg in ("--env", key)]
+        names = self.cli.env_args(invocation.env)
         argv = self.cli.argv("exec", "--workdir", str(invocation.cwd), *names, self.container, *invocation.argv)
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -291,6 +295,7 @@ class DockerBackend:
         spec = spec or rollout_pb2.RuntimeSpec(kind="docker")
         if not spec.image:
             raise InvalidArgumentError("docker runtime: no image (set the run's runtime.image or the task's image)")
+        check_image(spec.image)
         extra, on_limit = options_of(spec)
         mounts = allowed_mounts(extra, self.mounts_allowed)
         root = self.sessions_dir / name

@@ -11,6 +11,7 @@ import os
 import shutil
 from collections.abc import Mapping, Sequence
 
+from lodestar.docker_refs import check_session_env
 from lodestar.errors import FailedPreconditionError
 from lodestar.logging import get_logger
 
@@ -18,6 +19,14 @@ _log = get_logger("gateway.node.docker")
 DEFAULT_TIMEOUT_S = 60.0
 CLIENT_ENV = ("DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY")
 """Variables of the node's environment the docker client itself needs (never passed into a session)."""
+BY_VALUE = frozenset(
+    {"PATH", "HOME", "TMPDIR", "GODEBUG", "SSL_CERT_FILE", "SSL_CERT_DIR"}
+    | {f"{name}_PROXY" for name in ("HTTP", "HTTPS", "NO", "ALL")}
+    | {f"{name}_proxy" for name in ("http", "https", "no", "all")}
+)
+"""Session variables the docker client itself would also read (its program search path, home, Go runtime,
+TLS roots, proxies): `docker exec` gets them by value (`--env K=V`), never through the client's environment;
+the others go by name, so secret values (the session key) never show in a process list."""
 
 
 class DockerCli:
@@ -27,14 +36,25 @@ class DockerCli:
         self.binary = shutil.which(binary) or binary
         self.timeout_s = timeout_s
 
-    def client_env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The environment of a docker client process: the node's DOCKER_* settings, plus `extra`."""
-        env = {key: os.environ[key] for key in CLIENT_ENV if key in os.environ}
-        if "DOCKER_CONFIG" not in env and "HOME" in os.environ:
-            env["DOCKER_CONFIG"] = os.path.join(os.environ["HOME"], ".docker")
-        env.update(extra or {})
-        env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
+    def client_env(self, session: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment of a docker client process: `session`'s variables that `docker exec` passes by name
+        (InvalidArgumentError when it names a DOCKER_* variable), then the node's own client settings, which
+        no session variable can replace: DOCKER_*, DOCKER_CONFIG (always set) and PATH."""
+        check_session_env(session or {})
+        env = {key: value for key, value in (session or {}).items() if key not in BY_VALUE}
+        env.update({key: os.environ[key] for key in CLIENT_ENV if key in os.environ})
+        env.setdefault("DOCKER_CONFIG", os.path.join(os.path.expanduser("~"), ".docker"))
+        env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
         return env
+
+    @staticmethod
+    def env_args(session: Mapping[str, str]) -> list[str]:
+        """`docker exec` flags that set `session`'s variables in the container: `--env NAME` (the value taken
+        from `client_env(session)`), or `--env NAME=VALUE` for the names the client reads itself (BY_VALUE)."""
+        check_session_env(session)
+        return [
+            arg for key, value in session.items() for arg in ("--env", f"{key}={value}" if key in BY_VALUE else key)
+        ]
 
     def argv(self, *args: str) -> list[str]:
         return [self.binary, *args]

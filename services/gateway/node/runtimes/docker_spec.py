@@ -14,6 +14,7 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
+from lodestar.docker_refs import check_image, check_mount_path, mount_value
 from lodestar.errors import InvalidArgumentError, PermissionDeniedError
 from lodestar.paths import confined
 from lodestar.v1 import rollout_pb2
@@ -62,7 +63,9 @@ def allowed_mounts(mounts: Sequence[str], allowed: Sequence[Path]) -> list[Path]
     """RuntimeSpec.options.mounts resolved on this node, each one of the `allowed` host paths (the node's
     `--docker-mounts-allowed`) or below one; PermissionDeniedError naming the first that is not (with none
     allowed, every mount is refused), and for `/`, a socket or a directory holding the docker socket even
-    when allowed."""
+    when allowed. InvalidArgumentError for a path docker's `--mount` cannot carry as one field (a comma)."""
+    for mount in mounts:
+        check_mount_path(mount)
     resolved = [confined(mount, allowed, "docker mount", setting="--docker-mounts-allowed") for mount in mounts]
     for mount, path in zip(mounts, resolved, strict=True):
         if path == Path("/") or path.is_socket() or any(_holds(path, socket) for socket in DOCKER_SOCKETS):
@@ -124,7 +127,9 @@ def run_argv(
     """`docker run` arguments of a session container: detached, `--init` (reaps orphans, forwards
     signals), never pulls, no network, no new privileges, every capability dropped, `user` (never root:
     ValueError for uid 0), the limits, `lodestar.*` labels, the session root on the fixed root, the node
-    install read-only, `sleep infinity` as its process.
+    install read-only, `sleep infinity` as its process. Every `--mount` value is quoted by docker's CSV
+    rules (`mount_value`) and the options end with `--` before the image (InvalidArgumentError for one that
+    is no image reference: `check_image`), so no path or image of a spec adds a mount field or a flag.
 
     `root_mask`: an empty node directory (mode 0711) mounted over the image's /root when part of the node
     install lies below /root (a pyenv interpreter): the image's /root is 0700, which the session's user
@@ -136,15 +141,16 @@ def run_argv(
     argv += ["--user", f"{user[0]}:{user[1]}", *limits_argv(spec)]
     for key, value in labels.items():
         argv += ["--label", f"{LABEL}.{key}={value}"]
-    argv += ["--mount", f"type=bind,source={root},target={fixed_root}"]
+    argv += ["--mount", mount_value(type="bind", source=str(root), target=str(fixed_root))]
     below_root = [path for path in [*mounted, *([node] if node else [])] if path.is_relative_to(ROOT_HOME)]
     if root_mask is not None and below_root:
-        argv += ["--mount", f"type=bind,source={root_mask},target={ROOT_HOME}"]
+        argv += ["--mount", mount_value(type="bind", source=str(root_mask), target=str(ROOT_HOME))]
     for path in mounted:
-        argv += ["--mount", f"type=bind,source={path},target={path},readonly"]
+        argv += ["--mount", mount_value(type="bind", source=str(path), target=str(path), readonly=None)]
     if node is not None:
-        argv += ["--mount", f"type=bind,source={node},target={NODE_BIN / 'node'},readonly"]
-    return [*argv, "--workdir", str(fixed_root / "work"), "--entrypoint", "sleep", spec.image, "infinity"]
+        argv += ["--mount", mount_value(type="bind", source=str(node), target=str(NODE_BIN / "node"), readonly=None)]
+    argv += ["--workdir", str(fixed_root / "work"), "--entrypoint", "sleep"]
+    return [*argv, "--", check_image(spec.image), "infinity"]
 
 
 def node_binary() -> Path | None:
