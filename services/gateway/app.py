@@ -179,9 +179,11 @@ class GatewayHttp:
     async def _count(
         self, request: web.Request, dialect: DialectAdapter, route: Route, render: Callable[[int], Any]
     ) -> web.StreamResponse:
+        """A token count: admitted by the session's quotas like a model call (it reaches inference too)."""
         try:
-            _, parsed, _ = await self._parse(request, dialect, route, count_tokens=True)
-            return json_response(render(await self._proxy.count_tokens(parsed)))
+            session, parsed, body = await self._parse(request, dialect, route, count_tokens=True)
+            with self._quotas.admit(session, len(body)):
+                return json_response(render(await self._proxy.count_tokens(parsed)))
         except LodestarError as error:
             return error_response(dialect, error)
 

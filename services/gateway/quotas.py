@@ -5,8 +5,9 @@ A session's key is handed to an untrusted agent, which can loop on model calls, 
 huge bodies: without a bound, one session could starve the node's inference share, its capture store and its
 disk for every other session. `SessionQuotas.admit(entry, body_bytes)` is taken around each model call;
 past a limit the call is refused with ResourceExhaustedError (429 in the caller's dialect) before anything
-reaches inference or the capture store. The counters live on the session's in-memory entry (calls already
-captured count after a restart). A limit of 0 disables it.
+reaches inference or the capture store. A token count (`/v1/messages/count_tokens`, Gemini's `countTokens`)
+is admitted the same way and counts as a call: it reaches inference's tokenizer too. The counters live on the
+session's in-memory entry (calls already captured count after a restart). A limit of 0 disables it.
 """
 
 from __future__ import annotations

@@ -64,3 +64,27 @@ def test_request_bytes_are_bounded(gateway_stack_factory: StackFactory) -> None:
     refused = post(stack.http_base_url, "/v1/chat/completions", CHAT, key=session.key)
     assert refused.status == 429
     assert "request bytes" in refused.json()["error"]["message"]
+
+
+COUNT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+GOOGLE_COUNT = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+
+
+def test_token_counts_are_admitted_by_the_quotas(gateway_stack_factory: StackFactory) -> None:
+    """count_tokens reaches inference too: a session past its calls (or bytes) cannot loop on it."""
+    stack = gateway_stack_factory({"replies": [{"text": "ok"}]}, session_max_calls=2)
+    session = stack.open_session()
+    for _ in range(2):
+        assert post(stack.http_base_url, "/v1/chat/completions", CHAT, key=session.key).status == 200
+    counted = post(stack.http_base_url, "/v1/messages/count_tokens", COUNT, key=session.key)
+    assert counted.status == 429, "a session past its calls still counted tokens"
+    assert counted.json()["type"] == "error"
+    assert "at most 2 model calls" in counted.json()["error"]["message"]
+    google = post(stack.http_base_url, "/v1beta/models/m:countTokens", GOOGLE_COUNT, key=session.key)
+    assert google.status == 429
+    assert google.json()["error"]["status"] == "RESOURCE_EXHAUSTED"
+
+    fresh = stack.open_session()
+    for _ in range(2):
+        assert post(stack.http_base_url, "/v1/messages/count_tokens", COUNT, key=fresh.key).status == 200
+    assert post(stack.http_base_url, "/v1/chat/completions", CHAT, key=fresh.key).status == 429, "counts are calls"
