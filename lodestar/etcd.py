@@ -1,10 +1,9 @@
 """The etcd wrapper: the only module that imports the etcd client (`aetcd`).
 
 It owns a small typed API over one etcd endpoint — key/value, leases with a keepalive task, prefix
-watches and guarded transactions — and maps every client failure to
-`lodestar.errors`: etcd down or not answering within the timeout is `UnavailableError`, an expired
-lease is `NotFoundError`, a watch from a compacted revision is `WatchCompactedError`. No `aetcd` type
-leaves this module.
+watches and guarded transactions — and maps every client failure to `lodestar.errors`: etcd down or not
+answering within the timeout is `UnavailableError`, an expired lease is `NotFoundError`, a watch from a
+compacted revision is `WatchCompactedError`. No `aetcd` type leaves this module.
 
     async with EtcdClient("http://127.0.0.1:2379") as etcd:
         lease = await etcd.grant_lease(10)           # refreshed every TTL/3 by one task
@@ -15,13 +14,9 @@ leaves this module.
 Keys are text; values are bytes (text is UTF-8 encoded). Every RPC runs under the client's
 `timeout`; blocking waits (watch iteration) take their own. Leader election lives in `lodestar.election`.
 
-Transport: `http://` endpoints get a plaintext channel (local etcd on loopback); `https://` endpoints a TLS
-channel (`EtcdTls`: the CA that signs etcd's certificate, and this client's certificate and key for
-etcd's `--client-cert-auth`, where etcd takes the user name from the certificate's CN: no password, no
-expiring token). `tls_from_settings` (in `lodestar.etcd_transport`, with endpoint parsing) is the secure
-default of a service: plaintext to an etcd beyond loopback is refused unless its settings say
-`etcd_allow_insecure` (docs/security.md). `enable_auth` turns authentication on in a fresh etcd
-(`lodestar up --tls`, tests).
+Transport (`lodestar.etcd_transport`): `http://` endpoints are plaintext (local etcd on loopback), `https://`
+ones TLS (`EtcdTls`; with etcd's `--client-cert-auth` the certificate's CN is the etcd user: no password, no
+expiring token). `apply_auth` sets up the users and roles of `lodestar.etcd_roles` and turns auth on.
 """
 
 from __future__ import annotations
@@ -31,6 +26,7 @@ import enum
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -41,6 +37,7 @@ import grpc
 import grpc.aio
 
 from lodestar import errors
+from lodestar.etcd_roles import EtcdRole
 from lodestar.etcd_transport import EtcdTls, channel_address, endpoints_of, tls_from_settings
 from lodestar.logging import get_logger
 
@@ -248,36 +245,40 @@ class EtcdClient:
         status = await self._call("status", self._client.status())
         return str(status.version)
 
-    async def enable_auth(self, *, role: str, prefix: str, users: list[str]) -> None:
-        """Turn authentication on in a fresh etcd (once, e.g. `lodestar up --tls`): a `root` user (etcd
-        requires one; no password, so only a client certificate with CN `root` acts as it), a `role` that
-        may read and write the keys under `prefix`, and password-less `users` granted it (with etcd's
-        `--client-cert-auth` a client is the user its certificate's CN names). Afterwards every request
-        needs such an identity: a certificate whose CN is no user is refused (UnauthenticatedError)."""
+    async def apply_auth(self, roles: list[EtcdRole]) -> None:
+        """Set up `roles` (`lodestar.etcd_roles`) and turn auth on: a `root` user (no password: only a client
+        certificate with CN `root` acts as it), each role with its grants, password-less users given them (with
+        `--client-cert-auth` a client is its certificate's CN). What exists is kept: it can run again (as root
+        once auth is on). Then a certificate whose CN is no user is refused (UnauthenticatedError)."""
         rpc = aetcd.rpc
         await self._call("connect", self._client.connect())
         stub = rpc.AuthStub(self._client.channel)
-        start = prefix.encode()
-        permission = rpc.Permission(permType=rpc.Permission.READWRITE, key=start, range_end=_prefix_end(start))
-        no_password = rpc.UserAddOptions(no_password=True)
-        steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
-            ("add user root", lambda: stub.UserAdd(rpc.AuthUserAddRequest(name="root", options=no_password))),
-            ("grant root", lambda: stub.UserGrantRole(rpc.AuthUserGrantRoleRequest(user="root", role="root"))),
-            (f"add role {role}", lambda: stub.RoleAdd(rpc.AuthRoleAddRequest(name=role))),
-            (
-                f"grant {role} {prefix}",
-                lambda: stub.RoleGrantPermission(rpc.AuthRoleGrantPermissionRequest(name=role, perm=permission)),
-            ),
-        ]
-        for user in users:
-            add = rpc.AuthUserAddRequest(name=user, options=no_password)
-            grant = rpc.AuthUserGrantRoleRequest(user=user, role=role)
-            steps += [(f"add user {user}", lambda add=add: stub.UserAdd(add))]  # type: ignore[misc]
-            steps += [(f"grant {user}", lambda grant=grant: stub.UserGrantRole(grant))]  # type: ignore[misc]
+
+        def add_user(name: str) -> tuple[str, Callable[[], Awaitable[Any]]]:
+            options = rpc.UserAddOptions(no_password=True)
+            return f"add user {name}", partial(stub.UserAdd, rpc.AuthUserAddRequest(name=name, options=options))
+
+        def give(user: str, role: str) -> tuple[str, Callable[[], Awaitable[Any]]]:
+            request = rpc.AuthUserGrantRoleRequest(user=user, role=role)
+            return f"grant {user} {role}", partial(stub.UserGrantRole, request)
+
+        steps = [add_user("root"), give("root", "root")]
+        for role in roles:
+            steps.append((f"add role {role.name}", partial(stub.RoleAdd, rpc.AuthRoleAddRequest(name=role.name))))
+            for grant in role.grants:
+                key, kind = grant.key.encode(), rpc.Permission.READWRITE if grant.write else rpc.Permission.READ
+                permission = rpc.Permission(permType=kind, key=key, range_end=_prefix_end(key) if grant.prefix else b"")
+                request = rpc.AuthRoleGrantPermissionRequest(name=role.name, perm=permission)
+                steps.append((f"grant {role.name} {grant.key}", partial(stub.RoleGrantPermission, request)))
+            steps += [step for user in role.users for step in (add_user(user), give(user, role.name))]
         steps.append(("enable auth", lambda: stub.AuthEnable(rpc.AuthEnableRequest())))
         for what, step in steps:
-            await self._call(what, step())
-        _log.info("etcd auth enabled", endpoint=self.endpoint, role=role, prefix=prefix, users=users)
+            try:
+                await self._call(what, step())
+            except errors.FailedPreconditionError as error:
+                if "already exists" not in error.message:
+                    raise
+        _log.info("etcd auth enabled", endpoint=self.endpoint, roles=[role.name for role in roles])
 
     # -- key/value ---------------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lodestar.errors import FailedPreconditionError, LodestarError, UnavailableError
 from lodestar.etcd import EtcdClient, EtcdTls
+from lodestar.etcd_roles import EtcdRole, local_roles
 from lodestar.grpc.security import current
 from lodestar.tls import LocalPki, common_name
 
@@ -152,12 +153,14 @@ async def wait_serving(address: str, timeout: float, process: asyncio.subprocess
 class LocalEtcdTls:
     """TLS and authentication of a local etcd: it serves the PKI's `etcd` certificate, requires client
     certificates signed by its CA (--client-cert-auth), and has auth enabled with the roles of `users`
-    (service names: their certificates' CNs become password-less etcd users allowed the keys under
-    `prefix`). The PKI's `client` identity makes the setup and health checks."""
+    (service names: their certificates' CNs become password-less etcd users, each allowed its own kind of
+    keys under `prefix`, `lodestar.etcd_roles`). The PKI's `client` identity makes the setup and health checks."""
 
     pki: LocalPki
     users: tuple[str, ...]
     prefix: str = "/lodestar/"
+    roles: tuple[EtcdRole, ...] = ()
+    """The etcd roles to set up instead of the local stack's (a deployment's, `etcd_roles.deployment_roles`)."""
 
     def client(self, service: str = "client") -> EtcdTls:
         identity = self.pki.identities[service]
@@ -236,7 +239,7 @@ class LocalCluster:
         users = [common_name(service) for service in tls.users]
         try:
             async with EtcdClient(self.etcd_url, timeout=timeout, tls=tls.client()) as etcd:
-                await etcd.enable_auth(role="lodestar", prefix=tls.prefix, users=users)
+                await etcd.apply_auth(list(tls.roles) or local_roles(tls.prefix, users))
         except LodestarError as error:
             raise UnavailableError(f"enabling etcd auth failed: {error.message} (see {self.etcd_log})") from error
 

@@ -52,10 +52,15 @@ class ServiceSettings(BaseModel):
     """PEM CA that signs the deployment's certificates: mutual TLS (clients must present a certificate it
     signed) and the trust root for channels to other services."""
     auth_token: str | None = None
-    """Shared bearer token: required by this server on every lodestar RPC but generation, model info and
-    node counters (docs/security.md), sent by this process's clients."""
+    """This process's bearer token, sent by its clients. Without --auth-tokens-file it is also the one token
+    this server accepts, with every role: required on every lodestar RPC but generation, model info and node
+    counters (a laptop; docs/security.md, "Credentials per role")."""
     auth_token_file: Path | None = None
     """File holding the auth token (a mounted secret; used when --auth-token is not given)."""
+    auth_tokens_file: Path | None = None
+    """Token table of the deployment: `role[:identity] token` lines (roles operator, trainer, node:<node_id>,
+    inference; a token may be written `sha256:<hex>`). With it this server accepts only these tokens, each
+    for its role's RPCs (`lodestar auth tokens` writes one; docs/security.md, "Credentials per role")."""
     allow_insecure: bool = False
     """Serve on an address beyond loopback (--host) with neither a token nor mutual TLS. Without it such a
     server refuses to start: anyone who reaches the port could create runs (arbitrary commands on every

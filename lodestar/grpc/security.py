@@ -1,17 +1,19 @@
-"""Transport security of every lodestar gRPC server and client: TLS (mutual when a CA is given) and a
-shared bearer token for the control plane.
+"""Transport security of every lodestar gRPC server and client: TLS (mutual when a CA is given) and the
+bearer tokens of the control plane.
 
 `Security` is built once in `main()` from a service's settings (`--tls-cert/--tls-key/--tls-ca`,
-`--auth-token` or `--auth-token-file`) and installed with `configure()`; `GrpcServer` and `connect()`
-use the configured one unless they are handed another. (A deliberate deviation from "no process-wide
-state": every channel of a process talks to the same deployment with the same identity, and threading
-one object through every client constructor of four services would touch dozens of call sites.)
+`--auth-token` or `--auth-token-file`, `--auth-tokens-file`) and installed with `configure()`;
+`GrpcServer` and `connect()` use the configured one unless they are handed another. (A deliberate
+deviation from "no process-wide state": every channel of a process talks to the same deployment with
+the same identity, and threading one object through every client constructor of four services would
+touch dozens of call sites.)
 
 - Server: with a certificate it binds a TLS port; with a CA it also requires and verifies client
-  certificates (mutual TLS). With a token, every lodestar RPC needs the metadata
-  `authorization: Bearer <token>` except the few in `OPEN_METHODS` (generation, model info, node
-  counters); health and reflection (not lodestar services) stay open. Deny by default: a new RPC is
-  protected unless it is listed as open.
+  certificates (mutual TLS). With a token table (`--auth-tokens-file`, `lodestar.grpc.roles`) every
+  lodestar RPC needs the metadata `authorization: Bearer <token>` of a role allowed to call it, except the
+  few in `roles.OPEN_METHODS` (generation, model info, node counters); health and reflection (not lodestar
+  services) stay open. With only a single token, that token has every role (a laptop). The checks are
+  `lodestar.grpc.auth`'s interceptor.
 - Exposure (`check_exposure`): a server bound beyond loopback with neither a token nor mutual TLS refuses
   to start unless its settings say `allow_insecure` (docs/security.md, "Secure defaults").
 - Client: with a CA or a certificate it opens a TLS channel (trusting the CA, presenting its own
@@ -20,9 +22,7 @@ one object through every client constructor of four services would touch dozens 
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,36 +31,18 @@ import grpc
 import grpc.aio
 
 from lodestar.errors import FailedPreconditionError, InvalidArgumentError
+from lodestar.grpc.auth import AUTH_METADATA_KEY, RoleInterceptor
+from lodestar.grpc.roles import TokenTable, needs_token
 
-AUTH_METADATA_KEY = "authorization"
-
-PROTECTED_PREFIX = "/lodestar."
-"""Every method of a lodestar service needs the token (when one is configured), unless it is open."""
-OPEN_METHODS = frozenset(
-    {
-        # Generation and what a client needs to format it: the data plane the gateway proxies. It reads no
-        # session, run, group, weights or checkpoint (the policy version is public), and a NetworkPolicy
-        # keeps it to the gateway and the trainer in a deployment.
-        "/lodestar.v1.InferenceService/Generate",
-        "/lodestar.v1.InferenceService/GenerateMany",
-        "/lodestar.v1.InferenceService/CountTokens",
-        "/lodestar.v1.InferenceService/GetModelInfo",
-        # Aggregate counters of a node (no session ids or keys): a status page.
-        "/lodestar.v1.GatewayService/GetNodeStatus",
-    }
-)
-"""The lodestar methods that stay open with a token configured. Everything else that reads or creates
-sessions (OpenSession, GetSession, CloseSession), runs (CreateRun, GetRun, CancelRun), sessions'
-assignments and results (AcquireSessions, CompleteSession), groups (StreamGroups), the policy version the
-rollout schedules against (ReportPolicyVersion), weights (UpdateWeights) or checkpoints (every
-TrainerService method) needs the token."""
-
-
-def needs_token(method: str) -> bool:
-    """Whether `method` ("/pkg.Service/Method") needs the token: every lodestar method but `OPEN_METHODS`;
-    health and reflection (grpc.*) never do."""
-    return method.startswith(PROTECTED_PREFIX) and method not in OPEN_METHODS
-
+__all__ = [
+    "AUTH_METADATA_KEY",
+    "Security",
+    "check_exposure",
+    "configure",
+    "current",
+    "is_loopback",
+    "needs_token",
+]
 
 _LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "ip6-loopback"})
 
@@ -80,7 +62,7 @@ def is_loopback(host: str) -> bool:
 def check_exposure(host: str, security: Security, *, allow_insecure: bool, what: str) -> bool:
     """Refuse (FailedPreconditionError) to serve `what` on `host` beyond loopback with neither a token nor
     mutual TLS, unless `allow_insecure`; returns True when the server is exposed without either (allowed)."""
-    if is_loopback(host) or security.token or security.mutual_tls:
+    if is_loopback(host) or security.authenticates or security.mutual_tls:
         return False
     if allow_insecure:
         return True
@@ -106,6 +88,9 @@ class Security:
     tls_key: Path | None = None
     tls_ca: Path | None = None
     token: str | None = None
+    """What this process sends; without `table` also the one token its servers accept, with every role."""
+    table: TokenTable | None = None
+    """The tokens this process's servers accept, each for its role's methods (`roles.METHOD_ROLES`)."""
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -115,11 +100,18 @@ class Security:
 
     @classmethod
     def from_settings(cls, settings: Any) -> Security:
-        """From a `ServiceSettings` (tls_cert, tls_key, tls_ca, auth_token, auth_token_file)."""
+        """From a `ServiceSettings` (tls_cert, tls_key, tls_ca, auth_token, auth_token_file,
+        auth_tokens_file)."""
         token: str | None = settings.auth_token
         if token is None and settings.auth_token_file is not None:
             token = _read(settings.auth_token_file, "auth token file").decode().strip()
-        return cls(settings.tls_cert, settings.tls_key, settings.tls_ca, token)
+        table = TokenTable.read(settings.auth_tokens_file) if settings.auth_tokens_file is not None else None
+        return cls(settings.tls_cert, settings.tls_key, settings.tls_ca, token, table)
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether this process's servers check tokens (a table, or the single all-roles token)."""
+        return self.table is not None or bool(self.token)
 
     @property
     def mutual_tls(self) -> bool:
@@ -165,7 +157,10 @@ class Security:
         ]
 
     def server_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
-        return [TokenInterceptor(self.token)] if self.token else []
+        """Token checks of this process's servers: the table's roles, else the one token with every role."""
+        if self.table is not None:
+            return [RoleInterceptor(self.table)]
+        return [RoleInterceptor(TokenTable.all_roles(self.token))] if self.token else []
 
     def aio_channel(
         self, target: str, *, options: list[tuple[str, Any]] | None = None, **kwargs: Any
@@ -202,55 +197,6 @@ def configure(security: Security) -> None:
 def current() -> Security:
     """This process's security settings (plaintext and open until `configure()` is called)."""
     return _current
-
-
-class TokenInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses calls of methods that `needs_token` without `authorization: Bearer <token>` with UNAUTHENTICATED.
-
-    The check runs before the handler: a refused call never reaches the servicer, so it changes nothing.
-    """
-
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
-
-    def _authorized(self, metadata: Any) -> bool:
-        for key, value in metadata or ():
-            if key == AUTH_METADATA_KEY:
-                given = value if isinstance(value, bytes) else str(value).encode()
-                return hmac.compare_digest(given, self._expected)
-        return False
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or not needs_token(method) or self._authorized(handler_call_details.invocation_metadata):
-            return handler
-        return _refusing(handler, method)
-
-
-def _refusing(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
-    """A handler of the same kind as `handler` that aborts with UNAUTHENTICATED."""
-    message = f"{method} needs the control-plane bearer token (metadata 'authorization: Bearer ...')"
-
-    async def refuse(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    async def refuse_stream(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-        yield  # pragma: no cover - makes this an async generator
-
-    codec = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(refuse_stream, **codec)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(refuse, **codec)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(refuse_stream, **codec)
-    return grpc.unary_unary_rpc_method_handler(refuse, **codec)
 
 
 class _Token:

@@ -157,7 +157,8 @@ class GrpcServer:
             services=self._services,
             tls=credentials is not None,
             mutual_tls=self._security.tls_ca is not None,
-            control_plane_token=bool(self._security.token),
+            control_plane_token=self._security.authenticates,
+            token_roles=self._security.table is not None,
         )
         return self.port
 

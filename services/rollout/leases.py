@@ -1,9 +1,10 @@
 """Session ownership in etcd: one key per running attempt, bound to the lease of the node that runs it.
 
-`<prefix>rollout/owners/<session_id>/<attempt>` -> `{"node_id": ..., "attempt": N}`, written when the
-attempt is handed out with the node's own lease id (so the key dies with the node) and deleted by
+`<prefix>rollout/owners/<node_id>/<session_id>/<attempt>` -> `{"node_id": ..., "attempt": N}`, written when
+the attempt is handed out with the node's own lease id (so the key dies with the node) and deleted by
 rollout when the attempt ends. One key per attempt makes deletes unambiguous: a late delete of attempt
-1 can never remove attempt 2's key.
+1 can never remove attempt 2's key. The node id leads the key so that etcd's roles can give each node its
+own keys (`lodestar.etcd_roles`): etcd lets a node revoke its lease only if it may write every key on it.
 
 `OwnershipWatch.run()` keeps a watch on the prefix: on every (re)connection it first calls `reconcile`
 (which lists the keys, requeues running attempts without one, and returns the revision it read at), then
@@ -42,13 +43,21 @@ class Ownership:
     def __init__(self, etcd: EtcdClient, prefix: str) -> None:
         self.etcd = etcd
         self.prefix = owners_prefix(prefix)
+        self._nodes: Owners = {}
+        """The node of each key written or read here (a release names only the session and attempt)."""
 
-    def key(self, session_id: str, attempt: int) -> str:
-        return f"{self.prefix}{session_id}/{attempt}"
+    def key(self, node_id: str, session_id: str, attempt: int) -> str:
+        return f"{self.prefix}{node_id}/{session_id}/{attempt}"
+
+    def _parse(self, key: str) -> tuple[str, str, int] | None:
+        node_id, _, rest = key.removeprefix(self.prefix).partition("/")
+        session_id, _, attempt = rest.rpartition("/")
+        return (node_id, session_id, int(attempt)) if node_id and session_id and attempt.isdigit() else None
 
     def parse(self, key: str) -> tuple[str, int] | None:
-        session_id, _, attempt = key.removeprefix(self.prefix).rpartition("/")
-        return (session_id, int(attempt)) if session_id and attempt.isdigit() else None
+        """(session id, attempt) of an ownership key, None for another key."""
+        parsed = self._parse(key)
+        return None if parsed is None else parsed[1:]
 
     async def claim(self, owners: list[tuple[str, str, int]], lease_id: int) -> None:
         """Write the keys of (session id, node id, attempt) bound to the node's lease.
@@ -57,7 +66,8 @@ class Ownership:
         again); UnavailableError when etcd does not answer.
         """
         items: list[tuple[str, bytes | str]] = [
-            (self.key(sid, attempt), json.dumps({"node_id": node, "attempt": attempt})) for sid, node, attempt in owners
+            (self.key(node, sid, attempt), json.dumps({"node_id": node, "attempt": attempt}))
+            for sid, node, attempt in owners
         ]
         try:
             for start in range(0, len(items), MAX_OPS_PER_TXN):
@@ -66,10 +76,15 @@ class Ownership:
             raise errors.FailedPreconditionError(
                 f"lease {lease_id:x} is unknown to etcd (expired?): register the node again"
             ) from error
+        self._nodes.update({(sid, attempt): node for sid, node, attempt in owners})
 
     async def release(self, attempts: list[tuple[str, int]]) -> None:
         """Delete the keys of ended attempts (session id, attempt)."""
-        keys = [self.key(sid, attempt) for sid, attempt in attempts]
+        if any(attempt not in self._nodes for attempt in attempts):  # written by an earlier leader
+            await self.snapshot()
+        keys = [self.key(self._nodes[item], *item) for item in attempts if item in self._nodes]
+        for item in attempts:
+            self._nodes.pop(item, None)
         for start in range(0, len(keys), MAX_OPS_PER_TXN):
             await self.etcd.delete_many(keys[start : start + MAX_OPS_PER_TXN])
 
@@ -78,14 +93,11 @@ class Ownership:
         snapshot = await self.etcd.get_prefix(self.prefix)
         owners: Owners = {}
         for item in snapshot.items:
-            parsed = self.parse(item.key)
-            if parsed is None:
-                continue
-            try:
-                node_id = str(json.loads(item.value)["node_id"])
-            except (ValueError, KeyError, TypeError):
-                node_id = ""
-            owners[parsed] = node_id
+            parsed = self._parse(item.key)
+            if parsed is not None:
+                node_id, session_id, attempt = parsed
+                owners[(session_id, attempt)] = node_id
+        self._nodes = dict(owners)
         return owners, snapshot.revision
 
 

@@ -3,7 +3,7 @@
 While this instance is not the leader every RPC answers UNAVAILABLE with the leader's address in the
 message and in the trailing metadata `lodestar-leader` (plus `grpc-retry-pushback-ms: -1`, so gRPC's
 own retry policy does not retry the follower); `lodestar.grpc.client.call_following_leader` retries
-there.
+there. A node's token acts only for its own node id (`lodestar.grpc.auth.check_node`: PERMISSION_DENIED).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from lodestar.grpc.auth import check_node
 from lodestar.grpc.client import LEADER_METADATA_KEY
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
 from services.rollout.scheduler import Progress
@@ -68,6 +69,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def AcquireSessions(
         self, request: rollout_pb2.AcquireSessionsRequest, context: Context
     ) -> rollout_pb2.AcquireSessionsResponse:
+        check_node(request.node_id)  # a node token acts only for its own node
         core = await self._leading(context)
         in_flight = [Progress(item.session_id, item.attempt, item.stage) for item in request.in_flight]
         sessions, cancelled = await core.acquire(request.node_id, request.lease_id, request.free_slots, in_flight)
@@ -79,6 +81,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def CompleteSession(
         self, request: rollout_pb2.CompleteSessionRequest, context: Context
     ) -> rollout_pb2.CompleteSessionResponse:
+        check_node(request.result.node_id)  # and the scheduler takes only the holder's result
         core = await self._leading(context)
         return rollout_pb2.CompleteSessionResponse(counted=await core.complete(request.result))
 

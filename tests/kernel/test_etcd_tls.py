@@ -3,7 +3,7 @@
 etcd user per service named by its certificate's CN):
 
 - a client with a user's certificate can put, get, lease (kept alive past its TTL) and watch, and only
-  under the role's prefix;
+  its role's keys (per key kind: test_etcd_roles.py);
 - a client without a certificate, with one from another CA, with a certificate of the right CA whose CN is
   no etcd user, trusting another CA, or speaking plaintext http:// is refused with a lodestar error well
   within its timeout (never a hang);
@@ -30,6 +30,8 @@ from services.rollout.server import RolloutServer
 from services.rollout.settings import RolloutSettings
 
 PREFIX = "/lodestar/"
+KEYS = PREFIX + "rollout/"
+"""Where the rollout user may write (its etcd role: lodestar.etcd_roles)."""
 TIMEOUT_S = 3.0
 
 
@@ -47,7 +49,7 @@ def other_pki(tmp_path_factory: pytest.TempPathFactory) -> LocalPki:
 @pytest.fixture
 async def secure_etcd(tmp_path: Path, pki: LocalPki) -> AsyncIterator[str]:
     """A real etcd on https:// with --client-cert-auth and auth on; the user `lodestar-rollout` may use
-    the keys under /lodestar/. Yields its endpoint."""
+    the keys under /lodestar/rollout/ (and /lodestar/nodes/). Yields its endpoint."""
     cluster = LocalCluster(tmp_path / "etcd", etcd_binary=find_etcd())
     try:
         await cluster.start_etcd(timeout=20, tls=LocalEtcdTls(pki, ("rollout",), prefix=PREFIX))
@@ -67,32 +69,33 @@ def identity(pki: LocalPki, service: str, ca: LocalPki | None = None) -> EtcdTls
 async def test_a_user_certificate_can_put_get_lease_and_watch(secure_etcd: str, pki: LocalPki) -> None:
     async with EtcdClient(secure_etcd, timeout=TIMEOUT_S, tls=identity(pki, "rollout")) as etcd:
         assert await etcd.ping()
-        async with await etcd.watch_prefix(PREFIX + "watched/") as watch:
-            revision = await etcd.put(PREFIX + "watched/a", "one")
+        async with await etcd.watch_prefix(KEYS + "watched/") as watch:
+            revision = await etcd.put(KEYS + "watched/a", "one")
             event = await asyncio.wait_for(anext(watch), TIMEOUT_S)
-        assert (event.kind, event.key, event.value) == (EventKind.PUT, PREFIX + "watched/a", b"one")
+        assert (event.kind, event.key, event.value) == (EventKind.PUT, KEYS + "watched/a", b"one")
         assert event.revision == revision
-        got = await etcd.get(PREFIX + "watched/a")
+        got = await etcd.get(KEYS + "watched/a")
         assert got is not None
         assert got.text == "one"
 
         lease = await etcd.grant_lease(2)
-        await etcd.put(PREFIX + "leased", "x", lease=lease)
+        await etcd.put(KEYS + "leased", "x", lease=lease)
         await asyncio.sleep(lease.ttl + 1.5)  # kept alive over TLS past its TTL
         assert not lease.is_lost
-        assert (await etcd.get(PREFIX + "leased")).lease_id == lease.id  # type: ignore[union-attr]
-        assert (await etcd.create_if_absent(PREFIX + "leased", "y")).succeeded is False
+        assert (await etcd.get(KEYS + "leased")).lease_id == lease.id  # type: ignore[union-attr]
+        assert (await etcd.create_if_absent(KEYS + "leased", "y")).succeeded is False
         await lease.revoke()  # its keys go at once
-        assert await etcd.get(PREFIX + "leased") is None
+        assert await etcd.get(KEYS + "leased") is None
 
-        # Authentication is on: the role covers /lodestar/ only.
-        with pytest.raises(errors.UnauthenticatedError, match="permission denied"):
-            await etcd.put("/elsewhere", "x")
+        # Authentication is on: the role covers rollout's own keys (and node keys) only.
+        for elsewhere in ("/elsewhere", PREFIX + "inference/forged"):
+            with pytest.raises(errors.UnauthenticatedError, match="permission denied"):
+                await etcd.put(elsewhere, "x")
 
     # A cluster's comma-separated https:// endpoints: etcd's certificate is checked against the first name.
     both = f"{secure_etcd},{secure_etcd.replace('127.0.0.1', 'localhost')}"
     async with EtcdClient(both, timeout=TIMEOUT_S, tls=identity(pki, "rollout")) as etcd:
-        assert await etcd.put(PREFIX + "cluster", "ok") > 0
+        assert await etcd.put(KEYS + "cluster", "ok") > 0
 
 
 @pytest.mark.parametrize(
@@ -122,12 +125,12 @@ async def test_other_clients_are_refused_within_the_timeout(
     started = time.monotonic()
     async with EtcdClient(endpoint, timeout=TIMEOUT_S, tls=tls) as etcd:
         with pytest.raises(refusal, match=message):
-            await etcd.put(PREFIX + "refused", "x")
+            await etcd.put(KEYS + "refused", "x")
         with pytest.raises(refusal):
-            await etcd.get(PREFIX + "refused")
+            await etcd.get(KEYS + "refused")
     assert time.monotonic() - started < TIMEOUT_S  # refused, not timed out
     async with EtcdClient(secure_etcd, timeout=TIMEOUT_S, tls=identity(pki, "rollout")) as etcd:
-        assert await etcd.get(PREFIX + "refused") is None  # nothing was written
+        assert await etcd.get(KEYS + "refused") is None  # nothing was written
 
 
 def test_settings_refuse_plaintext_etcd_beyond_loopback(pki: LocalPki) -> None:
