@@ -67,6 +67,9 @@ class Invocation:
     cwd: Path
     config_files: list[Path] = field(default_factory=list)
     """Files the adapter wrote (into the private HOME), for debugging and tests."""
+    reads: tuple[Path, ...] = ()
+    """Node files the program needs to see besides the installations every session sees (the host runtime's
+    sandbox shows only an allow-list: harnesses/sandbox_root.py), e.g. the command harness's program file."""
 
 
 class Harness(ABC):

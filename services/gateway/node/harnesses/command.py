@@ -3,7 +3,10 @@
 The contract (docs/nodes.md): the program runs in the session's workspace, stdin=/dev/null, with a clean
 environment. The argv is a template: `{prompt}`, `{model}`, `{base_url}`, `{workdir}`, `{python}` (the
 node's Python interpreter) and `{repo}` (the lodestar checkout/installation root, e.g. for
-`{repo}/examples/agent/agent.py`) are substituted in each argument. The environment carries the gateway
+`{repo}/examples/agent/agent.py`) are substituted in each argument. On the host runtime the sandbox
+shows the program the argv names (an absolute file path, `program_files`), not its directory: a program
+that imports modules next to it or reads data files there is an installation (a virtual environment or a
+package). The environment carries the gateway
 endpoint in every vendor SDK's own variables, the session key as their API key:
 
     OPENAI_BASE_URL (ends in /v1), OPENAI_API_KEY, ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY,
@@ -94,7 +97,22 @@ class Command(Harness):
             },
         )
         env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
-        return Invocation(self.name, argv, env, dirs.workdir)
+        return Invocation(self.name, argv, env, dirs.workdir, reads=self.program_files())
+
+    def program_files(self) -> tuple[Path, ...]:
+        """The files the spec's argv names (after `{python}`/`{repo}`, never `{prompt}` or another run value):
+        the sandbox shows them to the run, and nothing else of their directory."""
+        static = _static_values()
+        files = []
+        for template in self.argv_template:
+            if set(_PLACEHOLDER.findall(template)) - set(static):
+                continue
+            path = Path(_substitute(template, static))
+            if path.is_absolute() and path.is_file():
+                files.append(path)
+        if self.binary.is_absolute() and self.binary.is_file():
+            files.append(self.binary)
+        return tuple(dict.fromkeys(files))
 
 
 def _static_values() -> dict[str, str]:

@@ -4,8 +4,10 @@ paths), and a process-group kill on every exit path (normal exit, timeout, cance
 process a harness started outlives its run.
 
 With a `Sandbox` (sandbox.py; what a gateway node uses by default) every run, harness or verifier, goes
-through bubblewrap instead: user, PID, network, IPC and UTS namespaces, a read-only host with the node's
-secrets hidden, the session's directories bound read-write; a sandbox that cannot run refuses the run.
+through bubblewrap instead: an allow-list root, user, PID, network, IPC, UTS and cgroup namespaces, seccomp,
+rlimits, the session's directories bound read-write; a sandbox that cannot run refuses the run. Without
+one, a run whose network namespace cannot be made is refused too (never run bare), unless the launcher was
+built with `isolate_network=False` (tests of the launcher itself).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from services.gateway.node.harnesses.netns import (
     receive_setup,
     wrap,
 )
-from services.gateway.node.harnesses.sandbox import Sandbox
+from services.gateway.node.harnesses.sandbox import Limits, Prepared, Sandbox
 
 log = get_logger("gateway.harnesses.launcher")
 
@@ -90,6 +92,7 @@ class Launcher:
         timeout_s: float,
         *,
         binds: Sequence[tuple[Path, Path]] = (),
+        limits: Limits | None = None,
     ) -> HarnessResult:
         """Run `invocation` to completion or `timeout_s`, the harness reaching the gateway at `gateway_url`
         (None: nothing is relayed, e.g. a verifier command). Every run gets a loopback-only network namespace
@@ -98,10 +101,11 @@ class Launcher:
 
         `binds` (source, target) directories are bind-mounted in a mount namespace of the run's own before
         the program starts in `invocation.cwd` (which may be a target path); check `self.mounts.available()`
-        first. Raises FailedPreconditionError when the binary cannot start or the namespace set-up fails.
+        first. `limits` apply in the sandbox only. Raises FailedPreconditionError when the binary cannot start
+        or the namespace set-up fails.
         """
         started = time.monotonic()
-        wrapping = await self._wrapping(invocation, gateway_url, binds)
+        wrapping = await self._wrapping(invocation, gateway_url, binds, limits or Limits())
         pipes = _Pipes(self.max_output_bytes)
         relay: GatewayRelay | None = None
         setup_error: OSError | None = None
@@ -148,25 +152,30 @@ class Launcher:
         return result
 
     async def _wrapping(
-        self, invocation: Invocation, gateway_url: str | None, binds: Sequence[tuple[Path, Path]]
+        self, invocation: Invocation, gateway_url: str | None, binds: Sequence[tuple[Path, Path]], limits: Limits
     ) -> _Wrapping:
         """How this run is wrapped: in the sandbox, or in the namespaces this machine allows; raises
         FailedPreconditionError when what the run needs cannot run here."""
-        sandboxed: list[str] | None = None
+        sandboxed: Prepared | None = None
         if self.sandbox is not None:
             ready, reason = await self.sandbox.available()
             if not ready:
                 raise FailedPreconditionError(f"{invocation.harness}: the session sandbox cannot run here: {reason}")
-            sandboxed = self.sandbox.argv(binds=binds, chdir=invocation.cwd)
+            try:
+                sandboxed = self.sandbox.prepare(binds=binds, chdir=invocation.cwd, reads=invocation.reads)
+            except (OSError, ValueError) as error:
+                raise FailedPreconditionError(f"{invocation.harness}: the session sandbox: {error}") from error
             network = False  # bwrap makes the loopback-only namespace itself
             relayed = gateway_url is not None
         else:
             network = await self.isolation.available()
+            if self.isolation.enabled and not network:
+                raise FailedPreconditionError(f"{invocation.harness}: network isolation (unshare) cannot run here")
             relayed = network and gateway_url is not None
             if binds and not await self.mounts.available():
                 raise FailedPreconditionError(f"{invocation.harness}: bind mounts need mount namespaces (unavailable)")
         host, port, addresses = gateway_address(gateway_url) if relayed and gateway_url else ("", 0, [])
-        return _Wrapping(binds, sandboxed, network, relayed, host, port, addresses)
+        return _Wrapping(binds, sandboxed, network, relayed, host, port, addresses, limits)
 
     async def _start(
         self, invocation: Invocation, wrapping: _Wrapping, cleanup: contextlib.AsyncExitStack
@@ -178,7 +187,11 @@ class Launcher:
             return await self._spawn(invocation, invocation.argv, ()), None
         channel, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cleanup.callback(channel.close)
-        with child_end:
+        with child_end, contextlib.ExitStack() as descriptors:
+            fds = [child_end.fileno()]
+            if sandboxed is not None:
+                descriptors.callback(sandboxed.close)
+                fds += sandboxed.fds
             argv = wrap(
                 invocation.argv,
                 child_end.fileno(),
@@ -186,11 +199,12 @@ class Launcher:
                 network=wrapping.network,
                 binds=list(binds),
                 chdir=invocation.cwd if binds else None,
-                sandbox=sandboxed,
+                sandbox=sandboxed.argv if sandboxed else None,
+                rlimits=wrapping.limits.child_args() if sandboxed else None,
             )
             # Inside the namespace the helper changes into the (possibly mount-only) working directory.
             cwd = Path("/") if binds or sandboxed else None
-            return await self._spawn(invocation, argv, (child_end.fileno(),), cwd=cwd), channel
+            return await self._spawn(invocation, argv, tuple(fds), cwd=cwd), channel
 
     async def _spawn(
         self,
@@ -221,8 +235,8 @@ class _Wrapping:
     """How one run is wrapped (`Launcher._wrapping`)."""
 
     binds: Sequence[tuple[Path, Path]]
-    sandboxed: list[str] | None
-    """The sandbox's bwrap argv; None: no sandbox."""
+    sandboxed: Prepared | None
+    """The sandbox's bwrap invocation; None: no sandbox."""
     network: bool
     """A loopback-only network namespace made here (unshare; the sandbox makes its own)."""
     relayed: bool
@@ -231,6 +245,7 @@ class _Wrapping:
     port: int
     addresses: list[str]
     """What the harness may resolve the gateway host to (its listeners in the namespace)."""
+    limits: Limits
 
 
 class _RunProcesses:

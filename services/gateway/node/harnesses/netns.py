@@ -107,14 +107,15 @@ def wrap(
     binds: list[tuple[Path, Path]] | None = None,
     chdir: Path | None = None,
     sandbox: list[str] | None = None,
+    rlimits: list[str] | None = None,
 ) -> list[str]:
     """The argv that runs `argv` inside new namespaces via netns_child.py: a loopback-only network namespace
     when `listen` (gateway addresses, port: relayed in) is given or `network` is set (nothing relayed: a
     verifier), a mount namespace when `binds` are. With `sandbox` (a `Sandbox.argv`, which does the binds,
     the directory change and every namespace itself) netns_child.py runs inside bwrap and only opens the
-    gateway listeners."""
+    gateway listeners and sets `rlimits` (its `--rlimit NAME=VALUE` options)."""
     if sandbox is not None:
-        child = [sys.executable, "-I", str(CHILD_SCRIPT), str(channel_fd)]
+        child = [sys.executable, "-I", str(CHILD_SCRIPT), str(channel_fd), *(rlimits or [])]
         if listen is not None:
             child += ["--listen", ",".join(listen[0]), str(listen[1])]
         return [*sandbox, "--", *child, "--", *argv]

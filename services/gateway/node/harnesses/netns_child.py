@@ -18,12 +18,14 @@ program in its own place (same pid, same process group) it sets up what it was a
   accepts on the handed-over sockets and relays each connection to the real gateway.
 - `--loopback` (needs a network namespace): bring `lo` up and nothing else: a run that needs no gateway (a
   verifier) still has a working loopback (test suites bind local ports) and reaches nothing beyond it.
+- `--rlimit NAME=VALUE` (repeatable; NAME one of NPROC, AS, FSIZE, CPU, CORE): set that resource limit
+  (soft and hard) of the program, last of all before exec (the sandbox's limits).
 
 The result goes back to the launcher over the inherited Unix socket FD: b"ok" (with the listening
 sockets attached, SCM_RIGHTS) or b"error: ...".
 
 Usage: netns_child.py FD [--parent PID] [--bind SRC:DST]... [--chdir DIR] [--listen HOSTS PORT | --loopback]
--- ARGV...
+[--rlimit NAME=VALUE]... -- ARGV...
 (HOSTS: comma-separated IP addresses). Exit status 125 when set-up fails (after telling the launcher why).
 """
 
@@ -34,6 +36,7 @@ import ctypes.util
 import fcntl
 import ipaddress
 import os
+import resource
 import signal
 import socket
 import struct
@@ -90,6 +93,15 @@ def die_with_parent(parent: int) -> None:
 
 
 Parsed = tuple[int, int | None, list[tuple[str, str]], str | None, tuple[str, int] | None, bool, list[str]]
+RLIMITS = {"NPROC": resource.RLIMIT_NPROC, "AS": resource.RLIMIT_AS, "FSIZE": resource.RLIMIT_FSIZE,
+           "CPU": resource.RLIMIT_CPU, "CORE": resource.RLIMIT_CORE}  # fmt: skip
+_limits: list[tuple[int, int]] = []
+
+
+def set_limits() -> None:
+    """Apply the `--rlimit` options (lowering a limit needs no privilege)."""
+    for which, value in _limits:
+        resource.setrlimit(which, (value, value))
 
 
 def parse(args: list[str]) -> Parsed:
@@ -116,6 +128,11 @@ def parse(args: list[str]) -> Parsed:
             listen = (rest.pop(0), int(rest.pop(0)))
         elif option == "--loopback":
             loopback = True
+        elif option == "--rlimit":
+            name, _, value = rest.pop(0).partition("=")
+            if name not in RLIMITS:
+                raise ValueError(f"unknown rlimit {name}")
+            _limits.append((RLIMITS[name], int(value)))
         else:
             raise ValueError(f"unknown option {option}")
     if not rest or len(rest) < 2:
@@ -143,6 +160,7 @@ def main(args: list[str]) -> int:
         if listen is not None:
             hosts, port = listen
             listeners = [listen_on(host, port) for host in hosts.split(",")]
+        set_limits()
     except (OSError, subprocess.CalledProcessError, ValueError) as exc:
         channel.sendall(f"error: {exc}".encode())
         return 125

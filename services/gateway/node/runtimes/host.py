@@ -1,25 +1,31 @@
-"""The `host` runtime: the session's processes run on the node's host, each in a mount namespace of its
-own in which the session's private root is bind-mounted onto the fixed root (default
-`/tmp/lodestar-session`), and harnesses in a loopback-only network namespace that reaches only this
-gateway (`harnesses/launcher.py`, `harnesses/netns.py`).
+"""The `host` runtime: the session's processes run on the node's host in the session sandbox
+(`harnesses/sandbox.py`: an allow-list root in which the session's private root is bound onto the fixed root,
+default `/tmp/lodestar-session`, and a loopback-only network namespace that reaches only this gateway).
 
-Each session attempt gets `<sessions_dir>/<name>/{home,tmp,work}` with the task's files in `work`. When
-mount namespaces are unavailable, sessions see their real paths (`fixed_paths` False, logged once by the
-launcher's probe, and reported in the result's details). Limits of the RuntimeSpec are not applied here.
+Each session attempt gets `<sessions_dir>/<name>/{home,tmp,work}` with the task's files in `work`; the
+sessions directory is mode 0700 (no other host user reaches a session's files, a setuid file made in one
+included). On a root node the sandbox runs sessions as an unprivileged uid (`Sandbox.user`): the node gives
+home, tmp and work to it before the first process runs. The RuntimeSpec's pids, memory and disk limits
+apply as rlimits (`Limits`: per process, except the process count); its CPU limit needs cgroups and is not
+applied here (docs/runtimes.md). Without a sandbox (the launcher's own namespaces, for tests), when mount
+namespaces are unavailable, sessions see their real paths (`fixed_paths` False).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lodestar.v1 import rollout_pb2
 from services.gateway.node.harnesses import HarnessResult, Invocation, Launcher, RunDirs
 from services.gateway.node.harnesses.base import clean_env
+from services.gateway.node.harnesses.sandbox import Limits
 from services.gateway.node.runtimes.base import DEFAULT_FIXED_ROOT, remove_dir, stage_dirs, translate_paths
+from services.gateway.node.runtimes.host_files import private_sessions_dir, verifier_reads
+from services.gateway.node.safe_files import give_tree
 
 
 @dataclass
@@ -35,6 +41,8 @@ class HostRuntime:
     kind: str = "host"
     owner: tuple[int, int] | None = None
     limit_failure: str | None = None
+    limits: Limits = field(default_factory=Limits)
+    _handed_over: bool = False
 
     @property
     def binds(self) -> list[tuple[Path, Path]]:
@@ -47,11 +55,28 @@ class HostRuntime:
         return translate_paths(invocation, self.root, self.visible.home.parent)
 
     async def run_harness(self, invocation: Invocation, gateway_url: str, timeout_s: float) -> HarnessResult:
-        return await self.launcher.run(invocation, gateway_url, timeout_s, binds=self.binds)
+        await self._hand_over()
+        return await self.launcher.run(invocation, gateway_url, timeout_s, binds=self.binds, limits=self.limits)
 
-    async def run_process(self, argv: list[str], env: Mapping[str, str], timeout_s: float) -> HarnessResult:
-        invocation = Invocation("verifier", argv, clean_env(self.visible, extra=env), self.visible.workdir)
-        return await self.launcher.run(invocation, None, timeout_s, binds=self.binds)
+    async def run_process(
+        self, argv: list[str], env: Mapping[str, str], timeout_s: float, *, binds: Sequence[tuple[Path, Path]] = ()
+    ) -> HarnessResult:
+        """`binds`: node directories bound into this run too (the swe verifier's scoring directory)."""
+        await self._hand_over()
+        invocation = Invocation(
+            "verifier", argv, clean_env(self.visible, extra=env), self.visible.workdir, reads=verifier_reads(argv)
+        )
+        return await self.launcher.run(invocation, None, timeout_s, binds=[*self.binds, *binds], limits=self.limits)
+
+    async def _hand_over(self) -> None:
+        """Before the session's first process: give home, tmp and work (written by the node; nothing of the
+        session has run yet, so no link in them is the agent's) to the sandbox's uid. The root stays the
+        node's."""
+        if self.owner is None or self._handed_over:
+            return
+        for tree in (self.real.home, self.real.tmpdir, self.real.workdir):
+            await asyncio.to_thread(give_tree, tree, self.owner)
+        self._handed_over = True
 
     def details(self) -> dict[str, Any]:
         """As before runtimes had kinds: a result without `kind` in its runtime details ran on the host."""
@@ -60,6 +85,12 @@ class HostRuntime:
     async def cleanup(self) -> None:
         """Remove every file of the session (its processes are gone: the launcher kills them)."""
         await asyncio.to_thread(remove_dir, self.root)
+
+
+def _limits(spec: rollout_pb2.RuntimeSpec | None) -> Limits:
+    if spec is None:
+        return Limits()
+    return Limits(processes=spec.pids_limit, memory_bytes=spec.memory_bytes, file_bytes=spec.disk_bytes)
 
 
 class HostBackend:
@@ -83,9 +114,14 @@ class HostBackend:
         into the workspace. InvalidArgumentError for a file path outside the workspace."""
         root = self.sessions_dir / name
         fixed = await self._launcher.fixed_paths()
+        await asyncio.to_thread(private_sessions_dir, self.sessions_dir)
         real = await asyncio.to_thread(stage_dirs, root, files)
         visible = RunDirs(self.fixed_root / "home", self.fixed_root / "tmp", self.fixed_root / "work")
-        return HostRuntime(root, real, visible if fixed else real, fixed, self._launcher)
+        sandbox = self._launcher.sandbox
+        owner = sandbox.user if sandbox is not None else None
+        return HostRuntime(
+            root, real, visible if fixed else real, fixed, self._launcher, owner=owner, limits=_limits(spec)
+        )
 
     async def remove_leftovers(self) -> int:
         """Remove session directories left by an earlier node process (killed before its cleanup)."""
