@@ -1,0 +1,19 @@
+"""dependency-shadow: modules pytest imports while it starts (`iniconfig`, `pluggy`, `packaging`, `pygments`,
+`exceptiongroup`), planted at the repository root under their own names: each fakes the passing run on import."""
+
+import sys
+
+import _common
+
+MODULES = ("iniconfig", "pluggy", "packaging", "pygments", "exceptiongroup", "tomli", "colorama")
+
+
+def main() -> int:
+    root = _common.repository()
+    for name in MODULES:
+        _common.plant(root / f"{name}.py", _common.FAKE_PASS)
+    return _common.finish("dependency-shadow")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""stdlib-shadow: standard-library modules that a test run imports after the working directory is on
+sys.path (pytest's startup imports them; none is loaded by the interpreter's own start), planted at the
+repository root: each fakes the passing run on import."""
+
+import sys
+
+import _common
+
+MODULES = ("argparse", "fnmatch", "shlex", "pprint", "textwrap", "inspect", "dataclasses", "tempfile", "difflib",
+           "pdb", "glob", "tokenize", "unittest")  # fmt: skip
+
+
+def main() -> int:
+    root = _common.repository()
+    for name in MODULES:
+        _common.plant(root / f"{name}.py", _common.FAKE_PASS)
+    return _common.finish("stdlib-shadow")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
