@@ -11,7 +11,8 @@ A script is a JSON file (`--script PATH`, re-read when it changes):
         {"tool_calls": [{"name": ["shell", "Bash"], "arguments": {"command": "ls"}}]},
         {"reasoning": "the listing shows it", "text": "Done."},
         {"text": "Half an answer", "fail_after_tokens": 2},  # fails mid-stream (see below)
-        {"crash": true}                                      # a bug: raises RuntimeError (gRPC INTERNAL)
+        {"crash": true},                                     # a bug: raises RuntimeError (gRPC INTERNAL)
+        {"echo": true}                                       # the text of the last user message, verbatim
       ],
       "default": {"text": "OK."}   # answers past the end of `replies`
     }
@@ -21,7 +22,9 @@ a tool is used (so one script drives harnesses whose shell tool is `Bash`, `shel
 `run_shell_command`); with no match the first candidate is used. Replies are rendered in the model's own
 tool-call format and tokenized with the real tokenizer, followed by the end-of-turn id, so ids, text and
 parsing are exactly those of a real model; each token's logprob is 0.0 (the script is certain). With no
-script the engine answers "Hello from the scripted engine." and ends the turn. A reply with
+script the engine answers "Hello from the scripted engine." and ends the turn. An `echo` reply stands for a
+policy that says whatever its agent asks it to (`lodestar redteam`'s own stack: an adversarial agent that
+found an answer gets it into the final answer). A reply with
 `fail_after_tokens: N` emits its first N tokens, then raises UnavailableError (the server answers
 UNAVAILABLE in the middle of the stream, as a crashed or evicted backend would; N = 0 fails before the
 first token; a reply of at most N tokens completes normally). Weight updates are
@@ -71,6 +74,14 @@ def render_reply(reply: dict[str, Any], fmt: ToolCallFormat, offered: Sequence[s
         arguments = json.dumps(call.get("arguments") or {}, ensure_ascii=False)
         parts.append(fmt.render(ParsedToolCall(_pick_name(call.get("name"), offered), arguments)))
     return "".join(parts)
+
+
+def last_user_text(messages: Sequence[common_pb2.ChatMessage]) -> str:
+    """The text parts of the last user message, joined ("" when there is none)."""
+    users = [message for message in messages if message.role == common_pb2.ROLE_USER]
+    if not users:
+        return ""
+    return "".join(part.text.text for part in users[-1].content if part.WhichOneof("part") == "text")
 
 
 class ScriptedEngine:
@@ -153,6 +164,8 @@ class ScriptedEngine:
                 f"the prompt has {len(request.prompt_ids)} tokens; the context length is {info.context_length}"
             )
         reply = self._reply_for(request.messages)
+        if reply.get("echo"):
+            reply = {**reply, "text": last_user_text(request.messages)}
         tail = tokenizer.decode(request.prompt_ids[-8:], skip_special_tokens=False)
         text = render_reply(reply, fmt, [tool.name for tool in request.tools], tail)
         ids = [*tokenizer.encode(text), info.eos_token_ids[0]]
