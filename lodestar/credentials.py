@@ -9,7 +9,7 @@ other tokens), so `lodestar auth tokens` and `lodestar up --tls` can run again s
     <directory>/node-<id>.token      gateway node <id>'s, bound to its node id
     <directory>/tokens.sha256        `role[:identity] sha256:<hex>` lines: every server's --auth-tokens-file
 
-Every file is created 0600; the table holds no token, so it may be mounted where a token may not.
+Token files are created 0600; the table (0644) holds no token, so it may be mounted where a token may not.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def token_file_name(name: str) -> str:
     return f"{stem}.token"
 
 
-def _write_private(path: Path, text: str) -> None:
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def _write(path: Path, text: str, mode: int = 0o600) -> None:
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(descriptor, "w") as handle:
         handle.write(text)
 
@@ -46,10 +46,10 @@ def ensure_tokens(directory: Path, names: list[str]) -> Path:
     for name in names:
         path = directory / token_file_name(name)
         if not path.exists():
-            _write_private(path, secrets.token_urlsafe(32) + "\n")
+            _write(path, secrets.token_urlsafe(32) + "\n")
     lines = [token_line(_role_of(path), read_token(path), hashed=True) for path in sorted(directory.glob("*.token"))]
     table = directory / TABLE_NAME
-    _write_private(table, "\n".join(lines) + "\n")
+    _write(table, "\n".join(lines) + "\n", 0o644)  # digests only: readable by any service's user
     return table
 
 

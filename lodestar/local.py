@@ -37,7 +37,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lodestar.errors import FailedPreconditionError, LodestarError, UnavailableError
 from lodestar.etcd import EtcdClient, EtcdTls
-from lodestar.etcd_roles import EtcdRole, local_roles
+from lodestar.etcd_roles import local_roles
 from lodestar.grpc.security import current
 from lodestar.tls import LocalPki, common_name
 
@@ -159,8 +159,8 @@ class LocalEtcdTls:
     pki: LocalPki
     users: tuple[str, ...]
     prefix: str = "/lodestar/"
-    roles: tuple[EtcdRole, ...] = ()
-    """The etcd roles to set up instead of the local stack's (a deployment's, `etcd_roles.deployment_roles`)."""
+    auth: bool = True
+    """Set up the roles and turn auth on once etcd is healthy (False: left to `lodestar etcd setup-auth`)."""
 
     def client(self, service: str = "client") -> EtcdTls:
         identity = self.pki.identities[service]
@@ -229,7 +229,7 @@ class LocalCluster:
                 raise UnavailableError(f"etcd exited with code {self._etcd.returncode} (see {self.etcd_log})")
             if await asyncio.to_thread(self._etcd_healthy):
                 _log.info("etcd healthy", url=self.etcd_url)
-                if tls is not None:
+                if tls is not None and tls.auth:
                     await self._enable_etcd_auth(tls, max(deadline - time.monotonic(), 1.0))
                 return
             await asyncio.sleep(0.2)
@@ -239,7 +239,7 @@ class LocalCluster:
         users = [common_name(service) for service in tls.users]
         try:
             async with EtcdClient(self.etcd_url, timeout=timeout, tls=tls.client()) as etcd:
-                await etcd.apply_auth(list(tls.roles) or local_roles(tls.prefix, users))
+                await etcd.apply_auth(local_roles(tls.prefix, users))
         except LodestarError as error:
             raise UnavailableError(f"enabling etcd auth failed: {error.message} (see {self.etcd_log})") from error
 

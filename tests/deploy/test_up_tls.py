@@ -1,5 +1,5 @@
-"""`lodestar up --tls`: a local CA, per-service certificates and a token are made on first use, every
-service serves mutual TLS with the control-plane token, etcd runs with TLS, client certificates and auth
+"""`lodestar up --tls`: a local CA, per-service certificates and tokens per role are made on first use, every
+service serves mutual TLS and checks the roles' tokens, etcd runs with TLS, client certificates and auth
 (rollout and the gateway reach it with theirs), the self-check passes over TLS, and `lodestar train`
 attaches to such a stack with its client identity, or to any secured stack with its own TLS and token flags."""
 
@@ -44,7 +44,9 @@ def test_up_with_tls_makes_a_ca_and_serves_mutual_tls(tmp_path: Path) -> None:
     for name in SERVICES:
         assert (tls / f"{name}.pem").exists()
         assert stat.S_IMODE((tls / f"{name}-key.pem").stat().st_mode) == 0o600
-    assert stat.S_IMODE((tls / "token").stat().st_mode) == 0o600
+    for token in ("operator", "trainer", "node-local"):  # one token per role; the servers check their digests
+        assert stat.S_IMODE((tls / "tokens" / f"{token}.token").stat().st_mode) == 0o600
+    assert "sha256:" in (tls / "tokens" / "tokens.sha256").read_text()
     for service in ("inference", "rollout", "gateway", "trainer"):
         started = [
             json.loads(line)
@@ -55,6 +57,7 @@ def test_up_with_tls_makes_a_ca_and_serves_mutual_tls(tmp_path: Path) -> None:
         assert started[-1]["tls"] is True
         assert started[-1]["mutual_tls"] is True
         assert started[-1]["control_plane_token"] is True
+        assert started[-1]["token_roles"] is True
     # etcd: TLS, client certificates and auth on; rollout led and the gateway registered through it, each
     # as the etcd user its certificate names.
     etcd_log = (data / "logs" / "etcd.log").read_text()
@@ -100,14 +103,14 @@ async def test_lodestar_train_attaches_to_an_up_tls_stack_with_its_client_identi
         stack = await train_stack._attach(data / "addresses.json")
         assert stack is not None
         assert stack.tls_dir == data / "tls"
-        assert security.current().token == (data / "tls" / "token").read_text().strip()
+        assert security.current().token == up_tls.token_path(data / "tls").read_text().strip()  # the operator's
         spec = make_spec(tasks=1, group_size=1)
         created = await _call(stack.rollout, lambda s: s.CreateRun(rollout_pb2.CreateRunRequest(spec=spec), timeout=30))
         request = rollout_pb2.GetRunRequest(run_id=created.run.run_id)
         assert (await _call(stack.rollout, lambda s: s.GetRun(request, timeout=10))).run.run_id == created.run.run_id
         trainer_args = up_tls.service_args(data / "tls", "trainer")
         assert str(data / "tls" / "trainer.pem") in trainer_args
-        assert "--auth-token-file" in trainer_args
+        assert trainer_args[trainer_args.index("--auth-token-file") + 1].endswith("trainer.token")
 
         # Any other secured stack (an addresses file without `tls`): `lodestar train --tls-* --auth-token-file`.
         security.configure(before)
@@ -116,7 +119,7 @@ async def test_lodestar_train_attaches_to_an_up_tls_stack_with_its_client_identi
         pki = ensure_local_pki(data / "tls")
         client = pki.identities["client"]
         flags = ["--tls-cert", str(client.cert), "--tls-key", str(client.key), "--tls-ca", str(pki.ca)]
-        flags += ["--auth-token-file", str(data / "tls" / "token")]
+        flags += ["--auth-token-file", str(up_tls.token_path(data / "tls"))]
         args = build_parser().parse_args(["train", "t.toml", "--attach", str(other), *flags])
         client_security.configure(args)
         config = TrainConfig(tmp_path / "t.toml", tmp_path / "run.yaml", 1, tmp_path / "runs", attach=str(other))

@@ -1,6 +1,5 @@
 """etcd roles per key kind (`lodestar.etcd_roles`) on a real etcd with TLS, client certificates and auth on,
-set up as `lodestar etcd setup-auth` does (`EtcdClient.apply_auth`), each client acting as its certificate's
-CN:
+set up by `lodestar etcd setup-auth` as a deployment does, each client acting as its certificate's CN:
 
 - a gateway node writes its own presence key and reads the replicas, and cannot write another node's key,
   an inference replica's key (a forged replica would receive the trainer's weights and token), the rollout
@@ -13,6 +12,7 @@ CN:
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from lodestar import errors
+from lodestar.cli.main import main
 from lodestar.etcd import EtcdClient, EtcdTls
-from lodestar.etcd_roles import deployment_roles
 from lodestar.inference_registry import ReplicaRecord, ReplicaRegistration, list_replicas, replica_key
 from lodestar.local import LocalCluster, LocalEtcdTls, find_etcd
 from lodestar.tls import LocalPki, ensure_local_pki
@@ -44,11 +44,19 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> LocalPki:
 
 @pytest.fixture
 async def etcd_url(tmp_path: Path, pki: LocalPki) -> AsyncIterator[str]:
-    """etcd on https:// with --client-cert-auth and the deployment's roles for nodes a, b and replica r1."""
-    roles = tuple(deployment_roles(PREFIX, nodes=["a", "b"], replicas=["r1"]))
+    """etcd on https:// with --client-cert-auth, set up by `lodestar etcd setup-auth` for nodes a, b and
+    replica r1."""
     cluster = LocalCluster(tmp_path / "etcd", etcd_binary=find_etcd())
     try:
-        await cluster.start_etcd(timeout=20, tls=LocalEtcdTls(pki, (), prefix=PREFIX, roles=roles))
+        await cluster.start_etcd(timeout=20, tls=LocalEtcdTls(pki, (), prefix=PREFIX, auth=False))
+        client = pki.identities["client"]
+        argv = ["etcd", "setup-auth", "--etcd", cluster.etcd_url, "--etcd-tls-ca", str(pki.ca)]
+        argv += ["--etcd-tls-cert", str(client.cert), "--etcd-tls-key", str(client.key)]
+        argv += ["--node", "a", "--node", "b", "--replica", "r1"]
+        assert await asyncio.to_thread(main, argv) == 0
+        async with EtcdClient(cluster.etcd_url, timeout=TIMEOUT_S, tls=as_user(pki, "client")) as anyone:
+            with pytest.raises(errors.UnauthenticatedError):  # auth is on: a CN that is no user reads nothing
+                await anyone.get(node_key("a", PREFIX))
         yield cluster.etcd_url
     finally:
         await cluster.stop()
