@@ -37,7 +37,7 @@ CHECK_OUT_TXT = (
     'expected=$(python3 -c \'import json, os; print(json.loads(os.environ["LODESTAR_TASK_METADATA"])["expected"])\'); '
     'test "$(cat out.txt)" = "$expected"'
 )
-"""A command verifier: reward 1 when the workspace's out.txt holds the task's metadata `expected`."""
+"""A command verifier's score step: reward 1 when the workspace's out.txt holds the task's metadata `expected`."""
 
 
 def out_txt_spec(kind: str, expected: list[str], group_size: int) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def out_txt_spec(kind: str, expected: list[str], group_size: int) -> dict[str, A
         "tasks": tasks,
         "groupSize": group_size,
         "harness": {"kind": kind, "model": "lodestar-tiny"},
-        "verifier": {"kind": "command", "config": {"command": CHECK_OUT_TXT, "timeout_s": 30}},
+        "verifier": {"kind": "command", "config": {"score": CHECK_OUT_TXT, "timeout_s": 30}},
         "earlyStopFraction": 1.0,
         "maxAttempts": 2,
         "sessionTimeout": "300s",

@@ -169,7 +169,7 @@ def _config(stack: TrainingStack, kind: str, directory: Path, **harness: object)
         "tasks": tasks,
         "groupSize": 2,
         "harness": {"kind": kind, "model": "lodestar-tiny", **harness},
-        "verifier": {"kind": "command", "config": {"command": NOISE_REWARD, "timeout_s": 30}},
+        "verifier": {"kind": "command", "config": {"score": NOISE_REWARD, "timeout_s": 30}},
         "earlyStopFraction": 1.0,
         "maxAttempts": 3,
         "maxStaleness": 4,

@@ -257,7 +257,7 @@ def test_hanging_harness_is_timed_out_killed_and_cleaned_up(stack: NodeStack, tm
     stack.set_script(SCRIPT)
     pidfile = tmp_path / "pids"
     harness = {"kind": "command", "command": HANG_AGENT, "env": {"PIDFILE": str(pidfile)}}
-    verifier = {"kind": "command", "config": {"command": "echo '{\"reward\": 0.5}' > $LODESTAR_REWARD_FILE"}}
+    verifier = {"kind": "command", "config": {"score": "echo '{\"reward\": 0.5}' > $LODESTAR_REWARD_FILE"}}
     tasks = [{"taskId": "hang", "prompt": "hang"}]
     run_id = stack.create_run(
         _spec("hang", tasks, 2, harness=harness, verifier=verifier, agentTimeout="8s"), name="hang.yaml"
@@ -285,7 +285,7 @@ def test_crashing_verifier_is_an_infra_failure_and_retried(stack: NodeStack, tmp
         f"m={marks}/$LODESTAR_TASK_ID; if [ -e $m ]; then echo 1 > $LODESTAR_REWARD_FILE; else touch $m; kill -9 $$; fi"
     )
     tasks = [{"taskId": f"v{i}", "prompt": "Write hi into out.txt."} for i in range(2)]
-    verifier = {"kind": "command", "config": {"command": crash_once}}
+    verifier = {"kind": "command", "config": {"score": crash_once}}  # the trusted step: its crash is the node's
     run_id = stack.create_run(_spec("verifier-crash", tasks, 1, verifier=verifier), name="crash.yaml")
     run = stack.wait_run(run_id)
     assert run.state == rollout_pb2.RUN_STATE_COMPLETED

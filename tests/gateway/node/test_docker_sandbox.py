@@ -116,7 +116,7 @@ async def test_the_verifier_runs_as_the_session_user_and_never_follows_its_links
         assert "rename refused" in planted.stdout, "the agent cannot swap its TMPDIR for a link"
 
         spec = rollout_pb2.VerifierSpec(kind="command")
-        spec.config.update({"command": 'id -u > uid.txt; echo 0.75 > "$LODESTAR_REWARD_FILE"'})
+        spec.config.update({"command": "id -u > uid.txt", "score": 'echo 0.75 > "$LODESTAR_REWARD_FILE"'})
         verdict = await make_verifier(spec).score(_given(runtime))
         assert (verdict.reward, verdict.details["reward_from"]) == (0.75, "file"), verdict.details
         assert (runtime.real.workdir / "uid.txt").read_text().strip() == str(SESSION_UID)

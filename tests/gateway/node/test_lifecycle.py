@@ -110,7 +110,7 @@ def test_hanging_harness_times_out_keeps_calls_kills_group_removes_workspace(
     # sandbox's PID namespace ends every process by construction: tests/gateway/node/test_sandbox.py).
     stack = node_factory({"replies": [{"text": "first answer"}]}, host_sandbox="namespaces")
     pidfile = tmp_path / "pids"
-    verifier = {"kind": "command", "config": {"command": "echo 0.25 > $LODESTAR_REWARD_FILE"}}
+    verifier = {"kind": "command", "config": {"score": "echo 0.25 > $LODESTAR_REWARD_FILE"}}
     standin.offer(
         assignment("hang", command=HANG_AGENT, verifier=verifier, agent_timeout_s=6, env={"PIDFILE": str(pidfile)})
     )

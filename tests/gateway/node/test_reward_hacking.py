@@ -163,7 +163,7 @@ async def test_a_reward_line_printed_by_the_agents_code_is_not_a_reward(runtime:
 
 async def test_the_reward_file_is_new_for_every_verification(runtime: HostRuntime) -> None:
     reward, details = await _command(
-        runtime, 'test ! -e "$LODESTAR_REWARD_FILE" && echo 0.75 > "$LODESTAR_REWARD_FILE"'
+        runtime, "true", score='test ! -e "$LODESTAR_REWARD_FILE" && echo 0.75 > "$LODESTAR_REWARD_FILE"'
     )
     assert (reward, details["reward_from"]) == (0.75, "file")
 
@@ -171,7 +171,7 @@ async def test_the_reward_file_is_new_for_every_verification(runtime: HostRuntim
 @pytest.mark.parametrize("written", ["NaN", "Infinity", '{"reward": -Infinity}', '{"reward": NaN}'])
 async def test_a_non_finite_reward_is_an_infrastructure_failure(runtime: HostRuntime, written: str) -> None:
     with pytest.raises(VerifierError, match="not a finite number"):
-        await _command(runtime, f"echo '{written}' > $LODESTAR_REWARD_FILE")
+        await _command(runtime, "true", score=f"echo '{written}' > $LODESTAR_REWARD_FILE")
 
 
 async def test_a_non_finite_stdout_reward_is_an_infrastructure_failure(runtime: HostRuntime) -> None:
@@ -180,9 +180,9 @@ async def test_a_non_finite_stdout_reward_is_an_infrastructure_failure(runtime: 
 
 
 async def test_rewards_are_clamped_to_the_declared_range(runtime: HostRuntime) -> None:
-    reward, details = await _command(runtime, "echo 7 > $LODESTAR_REWARD_FILE")
+    reward, details = await _command(runtime, "true", score="echo 7 > $LODESTAR_REWARD_FILE")
     assert (reward, details["reward_clamped_from"]) == (1.0, 7.0)
-    reward, details = await _command(runtime, "echo 7 > $LODESTAR_REWARD_FILE", reward_range=[0, 10])
+    reward, details = await _command(runtime, "true", score="echo 7 > $LODESTAR_REWARD_FILE", reward_range=[0, 10])
     assert reward == 7.0
     assert "reward_clamped_from" not in details
 

@@ -50,20 +50,30 @@ async def _score(runtime: HostRuntime, kind: str, answer: str = "done", **config
     return verdict.reward, verdict.details
 
 
-@pytest.mark.parametrize(
-    ("command", "reward"),
-    [
-        ('test "$(cat out.txt)" = hi', 1.0),
-        ('test "$(cat out.txt)" = bye', 0.0),
-        ("echo checking; echo 0.25 > $LODESTAR_REWARD_FILE; exit 1", 0.25),
-        ('test "$PWD" = /tmp/lodestar-session/work -a "$HOME" = /tmp/lodestar-session/home', 1.0),
-        ('test "$LODESTAR_FINAL_ANSWER" = done -a "$LODESTAR_TASK_ID" = t1', 1.0),
-    ],
+EXPECTED = """python3 -c 'import json, os; print(json.loads(os.environ["LODESTAR_TASK_METADATA"])["expected"])'"""
+FIXED_PATHS = 'test "$PWD" = /tmp/lodestar-session/work -a "$HOME" = /tmp/lodestar-session/home'
+SEES_COMMAND = 'test "$LODESTAR_COMMAND_EXIT" = 3 && grep -qx hi "$LODESTAR_COMMAND_STDOUT"'
+OWN_DIRS = (
+    'test "$PWD" = "$LODESTAR_WORKSPACE" -a "$LODESTAR_COMMAND_EXIT" = "" -a "$HOME" != /tmp/lodestar-session/home'
 )
-async def test_command_verifier_rewards(runtime: HostRuntime, command: str, reward: float):
-    got, details = await _score(runtime, "command", command=command)
-    assert got == reward, details
-    assert details["reward_from"] == ("file" if reward == 0.25 else "exit_code")
+
+
+@pytest.mark.parametrize(
+    ("config", "reward", "reward_from"),
+    [
+        ({"command": 'test "$(cat out.txt)" = hi'}, 1.0, "exit_code"),
+        ({"command": 'test "$(cat out.txt)" = bye'}, 0.0, "exit_code"),
+        ({"command": FIXED_PATHS}, 1.0, "exit_code"),
+        ({"command": 'test "$LODESTAR_FINAL_ANSWER" = done -a "$LODESTAR_TASK_ID" = t1'}, 1.0, "exit_code"),
+        ({"command": "echo checking; exit 1", "score": "echo 0.25 > $LODESTAR_REWARD_FILE; exit 1"}, 0.25, "file"),
+        ({"score": f'test "$(cat out.txt)" = "$({EXPECTED})"'}, 1.0, "exit_code"),
+        ({"command": "cat out.txt; exit 3", "score": SEES_COMMAND}, 1.0, "exit_code"),
+        ({"score": OWN_DIRS}, 1.0, "exit_code"),
+    ],
+)  # fmt: skip
+async def test_command_verifier_rewards(runtime: HostRuntime, config: dict[str, Any], reward: float, reward_from: str):
+    got, details = await _score(runtime, "command", **config)
+    assert (got, details["reward_from"]) == (reward, reward_from), details
 
 
 async def test_command_verifier_gets_an_answer_with_nul_characters_without_them(runtime: HostRuntime):
@@ -72,17 +82,54 @@ async def test_command_verifier_gets_an_answer_with_nul_characters_without_them(
     assert got == 1.0, details
 
 
+async def test_the_command_step_gets_no_metadata_and_no_reward_file(runtime: HostRuntime):
+    config = {"command": "env > env.txt", "score": "true"}
+    assert (await _score(runtime, "command", **config))[0] == 1.0
+    seen = (runtime.real.workdir / "env.txt").read_text()
+    assert "LODESTAR_TASK_ID=t1" in seen
+    assert "LODESTAR_TASK_METADATA" not in seen
+    assert "LODESTAR_REWARD_FILE" not in seen
+
+
+@pytest.mark.parametrize(
+    ("config", "reason"),
+    [
+        ({"command": "sleep 30", "timeout_s": 0.5}, "did not finish in 0.5 s"),
+        ({"command": "no-such-program-of-the-agent"}, "exited 127"),
+        ({"command": "kill -9 $$", "score": "echo 1 > $LODESTAR_REWARD_FILE"}, "killed by signal 9"),
+    ],
+)
+async def test_a_command_step_that_fails_scores_the_lowest_reward_with_its_reason(runtime: HostRuntime, config, reason):
+    got, details = await _score(runtime, "command", **config)
+    assert got == 0.0
+    assert reason in details["agent_failure"], details
+    got, details = await _score(runtime, "command", **config, reward_range=[-1, 1])
+    assert got == -1.0, "never better than a failed test"
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"command": "sleep 30", "timeout_s": 0.5}, "timed out"),
-        ({"command": "no-such-verifier-command"}, "could not run"),
-        ({"command": "kill -9 $$"}, "signal 9"),
+        ({"score": "sleep 30", "timeout_s": 0.5}, "timed out"),
+        ({"command": "true", "score": "no-such-verifier-command"}, "could not run"),
+        ({"score": "kill -9 $$"}, "signal 9"),
+        ({"score": "echo high > $LODESTAR_REWARD_FILE"}, "not a number"),
     ],
 )
-async def test_command_verifier_failures_are_errors_not_zero(runtime: HostRuntime, config, message):
+async def test_score_step_failures_are_errors_not_zero(runtime: HostRuntime, config, message):
     with pytest.raises(VerifierError, match=message):
         await _score(runtime, "command", **config)
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["echo 1 > $LODESTAR_REWARD_FILE", "python3 -c \"import os; print(os.environ['LODESTAR_TASK_METADATA'])\""],
+)
+def test_an_old_command_that_needs_the_secrets_is_refused_with_the_migration(command: str):
+    with pytest.raises(InvalidArgumentError, match='"score" step'):
+        make_verifier(_spec("command", command=command))
+    make_verifier(_spec("command", score=command))
+    make_verifier(_spec("command", command="pytest -q", score=command))
 
 
 @pytest.mark.parametrize(
@@ -136,6 +183,8 @@ async def test_python_verifier_failures_are_errors_not_zero(runtime: HostRuntime
         ("bleu", {}),
         ("command", {}),
         ("command", {"command": "true", "timeout_s": -1}),
+        ("command", {"score": " "}),
+        ("command", {"command": "true", "score": 1}),
         ("python", {"function": "no_colon"}),
         ("exact_match", {"field": ""}),
     ],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,3 +28,20 @@ def file_matches_answer(workspace: Path, task: dict[str, Any], final_answer: str
 
 def not_a_number(workspace: Path, task: dict[str, Any], final_answer: str) -> Any:
     return "high"
+
+
+def imports_solution(workspace: Path, task: dict[str, Any], final_answer: str) -> float:
+    """1.0 when the agent's `solution.answer()` returns metadata.expected: imports the agent's module, as a
+    verifier that unit-tests the agent's code does."""
+    sys.path.insert(0, str(workspace))
+    import solution  # type: ignore[import-not-found]  # the agent's module, in its workspace
+
+    return 1.0 if solution.answer() == task["metadata"]["expected"] else 0.0
+
+
+def runs_solution(workspace: Path, task: dict[str, Any], final_answer: str) -> float:
+    """1.0 when the agent's program `solution.py` prints metadata.expected (it runs in a process of its own)."""
+    done = subprocess.run(
+        [sys.executable, "solution.py"], cwd=workspace, capture_output=True, text=True, timeout=30, check=False
+    )
+    return 1.0 if done.stdout.strip() == task["metadata"]["expected"] else 0.0

@@ -18,10 +18,10 @@ def private_sessions_dir(path: Path) -> None:
 
 
 def verifier_reads(argv: list[str]) -> tuple[Path, ...]:
-    """For a python verifier run (`python -I -B python_runner.py MODULE:FUNCTION INPUT PYTHONPATH`): the
+    """For a python verifier run (`python -I -B python_runner.py MODULE:FUNCTION INPUT PYTHONPATH ...`): the
     module's file (or package directory) and the `__init__.py` files of the packages above it, found on the
     node in PYTHONPATH's entries (first match, as the import will). Empty for any other run."""
-    if len(argv) != 7 or Path(argv[3]).name != "python_runner.py":
+    if len(argv) < 7 or Path(argv[3]).name != "python_runner.py":
         return ()
     parts = argv[4].partition(":")[0].split(".")
     for entry in (Path(item) for item in argv[6].split(os.pathsep) if item):

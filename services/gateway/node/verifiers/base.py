@@ -9,7 +9,7 @@ say so). docs/nodes.md, "Who failed", lists which failure is which.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,7 +51,12 @@ def agent_failure_verdict(failure: AgentFailure, bounds: tuple[float, float], ki
 class SessionProcess(Protocol):
     """Runs a process in the session's runtime (its workspace as cwd, its fixed paths, a clean env)."""
 
-    async def __call__(self, argv: list[str], env: Mapping[str, str], timeout_s: float) -> HarnessResult: ...
+    async def __call__(
+        self, argv: list[str], env: Mapping[str, str], timeout_s: float, *, binds: Sequence[tuple[Path, Path]] = ()
+    ) -> HarnessResult:
+        """`binds` (node directory, where the process sees it): more directories bound read-write into this run
+        (the `swe` verifier's scoring directory); a runtime that cannot bind raises FailedPreconditionError."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -154,13 +159,23 @@ def tail(text: str) -> str:
     return text[-TAIL_CHARS:]
 
 
+def killed_by(result: HarnessResult) -> int | None:
+    """The signal that ended a process: a negative exit status, or 128 + N from the sandbox's pid 1 (which
+    reports its child's death by signal N so)."""
+    if result.returncode < 0:
+        return -result.returncode
+    if result.sandboxed and 128 < result.returncode < 128 + 65:
+        return result.returncode - 128
+    return None
+
+
 def process_failure(result: HarnessResult, kind: str, timeout_s: float) -> VerifierError | None:
     """The infrastructure failure a finished verifier process that runs nothing of the agent's shows, if
     any: a timeout, death by a signal, or a command that could not be found or executed (126/127)."""
     if result.timed_out:
         return VerifierError(f"{kind} verifier timed out after {timeout_s:g} s")
-    if result.returncode < 0:
-        return VerifierError(f"{kind} verifier was killed by signal {-result.returncode}")
+    if (signal := killed_by(result)) is not None:
+        return VerifierError(f"{kind} verifier was killed by signal {signal}")
     if result.returncode in (126, 127):
         return VerifierError(
             f"{kind} verifier command could not run (exit {result.returncode}): {tail(result.stderr)[-500:]}"
@@ -173,8 +188,8 @@ def agent_process_failure(result: HarnessResult, step: str, timeout_s: float) ->
     or exit 126/127 (the agent can delete or break what it runs) are the agent's doing, never the node's."""
     if result.timed_out:
         return AgentFailure(f"{step} did not finish in {timeout_s:g} s (the code under test hangs)")
-    if result.returncode < 0:
-        return AgentFailure(f"{step} was killed by signal {-result.returncode} (the code under test crashed)")
+    if (signal := killed_by(result)) is not None:
+        return AgentFailure(f"{step} was killed by signal {signal} (the code under test crashed)")
     if result.returncode in (126, 127):
         return AgentFailure(f"{step} exited {result.returncode} (a program it runs is missing or not executable)")
     return None
