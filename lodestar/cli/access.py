@@ -2,8 +2,9 @@
 (docs/deploy.md, "Credentials per role").
 
 - `auth tokens DIR --node ID...` writes one token file per role (operator, trainer) and per gateway node
-  (bound to its node id), and `DIR/tokens.sha256`, the digest table every server takes as
-  `--auth-tokens-file` (`lodestar.credentials`). Existing tokens are kept; run it again to add a node.
+  (bound to its node id; without --node one `node` token all nodes share), and `DIR/tokens.sha256`, the
+  digest table every server takes as `--auth-tokens-file` (`lodestar.credentials`). Existing tokens are
+  kept; run it again to add a node.
 - `etcd setup-auth --etcd https://... --node ID... --replica ID...` creates etcd's users and roles per key
   kind (`lodestar.etcd_roles`) and turns authentication on. Run it once against a fresh etcd with any client
   certificate of the CA, or later (to add nodes) with a certificate whose CN is `root`.
@@ -16,6 +17,7 @@ import asyncio
 from pathlib import Path
 
 from lodestar.credentials import ensure_tokens, token_file_name
+from lodestar.errors import UnauthenticatedError
 from lodestar.etcd import EtcdClient, EtcdTls
 from lodestar.etcd_roles import deployment_roles
 from lodestar.presence import DEFAULT_PREFIX
@@ -24,7 +26,7 @@ BASE_ROLES = ("operator", "trainer")
 
 
 def _tokens(args: argparse.Namespace) -> int:
-    names = [*BASE_ROLES, *(f"node:{node}" for node in args.node)]
+    names = [*BASE_ROLES, *([f"node:{node}" for node in args.node] or ["node"])]
     table = ensure_tokens(args.directory, names)
     for name in names:
         print(f"{name:<24} {args.directory / token_file_name(name)}")
@@ -40,7 +42,13 @@ def _setup_auth(args: argparse.Namespace) -> int:
         async with EtcdClient(args.etcd, timeout=args.timeout_s, tls=tls) as etcd:
             await etcd.apply_auth(roles)
 
-    asyncio.run(apply())
+    try:
+        asyncio.run(apply())
+    except UnauthenticatedError:
+        if not args.once:
+            raise
+        print("etcd authentication is already on (this certificate is not root): nothing changed")
+        return 0
     for role in roles:
         grants = ", ".join(f"{'rw' if g.write else 'r'} {g.key}{'*' if g.prefix else ''}" for g in role.grants)
         print(f"{role.name:<32} {grants}")
@@ -53,7 +61,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     auth_commands = auth.add_subparsers(dest="auth_command", required=True, metavar="COMMAND")
     tokens = auth_commands.add_parser("tokens", help="write token files per role and the servers' digest table")
     tokens.add_argument("directory", type=Path, help="where the token files and tokens.sha256 go (made 0700)")
-    tokens.add_argument("--node", action="append", default=[], help="a gateway node id (repeat for each node)")
+    node_help = "a gateway node id (repeat; none: one node token all nodes share)"
+    tokens.add_argument("--node", action="append", default=[], help=node_help)
     tokens.set_defaults(handler=_tokens)
 
     etcd = subparsers.add_parser("etcd", help="etcd administration")
@@ -66,5 +75,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     setup.add_argument("--etcd-prefix", default=DEFAULT_PREFIX, help="root of lodestar's keys (default /lodestar/)")
     setup.add_argument("--node", action="append", default=[], help="a node with its own certificate (repeat)")
     setup.add_argument("--replica", action="append", default=[], help="a replica with its own certificate (repeat)")
+    once_help = "succeed without changes when auth is already on (a compose stack's later starts)"
+    setup.add_argument("--once", action="store_true", help=once_help)
     setup.add_argument("--timeout-s", type=float, default=10.0, help="seconds each etcd call may take (default 10)")
     setup.set_defaults(handler=_setup_auth)

@@ -4,8 +4,9 @@ the token table a server checks callers against (docs/security.md, "Credentials 
 Roles:
 
 - `node`: a gateway node. It pulls and reports its own sessions (AcquireSessions, CompleteSession; the
-  acquire loop is its heartbeat). A node token is bound to one node id (`node:<node_id>`); the rollout
-  servicer refuses a request naming another node with PERMISSION_DENIED (`check_node`).
+  acquire loop is its heartbeat). A token `node:<node_id>` is bound to that node: the rollout servicer
+  refuses a request naming another node with PERMISSION_DENIED (`check_node`). A plain `node` token is
+  shared by nodes that cannot hold credentials of their own (one Kubernetes Deployment) and may name any.
 - `trainer`: reads groups (StreamGroups), reports the policy version it published and pushes weights
   (UpdateWeights).
 - `operator`: a person or the CLI: creates, cancels, deletes and archives runs, reads everything the
@@ -190,8 +191,8 @@ def _principal(field: str, where: str) -> Principal:
         except ValueError:
             known = ", ".join(role.value for role in Role)
             raise InvalidArgumentError(f"{where}: unknown role {name!r} (one of {known}, or all)") from None
-    if NODE in roles and (not identity or len(roles) > 1):
-        raise InvalidArgumentError(f"{where}: a node token is a node's alone and names it (node:<node_id>)")
+    if NODE in roles and len(roles) > 1:
+        raise InvalidArgumentError(f"{where}: a node token has the node role alone")
     return Principal(frozenset(roles), identity or None)
 
 

@@ -6,7 +6,6 @@ NetworkPolicies that admit only each service's callers."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -116,21 +115,41 @@ def test_the_gpu_overlay_asks_for_gpus_and_the_local_one_for_none() -> None:
     assert advertised == "$(LODESTAR_INFERENCE_REPLICA_ID).inference:50051"
     assert gpu["etcd"]["spec"]["replicas"] == 3
     rollout = gpu["rollout"]["spec"]["template"]["spec"]
-    assert not rollout.get("volumes")  # a PostgreSQL store: leader and standby share no volume
+    shared = [volume for volume in rollout.get("volumes", []) if "persistentVolumeClaim" in volume]
+    assert not shared  # a PostgreSQL store: leader and standby share no volume (only their Secrets)
     for workload in local.values():
         assert workload["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] == "Never"
 
 
+ROLE_TOKENS = {"rollout": None, "inference": None, "gateway": "node", "trainer": "trainer"}
+"""The token each service sends (the key of Secret lodestar-auth); rollout and inference call nothing."""
+
+
 @pytest.mark.parametrize("overlay", ["cpu-local", "gpu"])
 def test_every_service_requires_the_token_secret(overlay: str) -> None:
-    """The control-plane token comes from the Secret lodestar-auth and is required (no `optional`): a pod
-    without it does not start, and each service binds 0.0.0.0 (its image's setting), where it refuses to
-    serve without a token."""
-    workloads = _workloads(render(overlay))
-    for service in GRPC_PORTS:
-        env = {item["name"]: item for item in workloads[service]["spec"]["template"]["spec"]["containers"][0]["env"]}
-        token = env[f"{ENV_PREFIX}{service.upper()}_AUTH_TOKEN"]
-        assert token["valueFrom"]["secretKeyRef"] == {"name": "lodestar-auth", "key": "token"}, service
+    """Credentials per role come from the Secret lodestar-auth and are required (no `optional`): a pod without
+    it does not start. Every service checks callers against the digest table (only that key is mounted, not
+    the tokens); the gateway nodes send the `node` token and the trainer its own; no service holds the
+    operator's. Each service binds 0.0.0.0 (its image's setting), where it refuses to serve without tokens."""
+    docs = render(overlay)
+    workloads, config = _workloads(docs), _config_env(docs)
+    for service, role in ROLE_TOKENS.items():
+        pod = workloads[service]["spec"]["template"]["spec"]
+        env = {item["name"]: item for item in pod["containers"][0]["env"]}
+        token = env.get(f"{ENV_PREFIX}{service.upper()}_AUTH_TOKEN")
+        if role is None:
+            assert token is None, service
+        else:
+            assert token is not None, service
+            assert token["valueFrom"]["secretKeyRef"] == {"name": "lodestar-auth", "key": role}, service
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "auth"]
+        assert volume["secret"] == {
+            "secretName": "lodestar-auth",
+            "items": [{"key": "tokens.sha256", "path": "tokens.sha256"}],
+        }
+        (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "auth"]
+        table = Path(config[f"{ENV_PREFIX}{service.upper()}_AUTH_TOKENS_FILE"])
+        assert table == Path(mount["mountPath"]) / "tokens.sha256", service
 
 
 def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -196,28 +215,28 @@ def test_the_policy_check_can_fail() -> None:
     assert ("etcd", "inference", 50051) in allowed_connections(opened) - EXPECTED_CONNECTIONS
 
 
-def test_the_etcd_tls_component_secures_etcd_and_its_clients(tmp_path: Path) -> None:
-    """The base runs etcd plaintext, which its clients accept only because the ConfigMap says so;
-    components/etcd-tls (here on the gpu overlay) serves etcd on https:// to peers and clients, requires
-    client certificates, and gives rollout, the gateway, inference and the trainer theirs from Secrets."""
-    plain = _config_env(render("gpu"))
+def test_the_gpu_overlay_secures_etcd_and_its_clients() -> None:
+    """The base (the cpu-local overlay: one machine) runs etcd plaintext, which its clients accept only because
+    the ConfigMap says so; the gpu overlay ships with components/etcd-tls: etcd on https:// to peers and
+    clients, client certificates required, rollout, the gateway, inference and the trainer with theirs from
+    Secrets, and the Job that sets up a role per key kind and turns auth on (as CN root)."""
+    plain = _config_env(render("cpu-local"))
     for service in ("ROLLOUT", "GATEWAY", "INFERENCE", "TRAINER"):
         assert plain[f"{ENV_PREFIX}{service}_ETCD"].startswith("http://")
         assert plain[f"{ENV_PREFIX}{service}_ETCD_ALLOW_INSECURE"] == "true"
 
-    component = REPO / "deploy" / "k8s" / "components" / "etcd-tls"
-    kustomization = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "resources": [os.path.relpath(OVERLAYS / "gpu", tmp_path)],
-        "components": [os.path.relpath(component, tmp_path)],
-    }
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-    docs = render(str(tmp_path))  # an absolute path: OVERLAYS / it is it
+    docs = render("gpu")
     for doc in docs:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     workloads, env = _workloads(docs), _config_env(docs)
     _assert_settings_exist(env, "etcd-tls")
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    setup = job["spec"]["template"]["spec"]
+    assert setup["containers"][0]["command"][:3] == ["lodestar", "etcd", "setup-auth"]
+    assert "--etcd=https://etcd:2379" in setup["containers"][0]["command"]
+    assert setup["volumes"][0]["secret"]["secretName"] == "lodestar-etcd-root"
+    admitted = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "etcd-setup-auth"]
+    assert admitted[0]["spec"]["ingress"][0]["from"] == [{"podSelector": {"matchLabels": {"app": "etcd-setup-auth"}}}]
 
     etcd = workloads["etcd"]["spec"]["template"]["spec"]
     flags = etcd["containers"][0]["command"]

@@ -201,7 +201,7 @@ def test_every_lodestar_rpc_is_in_the_table_or_open() -> None:
 
 def test_a_bad_token_table_names_its_line() -> None:
     for text, message in (
-        ("node tok-0123456789abcdef", "names it"),
+        ("node,trainer tok-0123456789abcdef", "node role alone"),
         ("admin tok-0123456789abcdef", "unknown role 'admin'"),
         ("operator short", "at least 16"),
         ("operator sha256:abc", "64 hex"),
