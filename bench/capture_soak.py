@@ -63,6 +63,8 @@ def node_main(config: dict[str, Any]) -> None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         await stop.wait()
         await node.stop(5.0)
+        checkpoints = [vars(c) for c in getattr(node.store, "checkpoints", [])]  # the last 64 (none: old policy)
+        await asyncio.to_thread(Path(config["data_dir"], "checkpoints.json").write_text, json.dumps(checkpoints))
 
     asyncio.run(run())
 
@@ -188,8 +190,14 @@ async def soak(args: argparse.Namespace, inference: str, repo: Path, work: Path)
         lost = await check_kept(gateway, closed, args.retention_s + 2 * args.sweep_s + 5)
     child.send_signal(signal.SIGTERM)
     await asyncio.to_thread(child.wait, 60)
-    return {"repo": str(repo), "capture_module": module, "samples": samples, "lost": lost,
-            "summary": summarize(samples, load_latency, added, args)}  # fmt: skip
+    checkpoints = json.loads((data_dir / "checkpoints.json").read_text())
+    summary = summarize(samples, load_latency, added, args)
+    if checkpoints:
+        stalls = sorted(c["writer_s"] * 1e3 for c in checkpoints)
+        skipped = sum(not c["restarted"] for c in checkpoints)
+        summary |= {"rewind_ms_p50": statistics.median(stalls), "rewind_ms_max": stalls[-1],
+                    "rewinds_skipped": skipped, "rewinds_seen": len(stalls)}  # fmt: skip
+    return {"repo": str(repo), "capture_module": module, "samples": samples, "lost": lost, "summary": summary}
 
 
 async def check_kept(gateway: Any, closed: list[tuple[float, str, int]], gone_after_s: float) -> dict[str, int]:
@@ -251,6 +259,7 @@ ROWS = [
     ("call latency p50 / p99 (ms)", ("call_p50_ms", "call_p99_ms"), "{:.1f} / {:.1f}"),
     ("added latency p50 / p99, probe pairs (ms)", ("added_p50_ms", "added_p99_ms"), "{:.2f} / {:.2f}"),
     ("load average (1 min), median", "load_median", "{:.1f}"),
+    ("writer thread in a rewind, p50 / max of the last 64 (ms)", ("rewind_ms_p50", "rewind_ms_max"), "{:.1f} / {:.1f}"),
 ]
 
 
@@ -259,7 +268,7 @@ def table(results: list[dict[str, Any]]) -> str:
     lines = [header, "|---|" + "---:|" * len(results)]
     for name, keys, fmt in ROWS:
         keys = keys if isinstance(keys, tuple) else (keys,)
-        cells = [fmt.format(*(r["summary"][k] for k in keys)) for r in results]
+        cells = [fmt.format(*(r["summary"][k] for k in keys)) if keys[0] in r["summary"] else "-" for r in results]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     kept = [r["lost"] for r in results]
     cells = [f"{k['recent_incomplete']}/{k['recent_checked']}, {k['old_still_there']}/{k['old_checked']}" for k in kept]
@@ -267,9 +276,49 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def rollout_store_look(seconds: float, result_bytes: int = 3 * 1024 * 1024) -> list[dict[str, float]]:
+    """The rollout service's SQLite store (services/rollout/store.py, its own settings) written continuously
+    with session results of `result_bytes`, while an outside read-only reader (as `lodestar export` opens it)
+    holds one read transaction over the middle third; its WAL size sampled once per 20 results."""
+    import sqlite3
+
+    from services.rollout.store import SqliteStore
+
+    samples: list[dict[str, float]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-rollout-store-") as tmp:
+        path = Path(tmp) / "rollout.sqlite"
+        store = SqliteStore(path)
+        wal = path.with_name(path.name + "-wal")
+        blob, started, count = os.urandom(result_bytes), time.monotonic(), 0
+        reader: sqlite3.Connection | None = None
+        while (elapsed := time.monotonic() - started) < seconds:
+            if reader is None and seconds / 3 <= elapsed < 2 * seconds / 3:
+                reader = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+                reader.execute("BEGIN")
+                reader.execute("SELECT COUNT(*) FROM results").fetchone()
+            elif reader is not None and elapsed >= 2 * seconds / 3:
+                reader.execute("COMMIT")
+                reader.close()
+                reader = None
+                samples.append({"t": round(elapsed, 2), "wal": file_bytes(wal), "db": file_bytes(path), "event": 1})
+            store._transaction([("INSERT INTO results (session_id, attempt, node_id, counted, result) "
+                                 "VALUES (?, 0, 'n', 1, ?)", (f"s{count}", blob))])  # fmt: skip
+            count += 1
+            if count % 20 == 0:
+                samples.append({"t": round(elapsed, 2), "wal": file_bytes(wal), "db": file_bytes(path),
+                                "reader": float(reader is not None)})  # fmt: skip
+        store.close()
+    return samples
+
+
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--node":
         node_main(json.loads(sys.argv[2]))
+        return
+    if len(sys.argv) == 3 and sys.argv[1] == "--rollout-store":
+        sys.path.insert(0, str(REPO))
+        for sample in rollout_store_look(float(sys.argv[2])):
+            print(json.dumps(sample))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration-s", type=float, default=240.0, help="load time per side")
