@@ -1,10 +1,12 @@
-"""`lodestar auth tokens` and `lodestar etcd setup-auth`: a deployment's credentials per role
-(docs/deploy.md, "Credentials per role").
+"""`lodestar auth tokens`, `lodestar auth pki` and `lodestar etcd setup-auth`: a deployment's credentials per
+role (docs/deploy.md, "Credentials per role").
 
 - `auth tokens DIR --node ID...` writes one token file per role (operator, trainer) and per gateway node
   (bound to its node id; without --node one `node` token all nodes share), and `DIR/tokens.sha256`, the
   digest table every server takes as `--auth-tokens-file` (`lodestar.credentials`). Existing tokens are
   kept; run it again to add a node.
+- `auth pki DIR` makes a local CA and a certificate per service, etcd and the client (`lodestar.tls`, as
+  `lodestar up --tls` does), for a deployment without a CA of its own (the compose stack).
 - `etcd setup-auth --etcd https://... --node ID... --replica ID...` creates etcd's users and roles per key
   kind (`lodestar.etcd_roles`) and turns authentication on. Run it once against a fresh etcd with any client
   certificate of the CA, or later (to add nodes) with a certificate whose CN is `root`.
@@ -21,6 +23,7 @@ from lodestar.errors import UnauthenticatedError
 from lodestar.etcd import EtcdClient, EtcdTls
 from lodestar.etcd_roles import deployment_roles
 from lodestar.presence import DEFAULT_PREFIX
+from lodestar.tls import ensure_local_pki
 
 BASE_ROLES = ("operator", "trainer")
 
@@ -31,6 +34,12 @@ def _tokens(args: argparse.Namespace) -> int:
     for name in names:
         print(f"{name:<24} {args.directory / token_file_name(name)}")
     print(f"{'servers (--auth-tokens-file)':<24} {table}")
+    return 0
+
+
+def _pki(args: argparse.Namespace) -> int:
+    pki = ensure_local_pki(args.directory)
+    print(f"CA {pki.ca}; certificates (CN lodestar-<name>): {', '.join(sorted(pki.identities))}")
     return 0
 
 
@@ -64,6 +73,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     node_help = "a gateway node id (repeat; none: one node token all nodes share)"
     tokens.add_argument("--node", action="append", default=[], help=node_help)
     tokens.set_defaults(handler=_tokens)
+    pki = auth_commands.add_parser("pki", help="a local CA and a certificate per service, etcd and the client")
+    pki.add_argument("directory", type=Path, help="where ca.pem and <name>.pem, <name>-key.pem go (kept if there)")
+    pki.set_defaults(handler=_pki)
 
     etcd = subparsers.add_parser("etcd", help="etcd administration")
     etcd_commands = etcd.add_subparsers(dest="etcd_command", required=True, metavar="COMMAND")

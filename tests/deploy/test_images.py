@@ -7,8 +7,11 @@ a service binds beyond loopback (an image alone refuses to serve; compose requir
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -129,9 +132,11 @@ def test_the_etcd_image_runs_as_its_own_user() -> None:
 def test_compose_stack() -> None:
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     services = compose["services"]
-    assert set(services) == {"etcd", "rollout", "inference", "gateway"}
+    one_shots = {"credentials", "etcd-setup-auth"}  # run to completion before the services (credentials per role)
+    assert set(services) == {"etcd", "rollout", "inference", "gateway"} | one_shots
+    assert all(services[name]["image"] == "lodestar/rollout:dev" for name in one_shots)
     ports = {name: IMAGES[name][2] for name in ("rollout", "inference", "gateway")} | {"etcd": 2379}
-    for name, spec in services.items():
+    for name, spec in ((name, spec) for name, spec in services.items() if name not in one_shots):
         assert spec["image"] == f"lodestar/{name}:dev"
         assert spec["init"] is (name != "etcd")  # SIGTERM reaches the service, which drains (etcd: its own tini)
         for published in spec["ports"]:
@@ -179,14 +184,59 @@ async def test_an_image_bound_to_every_interface_needs_a_token(suffix: str) -> N
     assert not _refuses_to_serve(service, {**env, f"LODESTAR_{service.upper()}_AUTH_TOKEN": "t0ken"})
 
 
-async def test_the_compose_stack_carries_the_token() -> None:
-    """Every compose service gets the token from LODESTAR_AUTH_TOKEN, which compose requires (`:?`)."""
-    services = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+def test_the_compose_credentials_give_each_service_only_its_own(tmp_path: Path) -> None:
+    """deploy/compose-credentials.sh (the stack's one-shot `credentials` service), run for real: each service's
+    directory holds only what it needs; no service gets the operator's token or another's key."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    subprocess.run(["sh", str(DEPLOY / "compose-credentials.sh"), str(tmp_path)], env=env, check=True, timeout=120)
+    held = {d.name: sorted(f.name for f in d.iterdir()) for d in tmp_path.iterdir() if d.name not in ("pki", "tokens")}
+    assert held == {
+        "etcd": ["ca.pem", "client-key.pem", "client.pem", "etcd-key.pem", "etcd.pem"],
+        "rollout": ["ca.pem", "rollout-key.pem", "rollout.pem", "tokens.sha256"],
+        "inference": ["tokens.sha256"],
+        "gateway": ["ca.pem", "gateway-key.pem", "gateway.pem", "node.token", "tokens.sha256"],
+        "setup": ["ca.pem", "client-key.pem", "client.pem"],
+        "operator": ["operator.token"],
+    }
+    operator = (tmp_path / "operator" / "operator.token").read_text()
+    assert operator == (tmp_path / "tokens" / "operator.token").read_text()
+    for directory in held:
+        if directory != "operator":
+            assert all(operator.strip() not in f.read_text() for f in (tmp_path / directory).iterdir())
+
+
+async def test_the_compose_stack_checks_tokens_per_role_and_secures_etcd(tmp_path: Path) -> None:
+    """Every compose service checks the digest table mounted from its credentials directory (it refuses to
+    serve without it), only the gateway sends a token (the node's); etcd serves TLS only with client
+    certificates, and its clients reach it on https:// with their own certificate, never plaintext."""
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    services = compose["services"]
+    table, token = tmp_path / "tokens.sha256", tmp_path / "node.token"
+    table.write_text("operator sha256:" + "0" * 64 + "\n")
+    token.write_text("a-node-token-0123456789\n")
     for name in ("rollout", "inference", "gateway"):
-        value = str(services[name]["environment"][f"LODESTAR_{name.upper()}_AUTH_TOKEN"])
-        assert re.fullmatch(r"\$\{LODESTAR_AUTH_TOKEN:\?[^}]+\}", value), f"{name}: {value}"
+        compose_env = {key: str(value) for key, value in services[name]["environment"].items()}
+        prefix = f"LODESTAR_{name.upper()}_"
+        assert compose_env[prefix + "AUTH_TOKENS_FILE"] == "/credentials/tokens.sha256"
+        assert f"../build/compose/credentials/{name}:/credentials:ro" in services[name]["volumes"]
+        assert (prefix + "AUTH_TOKEN_FILE" in compose_env) == (name == "gateway")
+        assert prefix + "AUTH_TOKEN" not in compose_env
         env = env_of(parse(DEPLOY / f"Dockerfile.{name}")[1][-1])
-        compose_env = {key: str(v) for key, v in services[name]["environment"].items()}
-        assert not _refuses_to_serve(name, {**env, **compose_env, f"LODESTAR_{name.upper()}_AUTH_TOKEN": "t0ken"})
-        without = {key: v for key, v in compose_env.items() if not key.endswith("_AUTH_TOKEN")}
+        files = {prefix + "AUTH_TOKENS_FILE": str(table)} | (
+            {prefix + "AUTH_TOKEN_FILE": str(token)} if name == "gateway" else {}
+        )
+        assert not _refuses_to_serve(name, {**env, **compose_env, **files})
+        without = {key: v for key, v in compose_env.items() if "AUTH_TOKEN" not in key}
         assert _refuses_to_serve(name, {**env, **without})
+    assert services["gateway"]["environment"]["LODESTAR_GATEWAY_AUTH_TOKEN_FILE"] == "/credentials/node.token"
+    etcd = services["etcd"]["command"]
+    assert "--client-cert-auth" in etcd
+    assert "--listen-client-urls=https://0.0.0.0:2379" in etcd
+    for name in ("rollout", "gateway"):
+        environment = services[name]["environment"]
+        prefix = f"LODESTAR_{name.upper()}_ETCD"
+        assert environment[prefix] == "https://etcd:2379"
+        assert prefix + "_ALLOW_INSECURE" not in environment
+        assert environment[prefix + "_TLS_CERT"] == f"/credentials/{name}.pem"
+    assert services["etcd-setup-auth"]["entrypoint"][:3] == ["lodestar", "etcd", "setup-auth"]
+    assert services["rollout"]["depends_on"]["etcd-setup-auth"] == {"condition": "service_completed_successfully"}
