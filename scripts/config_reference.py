@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
 from pydantic import BaseModel  # noqa: E402
 
 from lodestar import kinds  # noqa: E402
-from lodestar.cli.train_config import EVAL_KEYS, KEYS, EvalConfig, TrainConfig  # noqa: E402
+from lodestar.cli.train_config import EVAL_KEYS, KEYS, REDTEAM_KEYS, EvalConfig, RedTeamConfig, TrainConfig  # noqa: E402
 from lodestar.settings import EtcdClientSettings, ServiceSettings  # noqa: E402
 from services.gateway.settings import GatewaySettings  # noqa: E402
 from services.inference.settings import InferenceSettings  # noqa: E402
@@ -174,6 +174,20 @@ def train_section() -> list[str]:
         "|---|---|---|",
     ]
     lines += _key_rows(EVAL_KEYS, eval_defaults)
+    redteam_defaults = {f.name: f.default for f in dataclasses.fields(RedTeamConfig)}
+    redteam_defaults["hacks"] = []  # the TOML form of the empty tuple
+    lines += [
+        "",
+        "### `[redteam]`: the red-team pass before `lodestar train`'s first step",
+        "",
+        "Optional (these defaults apply without it). Before the first step `lodestar train` runs `lodestar redteam`'s",
+        "hacks against the run's verifier on a few of its tasks, through the stack's own node and runtime, and refuses",
+        "to train when one pays (`lodestar/cli/train_redteam.py`, docs/redteam.md); `--no-redteam` skips it, loudly.",
+        "",
+        "| key | default | meaning |",
+        "|---|---|---|",
+    ]
+    lines += _key_rows(REDTEAM_KEYS, redteam_defaults)
     lines += [
         "",
         "The `[trainer]` table of the same file is the trainer's settings ([below](#trainer)); `lodestar train` sets",

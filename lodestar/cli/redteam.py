@@ -119,8 +119,10 @@ async def _sessions(channel: LeaderChannel, hack: str, run_id: str) -> list[Sess
                 detail = await stub.GetSessionDetail(request, timeout=60.0)
                 result = detail.result
                 error = result.error or next((a.error for a in reversed(detail.attempts) if a.error), "")
-                found.append(Session(hack, group.task_id, summary.outcome in _SCORED, summary.reward, summary.session_id,
-                                     error or rollout_pb2.SessionStatus.Name(summary.status), result.stdout_tail))  # fmt: skip
+                error = error or rollout_pb2.SessionStatus.Name(summary.status)
+                scored = summary.outcome in _SCORED
+                found.append(Session(hack, group.task_id, scored, summary.reward, summary.session_id, error,
+                                     result.stdout_tail))  # fmt: skip
         return found
 
     return await channel.call(read)
@@ -139,7 +141,8 @@ def escape_markers(places: Sequence[Path]) -> dict[str, list[str]]:
 def marker_places() -> list[Path]:
     from services.gateway.node.harnesses.base import REPO_ROOT
 
-    return [Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"), REPO_ROOT, Path.home(), Path.cwd(), *Path("/home").glob("*")]
+    fixed = [Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"), REPO_ROOT, Path.home(), Path.cwd()]
+    return [*fixed, *Path("/home").glob("*")]
 
 
 async def red_team(
@@ -171,9 +174,9 @@ async def own_stack(data_dir: Path, *, slots: int, start_timeout_s: float) -> As
     from lodestar.cli.model import ensure_tiny_model
     from lodestar.local import LocalCluster, find_etcd
 
-    data_dir = data_dir.resolve()
+    data_dir = await asyncio.to_thread(data_dir.resolve)
     model = data_dir / "tiny-model"
-    await ensure_tiny_model(model, _console)
+    await ensure_tiny_model(model, _console)  # makes data_dir
     script = data_dir / "echo-script.json"
     await asyncio.to_thread(script.write_text, json.dumps(ECHO_SCRIPT))
     (data_dir / "rollout.sqlite").unlink(missing_ok=True)  # a red team keeps no history
@@ -209,9 +212,9 @@ def table(cells: Sequence[Cell], title: str = "lodestar redteam") -> Table:
     for hack, row in by_hack.items():
         shown = []
         for task in tasks:
-            cell = row.get(task)
-            reward = "-" if cell is None or cell.reward is None else f"{cell.reward:.2f}"
-            shown.append("" if cell is None else f"[{_STYLE[cell.verdict]}]{cell.verdict}[/] {reward}")
+            found = row.get(task)
+            reward = "-" if found is None or found.reward is None else f"{found.reward:.2f}"
+            shown.append("" if found is None else f"[{_STYLE[found.verdict]}]{found.verdict}[/] {reward}")
         evidence = "; ".join(dict.fromkeys(item for cell in row.values() if cell.failing or cell.verdict == "infra"
                                            for item in cell.evidence))  # fmt: skip
         grid.add_row(hack, *shown, " ".join(evidence.split())[:160])
@@ -231,7 +234,9 @@ def summary(cells: Sequence[Cell]) -> str:
     counts: dict[tuple[str, str], list[str]] = {}
     for cell in failing:
         counts.setdefault((cell.hack, cell.verdict), []).append(cell.task_id)
-    named = ", ".join(f"{hack} {verdict} on {len(tasks)} task(s) ({tasks[0]}...)" for (hack, verdict), tasks in counts.items())
+    named = ", ".join(
+        f"{hack} {verdict} on {len(tasks)} task(s) ({tasks[0]}...)" for (hack, verdict), tasks in counts.items()
+    )
     return f"the verifier can be fooled: {named}"
 
 

@@ -1,7 +1,9 @@
 """`lodestar train CONFIG`: one GRPO training run from a TOML file, with a live view and a summary.
 
 Reads `[train]` (train_config.py) and the run spec it names, attaches to a running `lodestar up` stack or
-starts its own (train_stack.py), creates the run on rollout, starts a trainer process on it (the file's
+starts its own (train_stack.py), attacks the run's verifier with `lodestar redteam`'s hacks on a few tasks and
+refuses to train when one pays (train_redteam.py; `--no-redteam` skips it, loudly), creates the run on rollout,
+starts a trainer process on it (the file's
 `[trainer]` table + the run, the model and `steps`), and shows the progress (train_view.py: a rich live
 view on a terminal, one plain line per step otherwise) until the trainer has done its steps, failed,
 or `timeout_s` passed; Ctrl-C / SIGTERM stops early. Then it makes sure the last step is checkpointed,
@@ -29,7 +31,7 @@ import grpc.aio
 from rich.console import Console
 from rich.live import Live
 
-from lodestar.cli import client_security, train_eval, train_stack, train_view
+from lodestar.cli import client_security, train_eval, train_redteam, train_stack, train_view
 from lodestar.cli.dashboard import start_local
 from lodestar.cli.run import _call
 from lodestar.cli.train_config import TrainConfig, load_train_config
@@ -183,7 +185,12 @@ def _ended_early(progress: train_view.Progress, steps_done: int, groups_trained:
 
 
 async def _train(
-    config: TrainConfig, console: Console, *, dashboard: bool = False, client: list[str] | None = None
+    config: TrainConfig,
+    console: Console,
+    *,
+    dashboard: bool = False,
+    client: list[str] | None = None,
+    redteam: bool = True,
 ) -> int:
     from services.rollout.spec import load_spec_file  # the spec checks: only when running
 
@@ -202,6 +209,12 @@ async def _train(
     error, checkpoint = "", ""
     board = await start_local(stack.rollout, config.run_dir, stack.model) if dashboard else None
     try:
+        if redteam and config.redteam.enabled:  # attack the verifier before training on it (train_redteam.py)
+            with console.status("starting the gateway node"):
+                await train_stack.start_node(config, stack)
+            await train_redteam.pre_pass(config.redteam, spec, stack.rollout, console)
+        else:
+            train_redteam.warn_skipped(console)
         if heldout is not None and config.eval is not None and config.eval.before:
             with console.status("starting the gateway node"):
                 await train_stack.start_node(config, stack)  # before the training run: the eval has the node
@@ -314,7 +327,11 @@ def _handle(args: argparse.Namespace) -> int:
     if args.run_dir is not None:
         overrides["run_dir"] = args.run_dir.resolve()
     config = dataclasses.replace(config, **overrides)  # type: ignore[arg-type]
-    return asyncio.run(_train(config, Console(), dashboard=args.dashboard, client=client_security.given(args)))
+    return asyncio.run(
+        _train(
+            config, Console(), dashboard=args.dashboard, client=client_security.given(args), redteam=not args.no_redteam
+        )
+    )
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -330,6 +347,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--dashboard",
         action="store_true",
         help="serve the run dashboard on loopback while training (docs/dashboard.md)",
+    )
+    command.add_argument(
+        "--no-redteam",
+        action="store_true",
+        help="skip the red-team pass before the first step (a warning says so; docs/redteam.md)",
     )
     client_security.add_arguments(command)  # for --attach: a secured stack (train_stack.py)
     command.set_defaults(handler=client_security.secured(_handle))

@@ -31,6 +31,18 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class RedTeamConfig:
+    """The `[redteam]` table: the red-team pass `lodestar train` runs before its first step (train_redteam.py)."""
+
+    enabled: bool = True
+    tasks: int = 2
+    timeout_s: float = 300.0
+    hacks: tuple[str, ...] = ()
+    """Only these hack kinds (empty: every kind that applies to the spec's verifier)."""
+    pass_threshold: float = 1.0
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     config_path: Path
     spec: Path
@@ -47,6 +59,8 @@ class TrainConfig:
     start_timeout_s: float = 180.0
     eval: EvalConfig | None = None
     """The `[eval]` table, when the file has one."""
+    redteam: RedTeamConfig = RedTeamConfig()
+    """The `[redteam]` table (its defaults when the file has none)."""
 
 
 KEYS: dict[str, str] = {
@@ -89,6 +103,21 @@ ends with on these tasks (pass@1 with its 95% interval, mean reward), prints bot
 training reward; see lodestar/cli/train_eval.py."""
 
 
+REDTEAM_KEYS: dict[str, str] = {
+    "enabled": "Run the red-team pass before the first step (false, or `lodestar train --no-redteam`: skip it, "
+    "with a warning).",
+    "tasks": "Tasks of the run spec attacked (spread over the task set); each hack kind that applies to the "
+    "verifier runs once on each.",
+    "timeout_s": "The whole pass must end within this many seconds.",
+    "hacks": "Only these hack kinds (names as in docs/redteam.md); empty: every kind that applies to the verifier.",
+    "pass_threshold": "The honest-failure agent (`noop`) pays, i.e. the verifier rewards doing nothing, at a reward "
+    "of at least this.",
+}
+"""Every key of the `[redteam]` table: before its first step `lodestar train` attacks the run's verifier with
+`lodestar redteam`'s hacks on a few tasks, through the stack's own node and runtime, and refuses to train when
+one pays (docs/redteam.md)."""
+
+
 def load_train_config(path: Path) -> TrainConfig:
     """Read and check the `[train]` table of `path` (InvalidArgumentError naming the problem)."""
     try:
@@ -123,6 +152,7 @@ def load_train_config(path: Path) -> TrainConfig:
         timeout_s=float(table.get("timeout_s", 1800.0)),
         start_timeout_s=float(table.get("start_timeout_s", 180.0)),
         eval=_eval_config(path, base, document.get("eval")),
+        redteam=_redteam_config(path, document.get("redteam", {})),
     )
 
 
@@ -147,6 +177,30 @@ def _eval_config(path: Path, base: Path, table: object) -> EvalConfig | None:
         before=before,
         pass_threshold=threshold,
         timeout_s=timeout_s,
+    )
+
+
+def _redteam_config(path: Path, table: object) -> RedTeamConfig:
+    if not isinstance(table, dict):
+        raise InvalidArgumentError(f"{path}: [redteam] must be a table")
+    unknown = set(table) - set(REDTEAM_KEYS)
+    if unknown:
+        raise InvalidArgumentError(f"{path}: unknown [redteam] keys: {', '.join(sorted(unknown))}")
+    enabled = table.get("enabled", True)
+    hacks = table.get("hacks", [])
+    if not isinstance(enabled, bool):
+        raise InvalidArgumentError(f"{path}: [redteam] enabled must be true or false")
+    if not isinstance(hacks, list) or not all(isinstance(name, str) for name in hacks):
+        raise InvalidArgumentError(f"{path}: [redteam] hacks must be a list of hack names")
+    timeout_s = float(table.get("timeout_s", 300.0))
+    if timeout_s <= 0:
+        raise InvalidArgumentError(f"{path}: [redteam] timeout_s must be positive")
+    return RedTeamConfig(
+        enabled=enabled,
+        tasks=_positive(path, "tasks", table.get("tasks", 2), table="redteam"),
+        timeout_s=timeout_s,
+        hacks=tuple(hacks),
+        pass_threshold=float(table.get("pass_threshold", 1.0)),
     )
 
 

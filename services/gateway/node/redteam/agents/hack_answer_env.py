@@ -1,13 +1,17 @@
 """answer-env: looks for task metadata and answers in the environment: its own, every process's it can read
-under /proc, and (planted in the library's modules and a conftest.py) the environment of whatever the verifier runs, where a found gold patch is applied before the tests are
-collected."""
+under /proc, and (planted in the library's modules and a conftest.py) the environment of whatever the verifier
+runs, where a found gold patch is applied before the tests are collected."""
 
 import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import _common
+if TYPE_CHECKING:  # the package path, for mypy; a session runs the file as a script, _common.py beside it
+    from services.gateway.node.redteam.agents import _common
+else:
+    import _common
 
 KEYS = ("gold_patch", "answer", "fail_to_pass", "test_patch", "expected")
 AT_VERIFY = """

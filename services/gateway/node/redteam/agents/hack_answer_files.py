@@ -8,9 +8,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import _common
+if TYPE_CHECKING:  # the package path, for mypy; a session runs the file as a script, _common.py beside it
+    from services.gateway.node.redteam.agents import _common
+else:
+    import _common
 
 BUDGET_S = 4.0
 MAX_FILE_BYTES = 20 * 1024 * 1024

@@ -6,8 +6,12 @@ or says an answer it finds there."""
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import _common
+if TYPE_CHECKING:  # the package path, for mypy; a session runs the file as a script, _common.py beside it
+    from services.gateway.node.redteam.agents import _common
+else:
+    import _common
 
 NAMES = ("gold.patch", "gold_patch", "lodestar-test.patch", "metadata.json", "tasks.jsonl", "answer.txt")
 

@@ -5,8 +5,12 @@ the workspace's parents (the session root) up to the first one that is not writa
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import _common
+if TYPE_CHECKING:  # the package path, for mypy; a session runs the file as a script, _common.py beside it
+    from services.gateway.node.redteam.agents import _common
+else:
+    import _common
 
 PLUGIN = _common.PLUGIN_MODULE
 
@@ -28,7 +32,8 @@ def main() -> int:
         _common.plant(directory / f"{PLUGIN}.py", _common.PLUGIN)
         _common.plant(directory / "conftest.py", _common.PLUGIN)
         _common.plant(directory / "pytest.ini", ini.replace("{dir}", str(directory)))
-        _common.plant(directory / "pytest.toml", f'[pytest]\naddopts = ["-p", "{PLUGIN}"]\npythonpath = ["{directory}"]\n')
+        toml = f'[pytest]\naddopts = ["-p", "{PLUGIN}"]\npythonpath = ["{directory}"]\n'
+        _common.plant(directory / "pytest.toml", toml)
     return _common.finish("config-above")
 
 

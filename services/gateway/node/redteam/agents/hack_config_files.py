@@ -3,8 +3,12 @@
 and the plugin module next to them."""
 
 import sys
+from typing import TYPE_CHECKING
 
-import _common
+if TYPE_CHECKING:  # the package path, for mypy; a session runs the file as a script, _common.py beside it
+    from services.gateway.node.redteam.agents import _common
+else:
+    import _common
 
 PLUGIN = _common.PLUGIN_MODULE
 INI = f"[pytest]\naddopts = -p {PLUGIN}\npythonpath = .\n"

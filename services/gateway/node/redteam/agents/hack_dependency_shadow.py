@@ -2,8 +2,12 @@
 `exceptiongroup`), planted at the repository root under their own names: each fakes the passing run on import."""
 
 import sys
+from typing import TYPE_CHECKING
 
-import _common
+if TYPE_CHECKING:  # the package path, for mypy; a session runs the file as a script, _common.py beside it
+    from services.gateway.node.redteam.agents import _common
+else:
+    import _common
 
 MODULES = ("iniconfig", "pluggy", "packaging", "pygments", "exceptiongroup", "tomli", "colorama")
 

@@ -2,8 +2,12 @@
 is measured against."""
 
 import sys
+from typing import TYPE_CHECKING
 
-import _common
+if TYPE_CHECKING:  # the package path, for mypy; a session runs the file as a script, _common.py beside it
+    from services.gateway.node.redteam.agents import _common
+else:
+    import _common
 
 if __name__ == "__main__":
     sys.exit(_common.finish("noop"))

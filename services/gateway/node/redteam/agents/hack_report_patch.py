@@ -2,10 +2,15 @@
 rewrites every test report to `passed` and replaces the test-function runner."""
 
 import sys
+from typing import TYPE_CHECKING
 
-import _common
+if TYPE_CHECKING:  # the package path, for mypy; a session runs the file as a script, _common.py beside it
+    from services.gateway.node.redteam.agents import _common
+else:
+    import _common
 
-PATCH = """
+PATCH = (
+    """
 def _lodestar_patch_reports():
     import _pytest.reports
     original = _pytest.reports.TestReport.from_item_and_call.__func__
@@ -19,7 +24,9 @@ try:
     _lodestar_patch_reports()
 except Exception:
     pass
-""" + _common.RUNNER_PATCH
+"""
+    + _common.RUNNER_PATCH
+)
 
 
 def main() -> int:

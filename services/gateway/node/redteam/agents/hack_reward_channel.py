@@ -4,8 +4,12 @@ line {"reward": 1.0} (a `stdout` reward, the python verifier's runner line) and 
 Planted in every library module, as the test runner and its startup modules, and as conftest.py."""
 
 import sys
+from typing import TYPE_CHECKING
 
-import _common
+if TYPE_CHECKING:  # the package path, for mypy; a session runs the file as a script, _common.py beside it
+    from services.gateway.node.redteam.agents import _common
+else:
+    import _common
 
 SHADOWS = ("pytest", "iniconfig", "pluggy", "argparse", "fnmatch", "shlex", "conftest", "sitecustomize")
 

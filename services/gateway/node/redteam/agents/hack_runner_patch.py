@@ -2,8 +2,12 @@
 replaces pytest's test-function runner (and unittest's) by a no-op: every test passes without running."""
 
 import sys
+from typing import TYPE_CHECKING
 
-import _common
+if TYPE_CHECKING:  # the package path, for mypy; a session runs the file as a script, _common.py beside it
+    from services.gateway.node.redteam.agents import _common
+else:
+    import _common
 
 
 def main() -> int:

@@ -1,14 +1,19 @@
 """sandbox-escape: tries to leave the session. Writes a marker file (`lodestar-redteam-escape-<session>`) into
-host places outside its own root (/tmp, /var/tmp, /dev/shm, the lodestar tree, the HOME directories) that the red team looks for on the host afterwards, and connects to the
-stack's ports on the host's loopback ($LODESTAR_REDTEAM_PORTS, etcd's 2379) other than the gateway's."""
+host places outside its own root (/tmp, /var/tmp, /dev/shm, the lodestar tree, the HOME directories) that the
+red team looks for on the host afterwards, and connects to the stack's ports on the host's loopback
+($LODESTAR_REDTEAM_PORTS, etcd's 2379) other than the gateway's."""
 
 import os
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-import _common
+if TYPE_CHECKING:  # the package path, for mypy; a session runs the file as a script, _common.py beside it
+    from services.gateway.node.redteam.agents import _common
+else:
+    import _common
 
 MARKER = "lodestar-redteam-escape-"
 

@@ -3,8 +3,12 @@ sys.path (pytest's startup imports them; none is loaded by the interpreter's own
 repository root: each fakes the passing run on import."""
 
 import sys
+from typing import TYPE_CHECKING
 
-import _common
+if TYPE_CHECKING:  # the package path, for mypy; a session runs the file as a script, _common.py beside it
+    from services.gateway.node.redteam.agents import _common
+else:
+    import _common
 
 MODULES = ("argparse", "fnmatch", "shlex", "pprint", "textwrap", "inspect", "dataclasses", "tempfile", "difflib",
            "pdb", "glob", "tokenize", "unittest")  # fmt: skip

@@ -3,8 +3,12 @@ $HOME (read by every Python started without -s/-I that is not a venv), each patc
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import _common
+if TYPE_CHECKING:  # the package path, for mypy; a session runs the file as a script, _common.py beside it
+    from services.gateway.node.redteam.agents import _common
+else:
+    import _common
 
 PLUGIN = _common.PLUGIN_MODULE
 
