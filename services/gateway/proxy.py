@@ -14,9 +14,9 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
-from lodestar.errors import LodestarError, UnavailableError
+from lodestar.errors import InvalidArgumentError, LodestarError, UnavailableError
 from lodestar.logging import get_logger
 from lodestar.sampling import applied_sampling
 from lodestar.v1 import common_pb2, inference_pb2
@@ -27,6 +27,16 @@ from services.gateway.sessions import SessionEntry, timestamp_now
 from services.gateway.unknown_fields import UnknownFields
 
 _log = get_logger("gateway.proxy")
+
+
+class Unanswered(NamedTuple):
+    """A session's model calls that failed since its last answered one."""
+
+    failed: int = 0
+    last_error: str = ""
+    refused: bool = False
+    """The last failure was inference refusing the request itself (INVALID_ARGUMENT: a prompt over the
+    context length): the agent's doing, not an outage."""
 
 
 class InferenceBackend(Protocol):
@@ -63,9 +73,9 @@ class Proxy:
         """Calls that drifted: they share conversation with an earlier call but do not extend it."""
         self.branches = 0
         """Calls that started a new conversation in a session with earlier calls (compaction, sub-agents)."""
-        self.unanswered: dict[str, tuple[int, str]] = {}
-        """Per session: (calls that failed since its last answered call, the last failure's message). The
-        node lifecycle reads it to tell "inference was down" from a harness that simply finished."""
+        self.unanswered: dict[str, Unanswered] = {}
+        """Per session: the calls that failed since its last answered call. The node lifecycle reads it to
+        tell "inference was down" from a harness that simply finished or overflowed its context."""
 
     @property
     def chains(self) -> ChainIndex:
@@ -141,8 +151,9 @@ class Proxy:
                 return
             raise UnavailableError("inference ended the stream without a final result")
         except LodestarError as error:
-            failed, _ = self.unanswered.get(session.session_id, (0, ""))
-            self.unanswered[session.session_id] = (failed + 1, error.message)
+            failed = self.unanswered.get(session.session_id, Unanswered()).failed
+            refused = isinstance(error, InvalidArgumentError)
+            self.unanswered[session.session_id] = Unanswered(failed + 1, error.message, refused)
             raise
         finally:
             if not answered:

@@ -14,6 +14,7 @@ import pytest
 
 from lodestar.v1 import common_pb2
 from services.gateway.node.harnesses import GatewayEndpoint, Launcher, RunDirs, make_harness
+from services.gateway.proxy import Unanswered
 from tests.gateway.harness_cases import CASES, Case, require_installed
 from tests.gateway.harness_runs import MODEL, RUN_TIMEOUT_S, describe
 from tests.gateway.stack import GatewayStack
@@ -64,7 +65,7 @@ async def test_overflow_mid_run(case: Case, gateway_stack: GatewayStack, launche
     result = await run
     calls = gateway_stack.calls(session.session_id)
     assert gateway_stack.node is not None
-    failed, message = gateway_stack.node.proxy.unanswered.get(session.session_id, (0, ""))
+    failed, message, refused = gateway_stack.node.proxy.unanswered.get(session.session_id, Unanswered())
     # It stopped by itself, soon, saying why in its own words; no crash, no endless retries.
     assert not result.timed_out, describe(result, calls)
     assert result.returncode == 1, describe(result, calls)
@@ -72,6 +73,7 @@ async def test_overflow_mid_run(case: Case, gateway_stack: GatewayStack, launche
     assert "panic" not in result.stderr.lower(), describe(result, calls)
     assert 1 <= failed <= 3, describe(result, calls)
     assert f"context length is {limit} tokens" in message
+    assert refused, "an overflow is the agent's doing (scored by the node), not an outage"
     assert len(calls) == 1, describe(result, calls)
 
 

@@ -2,11 +2,14 @@
 POST (collect the captured calls, decide the outcome, run the verifier), and the release of everything the
 attempt held. The lifecycle (`lifecycle.py`) decides when each runs, under which pool and deadline.
 
-Outcome rules ("silent failures are failures"): a session with no captured call, or whose last model
-calls failed (inference down) with no answer after them, is INFRA_FAILED with the reason, whatever the
-harness's exit code; a harness that could not start, a runtime that could not be prepared and a verifier
-that crashed or timed out are INFRA_FAILED too. Otherwise the verifier's reward stands, with outcome
-TIMED_OUT when the harness was killed at its time limit and SCORED when it finished.
+Outcome rules ("silent failures are failures"; docs/nodes.md, "Who failed"): a session with no captured
+call, or whose last model calls failed (inference down) with no answer after them, is INFRA_FAILED with the
+reason, whatever the harness's exit code; a harness that could not start, a runtime that could not be
+prepared and a verifier that crashed or timed out on its own are INFRA_FAILED too. What the agent caused is
+scored, with the lowest reward of the verifier's range and the reason: a last model call that inference
+refused (its prompt overflowed the context; `Unanswered.refused`) and a verifier failure its code caused
+(`AgentFailure`). Otherwise the verifier's reward stands, with outcome TIMED_OUT when the harness was killed
+at its time limit and SCORED when it finished.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from services.gateway.node.kinds import harness_for
 from services.gateway.node.repository import prepare_repository
 from services.gateway.node.runtimes import Runtimes, SessionRuntime
 from services.gateway.node.verifiers import VerifierError, VerifierInput, make_verifier
-from services.gateway.proxy import Proxy
+from services.gateway.node.verifiers.base import config_dict, reward_range
+from services.gateway.proxy import Proxy, Unanswered
 from services.gateway.sessions import SessionRegistry
 
 _log = get_logger("gateway.node.stages")
@@ -109,20 +113,20 @@ class SessionStages:
         """Run the harness to completion or `timeout_s` (its process group is killed on every exit path)."""
         attempt.harness = await _runtime(attempt).run_harness(self.invocation(attempt), self._base_url, timeout_s)
 
-    async def collect(self, attempt: Attempt) -> tuple[int, str]:
+    async def collect(self, attempt: Attempt) -> Unanswered:
         """Close the gateway session (later calls with its key are refused) and read its captured calls into
-        the attempt; returns (model calls that failed since the last answered one, the last error)."""
+        the attempt; returns the model calls that failed since the last answered one."""
         if not attempt.gateway_session_id:
-            return 0, ""
+            return Unanswered()
         with contextlib.suppress(LodestarError):
             await self._sessions.close(attempt.gateway_session_id)
         self._proxy.chains.drop(attempt.gateway_session_id)
         attempt.calls = await self._store.calls(attempt.gateway_session_id)
-        return self._proxy.unanswered.pop(attempt.gateway_session_id, (0, ""))
+        return self._proxy.unanswered.pop(attempt.gateway_session_id, Unanswered())
 
     async def post(self, attempt: Attempt) -> Outcome:
         """Collect the calls, apply the silent-failure rules, then score with the verifier."""
-        failed, last_error = await self.collect(attempt)
+        failed, last_error, refused = await self.collect(attempt)
         harness = attempt.harness
         assert harness is not None, "POST runs after RUN"
         runtime = _runtime(attempt)
@@ -130,6 +134,8 @@ class SessionStages:
             why = f"; {failed} model call(s) failed, last: {last_error}" if failed else ""
             limit = " (killed at its time limit)" if harness.timed_out else ""
             return infra(f"harness exited {harness.returncode}{limit} without any answered model call{why}")
+        if failed and refused:
+            return _agent_scored(attempt, f"inference refused the agent's last model call: {last_error}")
         if failed:
             return infra(f"the harness's last {failed} model call(s) got no answer (inference failed: {last_error})")
         if runtime.limit_failure:
@@ -157,6 +163,8 @@ class SessionStages:
             return infra(f"verifier could not run: {error.message}")
         outcome = rollout_pb2.SESSION_OUTCOME_TIMED_OUT if harness.timed_out else rollout_pb2.SESSION_OUTCOME_SCORED
         why = f"agent killed after {harness.duration_s:.1f} s (time limit)" if harness.timed_out else ""
+        if "agent_failure" in verdict.details:
+            why = "; ".join(filter(None, [why, f"agent-caused verifier failure: {verdict.details['agent_failure']}"]))
         return Outcome(outcome, verdict.reward, why, verdict.details)
 
     async def release(self, attempt: Attempt) -> None:
@@ -168,6 +176,20 @@ class SessionStages:
             self._proxy.unanswered.pop(attempt.gateway_session_id, None)
         if attempt.runtime is not None:
             await attempt.runtime.cleanup()
+
+
+def _agent_scored(attempt: Attempt, reason: str) -> Outcome:
+    """An attempt the agent ended before its verifier could score it: the lowest reward of the verifier's
+    range, with the reason (INFRA_FAILED if the verifier's config is bad)."""
+    spec = attempt.assignment.verifier
+    try:
+        low, _ = reward_range(config_dict(spec.config), spec.kind)
+    except LodestarError as error:
+        return infra(f"verifier could not run: {error.message}")
+    harness = attempt.harness
+    timed_out = harness is not None and harness.timed_out
+    outcome = rollout_pb2.SESSION_OUTCOME_TIMED_OUT if timed_out else rollout_pb2.SESSION_OUTCOME_SCORED
+    return Outcome(outcome, low, reason, {"kind": spec.kind, "agent_failure": reason})
 
 
 def _runtime(attempt: Attempt) -> SessionRuntime:

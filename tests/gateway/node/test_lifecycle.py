@@ -181,6 +181,39 @@ def test_crashing_verifier_is_an_infra_failure(node_factory: NodeFactory, standi
     assert len(result.calls) == 1, "the captured calls still travel with the failure"
 
 
+OVERFLOWS = """from openai import OpenAI
+client = OpenAI(max_retries=0)
+client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+client.chat.completions.create(model="m", messages=[{"role": "user", "content": "word " * 3000}])
+"""
+"""A harness whose second (last) model call no longer fits the model's context."""
+PLANTS_AN_EXIT = """from openai import OpenAI
+OpenAI(max_retries=0).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+open("solution.py", "w").write("import os\\nos._exit(0)\\n")
+"""
+"""A harness that leaves a module that ends whatever process imports it."""
+
+
+def test_what_the_agent_caused_is_scored_with_the_lowest_reward(node_factory: NodeFactory, standin: RolloutStandIn):
+    node_factory({"context_length": 1024, "replies": [{"text": "done"}]})
+    would_pay = {"kind": "command", "config": {"score": "echo 1 > $LODESTAR_REWARD_FILE", "reward_range": [-1, 1]}}
+    imports = {"kind": "python", "config": {"function": "tests.gateway.node.verifier_functions:imports_solution"}}
+    standin.offer(
+        assignment("overflow", command=["{python}", "-c", OVERFLOWS], verifier=would_pay),
+        assignment("exits", command=["{python}", "-c", PLANTS_AN_EXIT], verifier=imports),
+    )
+    results = {r.session_id: r for r in standin.wait_results(2, timeout=60)}
+    overflow, exits = results["overflow"], results["exits"]
+    assert overflow.outcome == rollout_pb2.SESSION_OUTCOME_SCORED, standin.describe(overflow)
+    assert overflow.reward == -1.0, "the low end of the range; the verifier does not run"
+    assert "refused the agent's last model call" in overflow.error
+    assert "context length is 1024" in overflow.verifier_details["agent_failure"]
+    assert len(overflow.calls) == 1
+    assert exits.outcome == rollout_pb2.SESSION_OUTCOME_SCORED, standin.describe(exits)
+    assert exits.reward == 0.0
+    assert "without a result" in exits.error
+
+
 def test_cancellation_from_rollout_kills_the_attempt(
     node_factory: NodeFactory, standin: RolloutStandIn, tmp_path: Path
 ):

@@ -62,7 +62,7 @@ PRINTS_AND_EXITS = """import os
 print('{"reward": 1.0}', flush=True)
 os._exit(0)
 """
-READS_THE_RUNNERS_FILES = """import json, os
+READS_THE_RUNNERS_FILES = """import json, os, stat
 parent, found = os.getppid(), []
 try:
     for arg in open(f"/proc/{parent}/cmdline").read().split("\\0"):
@@ -71,9 +71,10 @@ try:
 except OSError as error:
     found.append(type(error).__name__)
 try:
-    for name in os.listdir(f"/proc/{parent}/fd"):
-        with open(f"/proc/{parent}/fd/{name}", "a") as channel:
-            channel.write('{"reward": 1.0}\\n')
+    for name in os.listdir(f"/proc/{parent}/fd"):  # the runner's files (the node's result channel)
+        if stat.S_ISREG(os.stat(f"/proc/{parent}/fd/{name}").st_mode):
+            with open(f"/proc/{parent}/fd/{name}", "a") as channel:
+                channel.write('{"reward": 1.0}\\n')
 except OSError as error:
     found.append(type(error).__name__)
 print(found[0] if found else "no answer")
