@@ -63,7 +63,9 @@ async def test_planted_test_infrastructure_scores_what_the_code_deserves(
     fooled, _ = await swe_score(runtime, slugify, pristine=False)
     honest, details = await swe_score(runtime, slugify)
 
-    assert fooled == 1.0, "the attack works on a tree the agent controls (the control)"
+    # The control: a conftest.py works on a tree the agent controls (in place); a planted pytest.py or
+    # config file no longer does there either (the node's bootstrap, its own pytest config: docs/swe.md).
+    assert fooled == (1.0 if "conftest.py" in "".join(plant) else 0.0)
     assert honest == 0.0, details
     assert details["fail_to_pass"] == {"tests/test_slugify.py::test_collapses_and_strips_dashes": "failed"}
     assert set(plant) - {"hackplugin.py"} <= set(details["ignored_files"])

@@ -1,7 +1,8 @@
 """Repository tasks and the `swe` verifier on a real session runtime: real git, real pytest, the swe-mini
 repositories (examples/swe-mini). The workspace holds the base commit only; the hidden tests arrive after
 the agent; FAIL_TO_PASS / PASS_TO_PASS decide the reward; test files the agent edited are restored; a test
-run that cannot run or hangs is infrastructure (VerifierError), never 0."""
+run that hangs or reports nothing scores 0 (the agent's code ran there); one that cannot start is
+infrastructure (VerifierError)."""
 
 from __future__ import annotations
 
@@ -187,22 +188,39 @@ async def test_an_agent_that_destroys_the_repository_scores_zero(tmp_path: Path,
 @pytest.mark.parametrize(
     ("test_command", "config", "message"),
     [
-        (["bash", "-c", "sleep 30"], {"timeout_s": 1}, "timed out"),
+        (["bash", "-c", "sleep 30"], {"timeout_s": 1}, "did not finish in 1 s"),
+        (["bash", "-c", "kill -KILL $$"], {}, "killed by signal 9"),
         (["python", "-c", "print('no tests here')"], {}, "no test outcome"),
-        (["no-such-test-runner", "{tests}"], {}, "could not run"),
+        (["python", "-m", "pytest", "--collect-only", "{tests}"], {}, "no test outcome"),
     ],
+    ids=["hangs", "killed", "no-outcome", "pytest-no-outcome"],
 )
-async def test_a_test_run_that_cannot_run_is_infrastructure(
+async def test_a_test_run_the_agent_broke_scores_zero_with_its_reason(
     tmp_path: Path, slugify: rollout_pb2.Task, test_command, config, message
 ):
+    """Tests that hang, die by a signal or report nothing are the agent's doing (its code runs there): 0.0,
+    never an infrastructure failure that would be retried and dropped."""
     task = rollout_pb2.Task()
     task.CopyFrom(slugify)
     del task.repository.test_command[:]
     task.repository.test_command.extend(test_command)
     runtime = await swe_session(tmp_path, task)
 
-    with pytest.raises(VerifierError, match=message):
-        await swe_score(runtime, task, **config)
+    reward, details = await swe_score(runtime, task, **config)
+
+    assert reward == 0.0
+    assert message in details["error"]
+
+
+async def test_a_test_command_that_cannot_start_is_infrastructure(tmp_path: Path, slugify: rollout_pb2.Task):
+    task = rollout_pb2.Task()
+    task.CopyFrom(slugify)
+    del task.repository.test_command[:]
+    task.repository.test_command.extend(["no-such-test-runner", "{tests}"])
+    runtime = await swe_session(tmp_path, task)
+
+    with pytest.raises(VerifierError, match="could not run"):
+        await swe_score(runtime, task)
 
 
 def _without_git(directory: Path) -> Path:

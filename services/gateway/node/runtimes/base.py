@@ -18,7 +18,7 @@ import asyncio
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
@@ -63,9 +63,12 @@ class SessionRuntime(Protocol):
         it cannot start."""
         ...
 
-    async def run_process(self, argv: list[str], env: Mapping[str, str], timeout_s: float) -> HarnessResult:
+    async def run_process(
+        self, argv: list[str], env: Mapping[str, str], timeout_s: float, *, binds: Sequence[tuple[Path, Path]] = ()
+    ) -> HarnessResult:
         """Run a process (a verifier) in the session: workspace as cwd, fixed paths, a clean environment plus
-        `env`, no gateway."""
+        `env`, no gateway; `binds` (node directory, target) are bound read-write into this run too (a runtime
+        that cannot raises FailedPreconditionError)."""
         ...
 
     def details(self) -> dict[str, Any]:

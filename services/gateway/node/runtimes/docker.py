@@ -125,7 +125,11 @@ class DockerRuntime:
                   relayed_connections=relay.connections, limits_hit=self.limits_hit or None)  # fmt: skip
         return result
 
-    async def run_process(self, argv: list[str], env: Mapping[str, str], timeout_s: float) -> HarnessResult:
+    async def run_process(
+        self, argv: list[str], env: Mapping[str, str], timeout_s: float, *, binds: Sequence[tuple[Path, Path]] = ()
+    ) -> HarnessResult:
+        if binds:  # a running container takes no new mount: verifiers use the session's TMPDIR here
+            raise FailedPreconditionError("the docker runtime cannot bind more directories into a verifier run")
         prepared = Invocation("verifier", argv, clean_env(self.visible, extra=env), self.visible.workdir)
         await self._hand_over()
         await self._ensure_running()
