@@ -89,12 +89,15 @@ class GatewaySettings(EtcdClientSettings):
     """Give sessions fixed paths through mount namespaces (when possible)."""
     host_sandbox: Literal["bwrap", "namespaces"] = "bwrap"
     """How the host runtime contains a session: "bwrap" (default) runs every process of it under bubblewrap
-    (user, PID, network, IPC and UTS namespaces, the host read-only, the node's data hidden: docs/security.md)
-    and refuses sessions when bubblewrap cannot run; "namespaces" is the older, weaker isolation (network and
-    mount namespaces only, each falling back to none when unavailable): not for untrusted agents."""
+    (an allow-list root, user, PID, network, IPC, UTS and cgroup namespaces, seccomp, rlimits, never root
+    outside: docs/security.md) and refuses sessions when bubblewrap cannot run; "namespaces" only gives each
+    run its own network and mount namespaces (the whole host file system visible, the node's uid) and
+    refuses a run when either cannot be made: for trusted agents only."""
     sandbox_hidden: list[Path] = Field(default_factory=list)
-    """More host paths the sandbox hides from sessions (the node's data and sessions directories, the working
-    directory's `.lodestar`, the node user's HOME, /tmp, /var/tmp and /run always are)."""
+    """Host paths sessions must not see besides the node's data and sessions directories and the working
+    directory's `.lodestar`. The sandbox's root is an allow-list, so they are outside it already unless they
+    lie inside an installation it shows (the node's Python, the harness installs): there a directory is
+    covered by an empty tmpfs and a file by an empty read-only file."""
     docker_mounts_allowed: list[Path] = Field(default_factory=list)
     """Host paths a docker run's `options.mounts` may name (each mount must resolve, symlinks followed, to one
     of them or below; `/` and the docker socket never). Empty (the default): a run asking for any mount fails

@@ -171,6 +171,8 @@ class Launcher:
             network = await self.isolation.available()
             if self.isolation.enabled and not network:
                 raise FailedPreconditionError(f"{invocation.harness}: network isolation (unshare) cannot run here")
+            if self.mounts.enabled and not await self.mounts.available():
+                raise FailedPreconditionError(f"{invocation.harness}: mount namespaces (unshare) cannot run here")
             relayed = network and gateway_url is not None
             if binds and not await self.mounts.available():
                 raise FailedPreconditionError(f"{invocation.harness}: bind mounts need mount namespaces (unavailable)")

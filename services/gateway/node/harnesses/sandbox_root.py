@@ -48,7 +48,7 @@ SESSION_PROGRAMS = (
     "services/gateway/node/harnesses/netns_child.py",
     "services/gateway/node/harnesses/openhands_driver.py",
     "services/gateway/node/verifiers/python_runner.py",
-    "services/gateway/node/redteam",
+    "services/gateway/node/redteam/agents",
 )
 """The lodestar files (relative to the checkout) that sessions run; nothing else of the checkout is visible.
 A new program that runs inside a session is added here."""
