@@ -10,6 +10,7 @@ from google.protobuf import json_format
 
 from lodestar.v1 import rollout_pb2
 from services.gateway.node.harnesses import Launcher
+from services.gateway.node.harnesses.sandbox import Sandbox
 from services.gateway.node.repository import prepare_repository
 from services.gateway.node.runtimes import HostBackend, HostRuntime
 from services.gateway.node.verifiers import VerifierInput, make_verifier
@@ -27,9 +28,14 @@ def swe_mini_tasks() -> dict[str, rollout_pb2.Task]:
     return tasks
 
 
-async def swe_session(tmp_path: Path, task: rollout_pb2.Task, name: str = "s1-a1") -> HostRuntime:
-    """A host session runtime under `tmp_path/sessions` with `task`'s files and its repository prepared."""
-    runtime = await HostBackend(tmp_path / "sessions", Launcher()).create(name, dict(task.files))
+async def swe_session(
+    tmp_path: Path, task: rollout_pb2.Task, name: str = "s1-a1", *, sandboxed: bool = False
+) -> HostRuntime:
+    """A host session runtime under `tmp_path/sessions` with `task`'s files and its repository prepared
+    (`sandboxed`: in the node's bubblewrap sandbox, as a gateway node runs it)."""
+    sessions = tmp_path / "sessions"
+    launcher = Launcher(sandbox=Sandbox(hidden=[sessions])) if sandboxed else Launcher()
+    runtime = await HostBackend(sessions, launcher).create(name, dict(task.files))
     await prepare_repository(task.repository, runtime.real.workdir)
     return runtime
 
@@ -50,6 +56,7 @@ async def swe_score(
         scratch_visible=runtime.visible.tmpdir,
         root=runtime.root,
         workspace_host=runtime.real.workdir if pristine else None,
+        owner=runtime.owner,
     )
     verdict = await make_verifier(spec).score(given)
     return verdict.reward, verdict.details

@@ -252,9 +252,13 @@ async def test_a_link_in_place_of_the_test_directory_scores_zero(tmp_path: Path,
     assert "refuses" in details["error"]
 
 
-async def test_an_honest_fix_still_scores_one_with_its_new_module(tmp_path: Path, slugify: rollout_pb2.Task) -> None:
-    """The allow-list carries a new module inside the library's package, and the fix that imports it."""
-    runtime = await swe_session(tmp_path, slugify)
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["namespaces", "sandbox"])
+async def test_an_honest_fix_still_scores_one_with_its_new_module(
+    tmp_path: Path, slugify: rollout_pb2.Task, sandboxed: bool
+) -> None:
+    """The allow-list carries a new module inside the library's package, and the fix that imports it; in
+    the node's bubblewrap sandbox too (the scoring directory bound into the verifier's run)."""
+    runtime = await swe_session(tmp_path, slugify, sandboxed=sandboxed)
     work = runtime.real.workdir
     (work / "slugify" / "_text.py").write_text(
         "import re\n\n\ndef dashes(text):\n    return re.sub(r'[^a-z0-9]+', '-', text.lower()).strip('-')\n"

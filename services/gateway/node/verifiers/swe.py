@@ -99,7 +99,7 @@ applies=$?; rm -f "$index"
 if [ $applies = 0 ]; then echo "the test patch applies to the base commit, not to the agent's tree" >&2; exit 95; fi
 exit 94
 """
-RUN_IN = 'cd "$1" && shift && exec "$@"'
+RUN_IN = 'cd "$1" || { echo "cannot enter the scoring directory $1" >&2; exit 126; }; shift; exec "$@"'
 
 
 def _zero(details: dict[str, Any], error: str) -> NoReturn:

@@ -9,8 +9,9 @@ script, Django's runner) is not, and its outcomes are parsed from its output (`s
 The report is JSON lines: `started`, one `test` line per test, `collect_error` lines, and a `summary` with
 the nonce the node gave, pytest's exit code, the counts and `tampered`. `read_report` checks it is whole and
 consistent with itself and with the process's exit; any other shape is the agent's doing (its code runs in
-that process) and scores 0, except `setup_failed` (pytest cannot be imported: the environment) and pytest's
-usage error (exit 4: the task's command or test ids), which are infrastructure.
+that process) and scores 0, except a report without `started` (the bootstrap failed before any repository
+code ran; `setup_failed`: pytest cannot be imported) and pytest's usage error (exit 4: the task's command or
+test ids), which are infrastructure.
 """
 
 from __future__ import annotations
@@ -132,6 +133,8 @@ def read_report(text: str, nonce: str, returncode: int) -> RunReport:
     if "setup_failed" in events:
         why = next(record.get("error") for record in records if record.get("event") == "setup_failed")
         return RunReport(infrastructure=f"pytest could not start in the test environment: {why}")
+    if "started" not in events:  # nothing of the repository has run before this line
+        return RunReport(infrastructure=f"the node's bootstrap did not start pytest (exit {returncode})")
     if events.count("started") != 1 or events.count("summary") != 1 or events[-1] != "summary":
         return RunReport(error=f"the test run ended before its report was complete (exit {returncode})")
     return _checked(records, nonce, returncode)
