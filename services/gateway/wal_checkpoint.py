@@ -10,7 +10,9 @@ itself). `WalCheckpointer.checkpoint` therefore runs in two steps:
    held when it began, and the rounds repeat until what arrived during the last one is small (`tail_bytes`).
 2. A RESTART checkpoint handed to the store's writer thread (`on_writer`), so it runs between two of its
    transactions: it copies that small tail and rewinds the WAL, and the next commit writes from its start.
-   Calls arriving meanwhile wait for it like for any transaction and join the next group commit.
+   Calls arriving meanwhile wait for it like for any transaction and join the next group commit. When the
+   tail is still large after the last round (`rewind_tail_bytes`: writes outpace the copy), the rewind is left
+   to the next checkpoint rather than making the writer wait for all of it.
 
 `journal_size_limit` (`limit_bytes`) then cuts the WAL file back after a rewind when something (an outside
 reader holding an old snapshot: neither step can copy past it, nor rewind while it reads) let it grow past
@@ -41,10 +43,13 @@ class WalPolicy:
     """Start a checkpoint after about this much newly written data."""
     limit_bytes: int = 64 * 1024 * 1024
     """journal_size_limit: the WAL file is cut back to this size by the first commit after a rewind."""
-    tail_bytes: int = 1024 * 1024
+    tail_bytes: int = 2 * 1024 * 1024
     """Copy passively until less than this arrived during the last round, then rewind on the writer thread."""
-    passive_rounds: int = 4
-    """Most PASSIVE rounds before the rewind (which then copies whatever is left)."""
+    passive_rounds: int = 6
+    """Most PASSIVE rounds of one checkpoint."""
+    rewind_tail_bytes: int = 8 * 1024 * 1024
+    """After the last round, rewind only if less than this arrived during it (the writer waits while the rewind
+    copies it); more: writes outpace the copy, the rewind waits for the next checkpoint."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,8 @@ class CheckpointResult:
     """Whether the WAL was rewound (False: a reader held a snapshot; retried at the next checkpoint)."""
     writer_s: float
     """Seconds the writer thread spent in the restart step (the commits it delayed)."""
+    tail_bytes: int
+    """What arrived during the last PASSIVE round (about what the rewind had to copy)."""
 
 
 class WalCheckpointer:
@@ -107,16 +114,23 @@ class WalCheckpointer:
     ) -> CheckpointResult:
         """PASSIVE rounds through `on_passive` (a thread other than the writer's), then the rewind through
         `on_writer`."""
-        tail_frames = max(1, self.policy.tail_bytes // self._page_size)
-        rounds, previous = 0, -1
+        rounds, previous, arrived = 0, -1, 0
         while rounds < self.policy.passive_rounds:
             log, _ = await on_passive(self.passive)
             rounds += 1
-            arrived = log - previous if previous >= 0 and log >= previous else log
+            arrived = (log - previous if 0 <= previous <= log else log) * self._page_size
             previous = log
-            if rounds > 1 and arrived <= tail_frames:
+            if rounds > 1 and arrived <= self.policy.tail_bytes:
                 break
-        restarted, writer_s = await on_writer(self.restart)
-        result = CheckpointResult(rounds=rounds, restarted=restarted, writer_s=writer_s)
-        _log.debug("capture checkpoint", rounds=rounds, restarted=restarted, writer_ms=round(writer_s * 1e3, 2))
+        restarted, writer_s = False, 0.0
+        if arrived <= self.policy.rewind_tail_bytes:
+            restarted, writer_s = await on_writer(self.restart)
+        result = CheckpointResult(rounds=rounds, restarted=restarted, writer_s=writer_s, tail_bytes=arrived)
+        _log.debug(
+            "capture checkpoint",
+            rounds=rounds,
+            restarted=restarted,
+            writer_ms=round(writer_s * 1e3, 2),
+            tail_bytes=arrived,
+        )
         return result

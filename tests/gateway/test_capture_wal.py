@@ -19,8 +19,8 @@ POLICY = WalPolicy(checkpoint_bytes=512 * 1024, limit_bytes=4 * 1024 * 1024, tai
 BODY = "y" * 32_000
 """A request half of a small agent call."""
 WRITERS = 4
-WRITE_S = 2.0
-READER_HOLDS = (0.3, 0.8)
+WRITE_S = 1.5
+READER_HOLDS = (0.2, 0.6)
 """When (seconds after the writes start) the outside reader takes its snapshot and lets it go."""
 
 
@@ -81,7 +81,7 @@ async def test_the_wal_stays_under_its_limit_under_continuous_writes_and_a_long_
         assert await store.stored() == (0, sum(written)), "every record written is in the store"
     finally:
         await store.close()
-    assert sum(written) * len(BODY) > 4 * POLICY.limit_bytes, "enough was written to pass the limit many times"
+    assert sum(written) * len(BODY) > 2 * POLICY.limit_bytes, "enough was written to pass the limit twice over"
     assert held_at > POLICY.limit_bytes, f"the reader's snapshot let the WAL grow ({held_at} bytes)"
     assert any(not c.restarted for c in store.checkpoints), "a rewind waited for the reader"
     assert store.checkpoints[-1].restarted
