@@ -130,6 +130,7 @@ async def test_the_agents_code_gets_neither_the_answer_nor_the_reward_file(sandb
     assert (runtime.real.workdir / "out.txt").read_text() == "no answer\n"
 
 
+@pytest.mark.slow
 async def test_a_daemon_of_the_command_step_is_gone_before_the_score_step(sandboxed: Any, tmp_path: Path) -> None:
     runtime = await sandboxed({"solution.py": LEAVES_A_DAEMON})
     assert (await _score(runtime, "command", **SPLIT))[0] == 0.0
@@ -172,7 +173,9 @@ async def test_the_agents_program_can_reach_neither_the_input_nor_the_result_cha
     ("agent", "config", "reason"),
     [
         ("raise RuntimeError('broken')\n", {}, "RuntimeError: broken in the agent's code"),
-        ("while True:\n    pass\n", {"timeout_s": 3}, "the agent's code hangs"),
+        pytest.param(
+            "while True:\n    pass\n", {"timeout_s": 3}, "in 3 s: the agent's code hangs", marks=pytest.mark.slow
+        ),
         ("import os\nos._exit(3)\n", {}, "(exit 3) without a result"),
         ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", {}, "without a result"),
     ],
@@ -187,6 +190,7 @@ async def test_a_python_verifier_broken_by_the_agents_code_scores_zero(
     assert reason in details["agent_failure"], details
 
 
+@pytest.mark.slow
 async def test_a_python_verifier_that_hangs_on_its_own_is_an_infrastructure_failure(sandboxed: Any) -> None:
     runtime = await sandboxed({})
     with pytest.raises(VerifierError, match="timed out after 3 s"):
