@@ -588,6 +588,7 @@ class WeightsBroadcast(_message.Message):
     TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     SAFETENSORS_HEADER_FIELD_NUMBER: _builtins.int
     BUCKET_BYTES_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
     store_host: _builtins.str
     """The trainer's c10d TCPStore, where the ranks of the group meet."""
     store_port: _builtins.int
@@ -603,6 +604,12 @@ class WeightsBroadcast(_message.Message):
     total_bytes: _builtins.int
     """Size of the whole safetensors payload in bytes (at most the server's `--max-weights-bytes`)."""
     safetensors_header: _builtins.bytes
+    secret: _builtins.bytes
+    """A fresh random secret of this push (32 bytes), known only to the trainer and this replica through this
+    authenticated call: the store is open to anyone who reaches it, so before any weight byte moves each rank
+    proves it holds the secret (HMAC-SHA256 over the other's nonce), and the receiver checks an HMAC of the
+    data with it. A replica refuses a broadcast without one.
+    """
     @_builtins.property
     def bucket_bytes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Sizes of the broadcast buckets; they add up to the data section."""
@@ -620,10 +627,11 @@ class WeightsBroadcast(_message.Message):
         total_bytes: _builtins.int = ...,
         safetensors_header: _builtins.bytes = ...,
         bucket_bytes: _abc.Iterable[_builtins.int] | None = ...,
+        secret: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "bucket_bytes", b"bucket_bytes", "group", b"group", "rank", b"rank", "safetensors_header", b"safetensors_header", "store_host", b"store_host", "store_port", b"store_port", "timeout_s", b"timeout_s", "total_bytes", b"total_bytes", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "bucket_bytes", b"bucket_bytes", "group", b"group", "rank", b"rank", "safetensors_header", b"safetensors_header", "secret", b"secret", "store_host", b"store_host", "store_port", b"store_port", "timeout_s", b"timeout_s", "total_bytes", b"total_bytes", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

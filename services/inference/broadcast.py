@@ -7,6 +7,11 @@ each broadcast bucket straight into its place in the mapping: the bytes land onc
 then validates and hands to the engine exactly like a streamed update. Each replica joins a fresh group per
 push (a replica that joined or left since the last version needs no regrouping; a group costs a few ms).
 
+Before any bucket the two ranks prove to each other that they hold the push's secret (sent in the
+authenticated UpdateWeights call), and after the last one the replica checks the trainer's MAC of the data:
+a stranger that took the trainer's rank in the open store is refused before anything is received, and bytes
+changed on the way are never handed to the engine (lodestar/broadcast_auth.py).
+
 The group is a standalone `ProcessGroupGloo` / `ProcessGroupNCCL` over a `PrefixStore`: it never touches
 the process's default group. Every wait is bounded by the message's `timeout_s` (the store connect, the
 rendezvous and each bucket); a failure raises `UnavailableError`. NCCL (CUDA buffers, copied into the
@@ -16,6 +21,7 @@ mapping) is written against the same c10d API but untested here: no GPU in CI.
 from __future__ import annotations
 
 import datetime
+import hmac
 import os
 import socket
 import struct
@@ -25,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed
 
+from lodestar import broadcast_auth
 from lodestar.errors import InvalidArgumentError, UnavailableError
 from lodestar.logging import get_logger
 from lodestar.v1 import inference_pb2
@@ -51,13 +58,14 @@ def check_layout(spec: inference_pb2.WeightsBroadcast, max_bytes: int) -> int:
         raise InvalidArgumentError("weight broadcast: safetensors_header is not a safetensors header")
     if len(header) + sum(spec.bucket_bytes) != spec.total_bytes or not spec.timeout_s > 0:
         raise InvalidArgumentError("weight broadcast: header and buckets do not add up to total_bytes")
+    broadcast_auth.check_secret(spec.secret)
     return len(header)
 
 
 def receive_broadcast(spec: inference_pb2.WeightsBroadcast, path: Path, max_bytes: int) -> None:
     """Join the group of `spec` and receive its payload into the new file `path` (blocking: run it in a
-    thread). InvalidArgumentError for a bad layout (nothing joined), UnavailableError when the group or a
-    bucket fails or times out."""
+    thread). InvalidArgumentError for a bad layout or no secret (nothing joined), UnavailableError when the
+    group or a bucket fails or times out, or the peer or the data fail the push's secret."""
     data_start = check_layout(spec, max_bytes)
     with path.open("wb") as handle:
         handle.write(spec.safetensors_header)
@@ -71,22 +79,59 @@ def receive_broadcast(spec: inference_pb2.WeightsBroadcast, path: Path, max_byte
     cuda = spec.backend == "nccl"
     offset = data_start
     try:
+        mac = broadcast_auth.data_mac(spec.secret, spec.group, _handshake(group, spec, timeout))
         for size in spec.bucket_bytes:
             target = mapped[offset : offset + size]
             buffer = torch.empty(size, dtype=torch.uint8, device="cuda") if cuda else target
-            options = c10d.BroadcastOptions()
-            options.rootRank = 0
-            options.timeout = timeout
-            group.broadcast([buffer], options).wait(timeout)
+            _broadcast(group, buffer, 0, timeout)
             if cuda:
                 target.copy_(buffer)
+            mac.update(target.numpy().data)
             offset += size
+        _check_mac(group, mac, spec, timeout)
     except (RuntimeError, ValueError) as error:
         raise UnavailableError(f"the trainer's weight broadcast failed after {offset} bytes: {error}") from error
     finally:
         _shutdown(group)
         del mapped
     _log.debug("weights received by broadcast", bytes=spec.total_bytes, group=spec.group, rank=spec.rank)
+
+
+def _handshake(group: Any, spec: inference_pb2.WeightsBroadcast, timeout: datetime.timedelta) -> tuple[bytes, bytes]:
+    """(trainer's nonce, ours) once this rank proved the push's secret and rank 0 proved it back;
+    UnavailableError when rank 0 cannot (a stranger took the trainer's place in the open store)."""
+    theirs = bytes(_broadcast(group, torch.zeros(broadcast_auth.NONCE_BYTES, dtype=torch.uint8), 0, timeout))
+    ours = broadcast_auth.new_nonce()
+    answer = ours + broadcast_auth.proof(spec.secret, "replica", spec.group, theirs)
+    _broadcast(group, torch.frombuffer(bytearray(answer), dtype=torch.uint8), spec.rank, timeout)
+    back = bytes(_broadcast(group, torch.zeros(broadcast_auth.PROOF_BYTES, dtype=torch.uint8), 0, timeout))
+    if not broadcast_auth.same(broadcast_auth.proof(spec.secret, "trainer", spec.group, ours), back):
+        raise UnavailableError("weight broadcast: rank 0 does not hold the push's secret (not the trainer)")
+    return theirs, ours
+
+
+def _check_mac(group: Any, mac: hmac.HMAC, spec: inference_pb2.WeightsBroadcast, timeout: datetime.timedelta) -> None:
+    sent = bytes(_broadcast(group, torch.zeros(broadcast_auth.PROOF_BYTES, dtype=torch.uint8), 0, timeout))
+    if not broadcast_auth.same(mac.digest(), sent):
+        raise UnavailableError(f"weight broadcast: the data of {spec.group} fails the push's MAC (changed on the way)")
+
+
+def _broadcast(group: Any, buffer: torch.Tensor, root: int, timeout: datetime.timedelta) -> torch.Tensor:
+    """One broadcast from `root` into (or out of) `buffer`, returned; a CPU buffer goes through the GPU when
+    the group is NCCL's."""
+    moved = buffer.to("cuda") if buffer.device.type == "cpu" and _is_nccl(group) else buffer
+    options = c10d.BroadcastOptions()
+    options.rootRank = root
+    options.timeout = timeout
+    group.broadcast([moved], options).wait(timeout)
+    if moved is not buffer:
+        buffer.copy_(moved.cpu())
+    return buffer
+
+
+def _is_nccl(group: Any) -> bool:
+    nccl = getattr(c10d, "ProcessGroupNCCL", None)
+    return nccl is not None and isinstance(group, nccl)
 
 
 def _join(spec: inference_pb2.WeightsBroadcast, timeout: datetime.timedelta) -> Any:

@@ -16,6 +16,13 @@ copy per replica (as the gRPC path does), where a tree inside one group could se
 groups per push: replicas that joined or left since the last version need no regrouping (forming a group
 takes milliseconds).
 
+The store and gloo's sockets listen on `host` only (the configured address, else the one on the route to
+the first replica), never on every interface. The store itself has no authentication, so each push carries
+a fresh secret over the authenticated UpdateWeights call: before any bucket a replica's rank proves it holds
+the secret (a stranger that took its rank gets nothing), the trainer proves it back, and a MAC of the data
+follows the buckets (lodestar/broadcast_auth.py, docs/security.md). A group whose peer fails its proof is
+given up like one that did not form: that replica gets the version over gRPC.
+
 Every wait is bounded: the rendezvous and each bucket by `broadcast_timeout_s` (gloo's timeout); a
 replica whose control call ends before its group forms (not serving, refused) has its group given up at
 once. A replica the broadcast missed (its group failed, it died mid-transfer, a timeout) is probed again
@@ -29,7 +36,9 @@ it is written against c10d's ProcessGroupNCCL but untested: CI has no GPU.
 from __future__ import annotations
 
 import datetime
+import hmac
 import json
+import os
 import socket
 import struct
 import threading
@@ -37,11 +46,13 @@ import uuid
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 import torch.distributed
 
+from lodestar import broadcast_auth
 from lodestar.errors import UnavailableError
 from lodestar.logging import get_logger
 from lodestar.v1 import inference_pb2
@@ -52,6 +63,16 @@ c10d: Any = torch.distributed
 """torch.distributed, untyped: its stubs leave out the stores and the process group options used here."""
 _log = get_logger("trainer.broadcast")
 Backend = Literal["gloo", "nccl"]
+
+
+@dataclass(frozen=True)
+class _Push:
+    """One push's payload layout and secret, as each replica's group sees it."""
+
+    payload: bytes
+    data_start: int
+    sizes: Sequence[int]
+    secret: bytes
 
 
 def bucket_sizes(payload: bytes, bucket_bytes: int) -> tuple[int, list[int]]:
@@ -140,8 +161,9 @@ class BroadcastPublisher(ReplicaSetPublisher, PayloadPublisher):
         """Each of `targets`' outcome of one broadcast of `payload` (UnavailableError for those it missed)."""
         data_start, sizes = bucket_sizes(payload, self._bucket_bytes)
         host = self._host or _route_to(targets[0])
-        store = c10d.TCPStore(host, self._port, None, True, self._timeout, wait_for_workers=False)
+        store = _listening_store(host, self._port, self._timeout)
         push = f"lodestar-weights/v{version}/{uuid.uuid4().hex[:12]}"
+        sending = _Push(payload, data_start, sizes, broadcast_auth.new_secret())
         spec = inference_pb2.WeightsBroadcast(
             store_host=host,
             store_port=int(store.port),
@@ -152,6 +174,7 @@ class BroadcastPublisher(ReplicaSetPublisher, PayloadPublisher):
             total_bytes=len(payload),
             safetensors_header=payload[:data_start],
             bucket_bytes=sizes,
+            secret=sending.secret,
         )
         calls: dict[str, Future[Outcome]] = {}
         sends: list[Future[Any]] = []
@@ -159,30 +182,30 @@ class BroadcastPublisher(ReplicaSetPublisher, PayloadPublisher):
             request = inference_pb2.UpdateWeightsRequest(policy_version=version)
             request.broadcast.CopyFrom(spec)
             request.broadcast.group = f"{push}/{index}"
+            joined = _in_thread(self._join, store, request.broadcast.group, host)  # rank 0 taken before the call
             calls |= self.replicas.submit(self.replicas.call_once, [target], request, version, len(payload), started)
-            joined = _in_thread(self._join, store, request.broadcast.group, host)
-            sends.append(_in_thread(self._serve, target, joined, calls[target], payload, data_start, sizes))
+            sends.append(_in_thread(self._serve, target, joined, calls[target], sending, request.broadcast.group))
         for send in sends:
             send.result()
         outcomes = collect(calls)
         del store
         return outcomes
 
-    def _serve(
-        self,
-        target: str,
-        joined: Future[Any],
-        call: Future[Outcome],
-        payload: bytes,
-        data_start: int,
-        sizes: Sequence[int],
-    ) -> None:
-        """Send the buckets to `target` once its group formed (nothing when it did not, or its call ended)."""
+    def _serve(self, target: str, joined: Future[Any], call: Future[Outcome], push: _Push, name: str) -> None:
+        """Send the buckets to `target` once its group formed and its peer proved the push's secret (nothing
+        when the group did not form, its call ended, or the peer is a stranger)."""
         group = _await_group(target, joined, call)
         if group is None:
             return
         try:
-            self._send(group, payload, data_start, sizes)
+            nonces = self._handshake(group, push.secret, name)
+            if nonces is None:
+                _log.warning("a peer without the push's secret took a replica's rank: no weights sent to it",
+                             replica=target, group=name)  # fmt: skip
+                return
+            mac = broadcast_auth.data_mac(push.secret, name, nonces)
+            self._send(group, push, mac)
+            self._exchange(group, torch.frombuffer(bytearray(mac.digest()), dtype=torch.uint8), root=0)
         except (RuntimeError, ValueError) as error:  # c10d's errors are RuntimeErrors
             _log.warning("weight broadcast to a replica failed", replica=target, error=str(error))
         finally:
@@ -200,19 +223,44 @@ class BroadcastPublisher(ReplicaSetPublisher, PayloadPublisher):
         options._devices = [c10d.ProcessGroupGloo.create_device(hostname=host)]
         return c10d.ProcessGroupGloo(prefixed, 0, 2, options)
 
-    def _send(self, group: Any, payload: bytes, data_start: int, sizes: Sequence[int]) -> None:
+    def _handshake(self, group: Any, secret: bytes, name: str) -> tuple[bytes, bytes] | None:
+        """Both nonces once the peer proved the secret and the trainer proved it back; None for a stranger."""
+        ours = broadcast_auth.new_nonce()
+        self._exchange(group, torch.frombuffer(bytearray(ours), dtype=torch.uint8), root=0)
+        answer = torch.zeros(broadcast_auth.NONCE_BYTES + broadcast_auth.PROOF_BYTES, dtype=torch.uint8)
+        answer = self._exchange(group, answer, root=1)
+        theirs, shown = bytes(answer[: broadcast_auth.NONCE_BYTES]), bytes(answer[broadcast_auth.NONCE_BYTES :])
+        if not broadcast_auth.same(broadcast_auth.proof(secret, "replica", name, ours), shown):
+            return None
+        back = broadcast_auth.proof(secret, "trainer", name, theirs)
+        self._exchange(group, torch.frombuffer(bytearray(back), dtype=torch.uint8), root=0)
+        return ours, theirs
+
+    def _exchange(self, group: Any, buffer: torch.Tensor, *, root: int) -> torch.Tensor:
+        """One broadcast of a small CPU uint8 `buffer` from `root`; the buffer as every rank now holds it."""
+        moved = buffer.to("cuda") if self.backend == "nccl" else buffer
+        options = c10d.BroadcastOptions()
+        options.rootRank = root
+        options.timeout = self._timeout
+        group.broadcast([moved], options).wait(self._timeout)
+        return moved.cpu() if self.backend == "nccl" else moved
+
+    def _send(self, group: Any, push: _Push, mac: hmac.HMAC) -> None:
         with warnings.catch_warnings():  # bytes are read-only; the root of a broadcast only reads them
             warnings.simplefilter("ignore", UserWarning)
-            data = torch.frombuffer(payload, dtype=torch.uint8)
-        offset = data_start
-        for size in sizes:
+            data = torch.frombuffer(push.payload, dtype=torch.uint8)
+        view = memoryview(push.payload)
+        offset = push.data_start
+        for size in push.sizes:
             bucket = data[offset : offset + size]
             if self.backend == "nccl":
                 bucket = bucket.to("cuda", non_blocking=True)
             options = c10d.BroadcastOptions()
             options.rootRank = 0
             options.timeout = self._timeout
-            group.broadcast([bucket], options).wait(self._timeout)
+            work = group.broadcast([bucket], options)
+            mac.update(view[offset : offset + size])  # while the bucket travels
+            work.wait(self._timeout)
             offset += size
 
 
@@ -252,6 +300,27 @@ def _shutdown(group: Any) -> None:
             shutdown()
         except RuntimeError as error:
             _log.debug("weight broadcast group shutdown failed", error=str(error))
+
+
+def _listening_store(host: str, port: int, timeout: datetime.timedelta) -> Any:
+    """The push's TCPStore, listening on `host` only (c10d's own listener takes every interface): a socket
+    bound here, handed over (the store closes it)."""
+    family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    listener = socket.socket(family, kind, protocol)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(128)
+        bound = listener.getsockname()[1]
+    except OSError:
+        listener.close()
+        raise
+    fd = listener.detach()
+    try:
+        return c10d.TCPStore(host, bound, None, True, timeout, wait_for_workers=False, master_listen_fd=fd)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _route_to(target: str) -> str:

@@ -127,8 +127,9 @@ class TrainerSettings(EtcdClientSettings):
     broadcast_backend: Literal["gloo", "nccl"] = "gloo"
     """broadcast: gloo (CPU memory, TCP; tested) or nccl (trainer and replicas on CUDA GPUs; untested in CI)."""
     broadcast_host: str = ""
-    """broadcast: the address replicas reach the trainer's rendezvous store and gloo sockets at; default: this
-    host's address on the route to the first replica."""
+    """broadcast: the address replicas reach the trainer's rendezvous store and gloo sockets at, and the only one
+    they listen on; default: this host's address on the route to the first replica. The store has no
+    authentication of its own (each push's peers prove a per-push secret: docs/security.md)."""
     broadcast_port: int = 0
     """broadcast: the rendezvous store's TCP port; 0: a free port per push (gloo's own sockets always take free
     ports: open the trainer's host to the replicas)."""

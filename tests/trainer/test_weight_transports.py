@@ -129,13 +129,13 @@ class _KillingBroadcast(BroadcastPublisher):
     victim: subprocess.Popen[bytes] | None = None
     _lock = threading.Lock()
 
-    def _send(self, group: Any, payload: bytes, data_start: int, sizes: Any) -> None:
+    def _send(self, group: Any, push: Any, mac: Any) -> None:
         with self._lock:
             if self.victim is not None:
                 self.victim.send_signal(signal.SIGKILL)
                 self.victim.wait()
                 self.victim = None
-        super()._send(group, payload, data_start, sizes)
+        super()._send(group, push, mac)
 
 
 def test_a_replica_dying_during_the_broadcast_costs_a_bounded_wait(trainer_model_dir: Path, tmp_path: Path) -> None:
