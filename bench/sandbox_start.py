@@ -1,24 +1,30 @@
-"""What the host runtime's session sandbox costs per process start: a `true` run through the launcher three ways.
+"""What the host runtime's session sandbox costs per process start: a `true` run through the launcher, each way.
 
 - `none`: the launcher with no isolation at all (a plain process group);
 - `namespaces`: `host_sandbox = namespaces` (unshare: mount + network namespaces, netns_child.py);
-- `bwrap`: the default sandbox (bubblewrap: user, PID, network, IPC, UTS namespaces, the read-only host
-  with hidden paths, then netns_child.py for the gateway relay).
+- `bwrap`: the default sandbox (sandbox.py: the allow-list root, every namespace, seccomp, rlimits; on a
+  root node an outer bubblewrap builds the root and the session runs as an unprivileged uid), then
+  netns_child.py for the gateway relay;
+- `bwrap OLD` (with `--old CHECKOUT`, e.g. a worktree of c160404): the sandbox.py of that checkout (its
+  `Sandbox.argv`: the read-only host with hidden paths) driven by this launcher, so both sandboxes are timed
+  in one sitting.
 
 Each way runs `--runs` times in turn (interleaved, so a noisy host spreads over all three); the table gives
 the median and p90 wall time of one run (launch to exit, with the gateway relay set up). No CPU column: the
 processes inside a PID namespace are reaped by bwrap, not by us, so `os.times()` would miss them.
 
-    .venv/bin/python bench/sandbox_start.py [--runs 30]
+    .venv/bin/python bench/sandbox_start.py [--runs 30] [--old /tmp/c160404]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -26,7 +32,7 @@ from rich.table import Table
 
 from services.gateway.node.harnesses import Invocation, Launcher
 from services.gateway.node.harnesses.base import clean_env
-from services.gateway.node.harnesses.sandbox import Sandbox
+from services.gateway.node.harnesses.sandbox import Prepared, Sandbox
 from services.gateway.node.runtimes import HostBackend
 
 
@@ -50,7 +56,28 @@ async def _one(launcher: Launcher, root: Path, name: str, gateway: str) -> float
     return wall
 
 
-async def main(runs: int) -> None:
+class _OldSandbox(Sandbox):
+    """Another checkout's sandbox.py (before `prepare`: its `argv` is the whole bwrap command line)."""
+
+    def __init__(self, checkout: Path) -> None:
+        super().__init__()
+        spec = importlib.util.spec_from_file_location(
+            "old_sandbox", checkout / "services" / "gateway" / "node" / "harnesses" / "sandbox.py"
+        )
+        if spec is None or spec.loader is None:
+            raise SystemExit(f"no sandbox.py in {checkout}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        self.old = module.Sandbox()
+
+    async def available(self) -> tuple[bool, str]:
+        return await self.old.available()  # type: ignore[no-any-return]
+
+    def prepare(self, *, binds: Sequence[tuple[Path, Path]], chdir: Path, reads: Sequence[Path] = ()) -> Prepared:
+        return Prepared(self.old.argv(binds=binds, chdir=chdir), [])
+
+
+async def main(runs: int, old: Path | None) -> None:
     server, port = await _gateway()
     gateway = f"http://127.0.0.1:{port}"
     ways = {
@@ -58,6 +85,8 @@ async def main(runs: int) -> None:
         "namespaces": Launcher(),
         "bwrap": Launcher(sandbox=Sandbox()),
     }
+    if old is not None:
+        ways[f"bwrap {old.name}"] = Launcher(sandbox=_OldSandbox(old))
     samples: dict[str, list[float]] = {name: [] for name in ways}
     with tempfile.TemporaryDirectory() as scratch:
         for name, launcher in ways.items():  # warm-up: probes, page cache
@@ -85,4 +114,6 @@ async def main(runs: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
-    asyncio.run(main(parser.parse_args().runs))
+    parser.add_argument("--old", type=Path, help="another checkout whose sandbox.py to time side by side")
+    arguments = parser.parse_args()
+    asyncio.run(main(arguments.runs, arguments.old))

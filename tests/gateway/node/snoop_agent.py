@@ -8,7 +8,8 @@
   Unix sockets it can connect to. It prints {"hits": [...], "sockets": [...], "files": n}.
 - `PROBE` tries each finding of the security review one by one and prints what it got: /etc/shadow, a
   hidden secret file, a socket outside, nested user namespaces, syscalls the seccomp filter denies (their
-  errno), a setuid copy of `id` in the workspace, pid 1's command line, its cgroup and its limits.
+  errno), a setuid copy of `id` in the workspace, pid 1's command line, its cgroup and its limits, and how
+  many of TARGETS' `spawn` processes it could start.
 """
 
 from __future__ import annotations
@@ -121,5 +122,15 @@ os.chmod("suid-id", 0o4755)
 found["pid1_cmdline"] = open("/proc/1/cmdline", "rb").read().decode(errors="replace")
 found["cgroup"] = open("/proc/self/cgroup").read()
 found["limits"] = open("/proc/self/limits").read()
+started = []
+for _ in range(targets.get("spawn", 0)):
+    try:
+        started.append(subprocess.Popen(["sleep", "30"]))
+    except OSError:
+        break
+found["spawned"] = len(started)
+for process in started:
+    process.kill()
+    process.wait()
 print(json.dumps(found))
 """

@@ -164,11 +164,12 @@ def test_the_session_has_a_cgroup_namespace_of_its_own(probe: dict[str, Any]) ->
 
 
 async def test_the_runtime_specs_limits_apply(planted: Planted) -> None:
-    spec = rollout_pb2.RuntimeSpec(pids_limit=64, memory_bytes=4 << 30, disk_bytes=1 << 30)
-    targets = {"hidden_file": str(planted.hidden_file), "socket": str(planted.socket)}
+    spec = rollout_pb2.RuntimeSpec(pids_limit=24, memory_bytes=4 << 30, disk_bytes=1 << 30)
+    targets = {"hidden_file": str(planted.hidden_file), "socket": str(planted.socket), "spawn": 40}
     found, _ = await _run(planted, "limits-a1", PROBE, targets, spec)
     limits = {line[:26].strip(): line[26:].split()[:2] for line in found["limits"].splitlines()[1:]}
-    assert limits["Max processes"] == ["64", "64"]
+    assert limits["Max processes"] == ["24", "24"]
+    assert 10 < found["spawned"] < 24, found["spawned"]  # the session's own processes count, not the node's
     assert limits["Max address space"] == [str(4 << 30)] * 2
     assert limits["Max file size"] == [str(1 << 30)] * 2
     assert limits["Max core file size"] == ["0", "0"]
