@@ -111,14 +111,15 @@ class GatewayNode:
         launcher = Launcher(
             isolate_network=settings.isolate_network, mount_namespaces=settings.mount_namespaces,
             sandbox=node_sandbox(settings.data_dir, sessions_dir, settings.sandbox_hidden)
-            if settings.host_sandbox == "bwrap" else None,
+            if settings.host_sandbox == "bwrap" else None, relay_connections=settings.relay_max_connections,
         )  # fmt: skip
         if launcher.sandbox is None:
             _log.warning("host sessions run without the sandbox (host_sandbox = namespaces): not for untrusted agents")
         self.runtimes = Runtimes({
             "host": HostBackend(sessions_dir, launcher, fixed_root=settings.session_root),
             "docker": DockerBackend(sessions_dir, node_id=self.node_id, fixed_root=settings.session_root,
-                                    bin_dir=settings.harness_bin_dir, mounts_allowed=settings.docker_mounts_allowed),
+                                    bin_dir=settings.harness_bin_dir, mounts_allowed=settings.docker_mounts_allowed,
+                                    relay_connections=settings.relay_max_connections),
         })  # fmt: skip
         stages = SessionStages(
             sessions=self.sessions, store=self.store, proxy=self.proxy, launcher=launcher, runtimes=self.runtimes,

@@ -57,6 +57,10 @@ class GatewaySettings(EtcdClientSettings):
     """Model calls of one session in flight at once (0: no limit)."""
     session_max_request_bytes: int = Field(default=8 * 1024**3, ge=0)
     """Request body bytes one session may send in all (0: no limit)."""
+    relay_max_connections: int = Field(default=64, ge=1)
+    """Connections one session's harness (or verifier) may hold open at once through the relay that forwards
+    the gateway's port into its network namespace; one past it is closed as soon as it is accepted (each
+    holds node file descriptors and a gateway connection)."""
     request_timeout_s: float = 600.0
     """Longest one model call may take end to end."""
     strict_fields: bool = False

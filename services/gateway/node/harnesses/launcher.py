@@ -26,6 +26,7 @@ from lodestar.errors import FailedPreconditionError
 from lodestar.logging import get_logger
 from services.gateway.node.harnesses.base import Invocation
 from services.gateway.node.harnesses.netns import (
+    DEFAULT_RELAY_CONNECTIONS,
     GatewayRelay,
     MountIsolation,
     NetworkIsolation,
@@ -74,8 +75,11 @@ class Launcher:
         mount_namespaces: bool = True,
         max_output_bytes: int = 8 * 1024 * 1024,
         sandbox: Sandbox | None = None,
+        relay_connections: int = DEFAULT_RELAY_CONNECTIONS,
     ) -> None:
+        """`relay_connections`: connections a run may hold open to the gateway at once (more are closed)."""
         self.isolation = NetworkIsolation(enabled=isolate_network)
+        self.relay_connections = relay_connections
         self.mounts = MountIsolation(enabled=mount_namespaces)
         self.max_output_bytes = max_output_bytes
         self.sandbox = sandbox
@@ -128,7 +132,9 @@ class Launcher:
                     if binds and wrapping.sandboxed is None:  # bwrap's PID namespace ends them all
                         processes.hold_mount_namespace()
                     if wrapping.relayed:
-                        relay = GatewayRelay(listeners, wrapping.host, wrapping.port)
+                        relay = GatewayRelay(
+                            listeners, wrapping.host, wrapping.port, max_connections=self.relay_connections
+                        )
                         outliving.push_async_callback(relay.close)
                         await relay.start()
             if setup_error is None:

@@ -29,6 +29,8 @@ log = get_logger("gateway.harnesses.netns")
 
 CHILD_SCRIPT = Path(__file__).with_name("netns_child.py")
 _CHUNK = 64 * 1024
+DEFAULT_RELAY_CONNECTIONS = 64
+"""Connections one run may hold open through its relay at once (the gateway setting relay_max_connections)."""
 
 
 def _user_flags() -> list[str]:
@@ -161,14 +163,25 @@ async def receive_setup(channel: socket.socket, timeout_s: float) -> list[socket
 
 
 class GatewayRelay:
-    """Accepts on in-namespace listeners and pipes each connection to the gateway in the host namespace."""
+    """Accepts on in-namespace listeners and pipes each connection to the gateway in the host namespace; at
+    most `max_connections` at once (each holds node file descriptors and a gateway connection): one past it
+    is closed as soon as it is accepted."""
 
-    def __init__(self, listeners: list[socket.socket], target_host: str, target_port: int) -> None:
+    def __init__(
+        self,
+        listeners: list[socket.socket],
+        target_host: str,
+        target_port: int,
+        *,
+        max_connections: int = DEFAULT_RELAY_CONNECTIONS,
+    ) -> None:
         self.listeners = listeners
         self.target = (target_host, target_port)
+        self.max_connections = max_connections
         self._servers: list[asyncio.Server] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self.connections = 0
+        self.refused = 0
 
     async def start(self) -> None:
         for sock in self.listeners:
@@ -188,6 +201,13 @@ class GatewayRelay:
                 await server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._tasks) >= self.max_connections:
+            self.refused += 1
+            if self.refused == 1:
+                log.warning("relay refused a connection: the run holds its maximum",
+                            max_connections=self.max_connections)  # fmt: skip
+            writer.close()
+            return
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)

@@ -54,7 +54,13 @@ from lodestar.logging import get_logger
 from lodestar.v1 import rollout_pb2
 from services.gateway.node.harnesses import HarnessResult, Invocation, RunDirs
 from services.gateway.node.harnesses.base import clean_env
-from services.gateway.node.harnesses.netns import CHILD_SCRIPT, GatewayRelay, gateway_address, receive_setup
+from services.gateway.node.harnesses.netns import (
+    CHILD_SCRIPT,
+    DEFAULT_RELAY_CONNECTIONS,
+    GatewayRelay,
+    gateway_address,
+    receive_setup,
+)
 from services.gateway.node.runtimes.base import DEFAULT_FIXED_ROOT, remove_dir, stage_dirs, translate_paths
 from services.gateway.node.runtimes.docker_cli import DockerCli
 from services.gateway.node.runtimes.docker_spec import (
@@ -96,6 +102,8 @@ class DockerRuntime:
     """Host pid of the container's init while it runs (0 when stopped)."""
     owner: tuple[int, int] | None = None
     """The session's (uid, gid) when the node must give it the session's files (a root node)."""
+    relay_connections: int = DEFAULT_RELAY_CONNECTIONS
+    """Connections the harness may hold open to the gateway at once through its relay."""
     kind: str = "docker"
     fixed_paths: bool = True
     limit_failure: str | None = None
@@ -193,7 +201,7 @@ class DockerRuntime:
             raise FailedPreconditionError(f"gateway relay into {self.container}: {error}") from error
         finally:
             channel.close()
-        relay = GatewayRelay(listeners, host, port)
+        relay = GatewayRelay(listeners, host, port, max_connections=self.relay_connections)
         await relay.start()
         return relay
 
@@ -267,9 +275,12 @@ class DockerBackend:
         reaper: bool = True,
         mounts_allowed: Sequence[Path] = (),
         user: tuple[int, int] | None = None,
+        relay_connections: int = DEFAULT_RELAY_CONNECTIONS,
     ) -> None:
         """`mounts_allowed`: host paths a run's options.mounts may name (none: every mount is refused);
-        `user`: the (uid, gid) of session processes (default `session_user()`; never 0)."""
+        `user`: the (uid, gid) of session processes (default `session_user()`; never 0);
+        `relay_connections`: connections a harness may hold open to the gateway at once."""
+        self.relay_connections = relay_connections
         self.user = user or session_user()
         if self.user[0] == 0:
             raise InvalidArgumentError("docker runtime: sessions never run as root (uid 0)")
@@ -327,8 +338,9 @@ class DockerBackend:
         visible = RunDirs(self.fixed_root / "home", self.fixed_root / "tmp", self.fixed_root / "work")
         owner = self.user if self.user != (os.getuid(), os.getgid()) else None
         return DockerRuntime(
-            root, real, visible, container, spec.image, spec, mounted, image_path, on_limit, self.cli, pid, owner
-        )
+            root, real, visible, container, spec.image, spec, mounted, image_path, on_limit, self.cli, pid, owner,
+            relay_connections=self.relay_connections,
+        )  # fmt: skip
 
     async def remove_leftovers(self) -> int:
         """Remove the containers an earlier process on this sessions directory left behind."""
