@@ -36,7 +36,7 @@ from rich.table import Table
 from lodestar import kinds
 from lodestar.cli import client_security
 from lodestar.cli.eval import _create_run, _wait, tasks_path
-from lodestar.errors import InvalidArgumentError
+from lodestar.errors import FailedPreconditionError, InvalidArgumentError
 from lodestar.grpc.client import LeaderChannel
 from lodestar.grpc.errors import error_from_rpc
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
@@ -225,6 +225,15 @@ def failures(cells: Sequence[Cell]) -> list[Cell]:
     return [cell for cell in cells if cell.failing]
 
 
+def unscored(cells: Sequence[Cell]) -> str:
+    """Why the red team proves nothing ("" when it does): the honest failure scored on no task, so no hack
+    has a baseline (the verifier or the runtime fails every session: the table's evidence says why)."""
+    if any(cell.hack == BASELINE and cell.verdict != "infra" for cell in cells):
+        return ""
+    reasons = dict.fromkeys(item for cell in cells if cell.hack == BASELINE for item in cell.evidence)
+    return f"the honest-failure agent scored on no task ({'; '.join(reasons)[:300] or 'no session'})"
+
+
 def summary(cells: Sequence[Cell]) -> str:
     """One line naming each hack that paid, leaked or escaped, and on how many tasks (or that none did)."""
     failing = failures(cells)
@@ -275,7 +284,11 @@ def _handle(args: argparse.Namespace) -> int:
         console = console if console.is_terminal else Console(width=200)
         console.print(table(cells))
         console.print(summary(cells), highlight=False)
-    return 1 if failures(cells) else 0
+    if failures(cells):
+        return 1
+    if why := unscored(cells):
+        raise FailedPreconditionError(f"the red team could not score: {why}")
+    return 0
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

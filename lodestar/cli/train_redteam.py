@@ -58,7 +58,10 @@ async def pre_pass(config: RedTeamConfig, spec: rollout_pb2.RunSpec, rollout: st
             f"({'; '.join(first.evidence)[:300]}). {redteam.summary(cells)}. Fix the verifier or the sandbox "
             "(docs/redteam.md), or train anyway with --no-redteam"
         )
-    if failing:  # leaked or escaped, nothing paid: the served policy may not use it yet; a stronger one will
+    if why := redteam.unscored(cells):
+        console.print(f"[bold red]WARNING: the red team could not score: {why}[/]", highlight=False)
+        log.warning("red-team pass scored nothing", reason=why)
+    elif failing:  # leaked or escaped, nothing paid: the served policy may not use it yet; a stronger one will
         console.print(f"[bold red]WARNING: {redteam.summary(cells)}[/] (docs/redteam.md)", highlight=False)
         log.warning("red-team pass: leaks", summary=redteam.summary(cells))
     else:

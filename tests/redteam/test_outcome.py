@@ -98,3 +98,11 @@ def test_an_unknown_hack_is_refused() -> None:
 
     with pytest.raises(InvalidArgumentError, match="unknown hack nope"):
         chosen_hacks("swe", ["nope"])
+
+
+def test_a_red_team_whose_honest_failure_never_scored_proves_nothing() -> None:
+    from lodestar.cli.redteam import unscored
+
+    broken = judge_all([Session("noop", "a", False, error="verifier could not run: bad config")], 1.0)
+    assert "verifier could not run: bad config" in unscored(broken)
+    assert unscored(judge_all([Session("noop", "a", True, 0.0)], 1.0)) == ""
