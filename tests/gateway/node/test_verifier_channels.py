@@ -110,6 +110,7 @@ async def _score(runtime: HostRuntime, kind: str, **config: Any) -> tuple[float,
         scratch_visible=runtime.visible.tmpdir,
         root=runtime.root,
         workspace_host=runtime.real.workdir,
+        owner=runtime.owner,
     )
     spec = rollout_pb2.VerifierSpec(kind=kind)
     spec.config.update(config)

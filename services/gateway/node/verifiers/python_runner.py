@@ -1,6 +1,6 @@
 """Child process of the `python` verifier (standard library only; the node's interpreter runs it).
 
-Usage: python -I python_runner.py MODULE:FUNCTION INPUT_JSON PYTHONPATH RESULT SESSION_ROOT HANG_AFTER_S.
+Usage: python -I python_runner.py MODULE:FUNCTION INPUT_JSON PYTHONPATH RESULT SESSION_ROOT DUMP_AT.
 
 Before anything of the verifier's or the agent's runs, it makes itself non-dumpable (its /proc files and
 memory are then closed to every other process of the session, the agent's included: no capability can be
@@ -12,8 +12,8 @@ the PYTHONPATH entries (the verifier's configured directories, `os.pathsep`-sepa
 final answer). It writes one JSON line to RESULT when it starts importing ({"started": true}) and one when
 the function has returned or raised: {"reward": x}, or {"error": message, "agent": bool} where `agent` says
 whether the traceback passes through a file below SESSION_ROOT (the agent's code raised). Nothing is read
-from its stdout. At HANG_AFTER_S `faulthandler` writes the stacks of its threads to RESULT, so the node can
-tell a hang in the agent's code from one in the verifier's.
+from its stdout. At DUMP_AT (a wall-clock time) `faulthandler` writes the stacks of its threads to RESULT,
+so the node can tell a hang in the agent's code from one in the verifier's.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import json
 import math
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import IO, Any
@@ -33,12 +34,12 @@ PR_SET_DUMPABLE = 4
 
 
 def main(args: list[str]) -> int:
-    target, input_path, pythonpath, result_path, session_root, hang_after_s = args
+    target, input_path, pythonpath, result_path, session_root, dump_at = args
     _undumpable()
     channel = _open_channel(result_path)
     document = json.loads(Path(input_path).read_text(encoding="utf-8"))
     os.unlink(input_path)
-    faulthandler.dump_traceback_later(float(hang_after_s), file=channel)
+    faulthandler.dump_traceback_later(max(0.1, float(dump_at) - time.time()), file=channel)
     _send(channel, {"started": True})
     try:
         value = _call(target, pythonpath, document)
