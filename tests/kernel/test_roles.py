@@ -23,6 +23,7 @@ import safetensors.torch
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from lodestar.cli.main import main
 from lodestar.errors import InvalidArgumentError
 from lodestar.etcd import EtcdClient
 from lodestar.grpc import security
@@ -216,3 +217,20 @@ def test_a_bad_token_table_names_its_line() -> None:
     assert principal is not None
     assert principal.roles == {Role.OPERATOR, Role.TRAINER}
     assert table.principal(b"tok-0123456789abcdeX") is None
+
+
+def test_auth_tokens_keeps_what_it_made_and_adds_a_node(tmp_path: Path) -> None:
+    """`lodestar auth tokens`: a token file per role (0600) and the digest table the servers read, which
+    holds no token; run again with another node it keeps the tokens and adds the node."""
+    assert main(["auth", "tokens", str(tmp_path), "--node", "gw-1"]) == 0
+    operator = (tmp_path / "operator.token").read_text().strip()
+    assert (tmp_path / "operator.token").stat().st_mode & 0o777 == 0o600
+    assert main(["auth", "tokens", str(tmp_path), "--node", "gw-1", "--node", "gw-2"]) == 0
+    assert (tmp_path / "operator.token").read_text().strip() == operator
+    text = (tmp_path / "tokens.sha256").read_text()
+    assert operator not in text
+    table = TokenTable.read(tmp_path / "tokens.sha256")
+    for name, role, identity in (("operator", Role.OPERATOR, None), ("node-gw-2", Role.NODE, "gw-2")):
+        principal = table.principal((tmp_path / f"{name}.token").read_text().strip().encode())
+        assert principal is not None
+        assert (principal.roles, principal.identity) == ({role}, identity)
