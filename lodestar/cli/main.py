@@ -12,12 +12,41 @@ import sys
 from collections.abc import Sequence
 
 from lodestar import __version__
-from lodestar.cli import access, dashboard, export, health, images, model, plot, run, services, session, train, up
+from lodestar.cli import (
+    access,
+    dashboard,
+    export,
+    health,
+    images,
+    model,
+    plot,
+    redteam,
+    run,
+    services,
+    session,
+    train,
+    up,
+)
 from lodestar.cli import eval as eval_cmd
 from lodestar.errors import LodestarError
 from lodestar.logging import configure_logging
 
-COMMAND_GROUPS = (services, up, health, model, session, run, plot, export, eval_cmd, train, images, dashboard, access)
+COMMAND_GROUPS = (
+    services,
+    up,
+    health,
+    model,
+    session,
+    run,
+    plot,
+    export,
+    eval_cmd,
+    redteam,
+    train,
+    images,
+    dashboard,
+    access,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
