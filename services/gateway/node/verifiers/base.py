@@ -160,11 +160,12 @@ def tail(text: str) -> str:
 
 
 def killed_by(result: HarnessResult) -> int | None:
-    """The signal that ended a process: a negative exit status, or 128 + N from the sandbox's pid 1 (which
-    reports its child's death by signal N so)."""
+    """The signal that ended a process: a negative exit status, or 128 + N, which the sandbox's pid 1,
+    `docker exec` and a shell whose last command died by signal N report (a verifier exiting 129..192 on
+    purpose is taken for a signal too)."""
     if result.returncode < 0:
         return -result.returncode
-    if result.sandboxed and 128 < result.returncode < 128 + 65:
+    if 128 < result.returncode <= 128 + 64:
         return result.returncode - 128
     return None
 
