@@ -69,12 +69,12 @@ def pytest_collection_modifyitems(items):
     for item in items:
         item.runtest = lambda: None
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    report = yield
+    outcome = yield
+    report = outcome.get_result()
     report.outcome = "passed"
     report.longrepr = None
-    return report
 """
 """A pytest plugin (conftest.py, a `-p` module, an entry point) that makes every test pass without running it."""
 
