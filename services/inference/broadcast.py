@@ -80,14 +80,20 @@ def receive_broadcast(spec: inference_pb2.WeightsBroadcast, path: Path, max_byte
     offset = data_start
     try:
         mac = broadcast_auth.data_mac(spec.secret, spec.group, _handshake(group, spec, timeout))
+        landed: torch.Tensor | None = None  # the previous bucket, hashed while the next one travels
         for size in spec.bucket_bytes:
             target = mapped[offset : offset + size]
             buffer = torch.empty(size, dtype=torch.uint8, device="cuda") if cuda else target
-            _broadcast(group, buffer, 0, timeout)
+            work = group.broadcast([buffer], _options(0, timeout))
+            if landed is not None:
+                mac.update(landed.numpy().data)
+            work.wait(timeout)
             if cuda:
                 target.copy_(buffer)
-            mac.update(target.numpy().data)
+            landed = target
             offset += size
+        if landed is not None:
+            mac.update(landed.numpy().data)
         _check_mac(group, mac, spec, timeout)
     except (RuntimeError, ValueError) as error:
         raise UnavailableError(f"the trainer's weight broadcast failed after {offset} bytes: {error}") from error
@@ -120,13 +126,17 @@ def _broadcast(group: Any, buffer: torch.Tensor, root: int, timeout: datetime.ti
     """One broadcast from `root` into (or out of) `buffer`, returned; a CPU buffer goes through the GPU when
     the group is NCCL's."""
     moved = buffer.to("cuda") if buffer.device.type == "cpu" and _is_nccl(group) else buffer
-    options = c10d.BroadcastOptions()
-    options.rootRank = root
-    options.timeout = timeout
-    group.broadcast([moved], options).wait(timeout)
+    group.broadcast([moved], _options(root, timeout)).wait(timeout)
     if moved is not buffer:
         buffer.copy_(moved.cpu())
     return buffer
+
+
+def _options(root: int, timeout: datetime.timedelta) -> Any:
+    options = c10d.BroadcastOptions()
+    options.rootRank = root
+    options.timeout = timeout
+    return options
 
 
 def _is_nccl(group: Any) -> bool:

@@ -192,3 +192,46 @@ def test_a_stranger_in_the_trainers_place_cannot_make_a_replica_keep_its_weights
     assert refused is not None, "the replica accepted a stranger's weights as the trainer's"
     assert "secret" in refused.message
     del store
+
+
+@pytest.mark.skipif(not HANDSHAKE, reason="the code under test has no broadcast MAC")
+def test_bytes_changed_on_the_way_are_refused(trainer_model_dir: Path, tmp_path: Path) -> None:
+    """A rank 0 that passes the handshake (as the trainer would) but whose buckets were changed on the way
+    (one byte flipped): the data's MAC, sent after them, does not match, and the replica refuses them."""
+    from lodestar import broadcast_auth
+
+    model = _model(trainer_model_dir, 3.0)
+    payload = serialize(dedupe_tied(model, dict(model.state_dict())))
+    start, sizes = bucket_sizes(payload, BUCKET_BYTES)
+    store = c10d.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=30), wait_for_workers=False)
+    spec = inference_pb2.WeightsBroadcast(
+        store_host="127.0.0.1", store_port=int(store.port), group="lodestar-weights/v1/0123456789ab/0",
+        backend="gloo", rank=1, world_size=2, timeout_s=TIMEOUT_S, total_bytes=len(payload),
+        safetensors_header=payload[:start], bucket_bytes=sizes, secret=broadcast_auth.new_secret(),
+    )  # fmt: skip
+    changed = bytearray(payload)
+    changed[start + 10] ^= 0xFF
+
+    def tamper(group: Any) -> None:
+        ours = broadcast_auth.new_nonce()
+        _broadcast(group, torch.frombuffer(bytearray(ours), dtype=torch.uint8))
+        answer = torch.zeros(64, dtype=torch.uint8)
+        _broadcast(group, answer, root=1)
+        theirs = bytes(answer[:32])
+        proof = broadcast_auth.proof(spec.secret, "trainer", spec.group, theirs)
+        _broadcast(group, torch.frombuffer(bytearray(proof), dtype=torch.uint8))
+        mac = broadcast_auth.data_mac(spec.secret, spec.group, (ours, theirs))
+        mac.update(payload[start:])  # the trainer's MAC of what it sent
+        offset = start
+        for size in sizes:
+            _broadcast(group, torch.frombuffer(changed[offset : offset + size], dtype=torch.uint8))
+            offset += size
+        _broadcast(group, torch.frombuffer(bytearray(mac.digest()), dtype=torch.uint8))
+
+    stranger = _Stranger(int(store.port), 0, tamper)
+    stranger.start()
+    with pytest.raises(UnavailableError, match="MAC"):
+        receive_broadcast(spec, tmp_path / "received", max_bytes=1 << 30)
+    stranger.join(30)
+    assert stranger.error is None, stranger.error
+    del store
