@@ -13,7 +13,10 @@ that nothing was lost: the last sessions closed still hold every call, and old o
 
 `--node-repo DIR` runs the node from another checkout (the old policy: `git worktree add /tmp/old c160404`),
 `--compare DIR` runs this checkout, then DIR, one after the other against the same inference process.
-Usage: `.venv/bin/python bench/capture_soak.py --duration-s 240 [--compare /tmp/old] [--log FILE]`.
+`--rollout-store SECONDS` instead looks at the rollout service's SQLite store: its WAL under back-to-back
+3 MB results, with an outside read-only reader holding one read transaction over the middle third.
+Usage: `.venv/bin/python bench/capture_soak.py --duration-s 180 [--compare /tmp/old] [--log FILE]`,
+`.venv/bin/python bench/capture_soak.py --rollout-store 12`.
 """
 
 from __future__ import annotations
@@ -260,6 +263,7 @@ ROWS = [
     ("added latency p50 / p99, probe pairs (ms)", ("added_p50_ms", "added_p99_ms"), "{:.2f} / {:.2f}"),
     ("load average (1 min), median", "load_median", "{:.1f}"),
     ("writer thread in a rewind, p50 / max of the last 64 (ms)", ("rewind_ms_p50", "rewind_ms_max"), "{:.1f} / {:.1f}"),
+    ("rewinds left to the next checkpoint, of the last 64", "rewinds_skipped", "{}"),
 ]
 
 
