@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -36,7 +37,7 @@ from rich.table import Table
 from lodestar import kinds
 from lodestar.cli import client_security
 from lodestar.cli.eval import _create_run, _wait, tasks_path
-from lodestar.errors import FailedPreconditionError, InvalidArgumentError
+from lodestar.errors import FailedPreconditionError, InvalidArgumentError, LodestarError
 from lodestar.grpc.client import LeaderChannel
 from lodestar.grpc.errors import error_from_rpc
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
@@ -151,19 +152,34 @@ async def red_team(
     """Create the runs of `hack_specs` on the rollout at `target`, wait for them (DeadlineExceededError after
     `timeout_s`) and judge every session (outcome.py)."""
     channel = LeaderChannel(target)
+    runs: dict[str, str] = {}
     try:
-        runs = {name: await _create_run(channel, spec) for name, spec in specs.items()}
+        for name, spec in specs.items():
+            runs[name] = await _create_run(channel, spec)
         tasks = max(len(spec.tasks) for spec in specs.values())
         with console.status(f"red team: {len(runs) - 1} hacks + the honest failure x {tasks} tasks"):
             await _wait(channel, list(runs.values()), time.monotonic() + timeout_s)
         sessions = [session for name, run_id in runs.items() for session in await _sessions(channel, name, run_id)]
     except grpc.aio.AioRpcError as error:
         raise error_from_rpc(error) from None
+    except BaseException:  # a timeout, Ctrl-C: leave nothing of ours running on the stack
+        await asyncio.shield(_cancel(channel, list(runs.values())))
+        raise
     finally:
         await channel.close()
     markers = await asyncio.to_thread(escape_markers, marker_places())
     sessions = [replace(s, escape_markers=tuple(markers.get(s.session_id, ()))) for s in sessions]
     return judge_all(sessions, pass_threshold, BASELINE)
+
+
+async def _cancel(channel: LeaderChannel, run_ids: list[str]) -> None:
+    async def cancel(ch: grpc.aio.Channel) -> None:
+        stub = rollout_pb2_grpc.RolloutServiceStub(ch)
+        for run_id in run_ids:
+            await stub.CancelRun(rollout_pb2.CancelRunRequest(run_id=run_id), timeout=30.0)
+
+    with contextlib.suppress(grpc.aio.AioRpcError, LodestarError):
+        await channel.call(cancel)
 
 
 @asynccontextmanager
