@@ -12,7 +12,7 @@ imports nothing of lodestar: it runs under whatever Python the test environment 
    them: a repository module never shadows one of theirs) and turns plugin autoload off;
 3. it snapshots the identity of every function and class of pytest and pluggy (and the code of each
    function), runs `pytest.main` with its own plugin (`Recorder`), and compares them at the end, with the
-   hook implementations registered after the session started: a replaced test runner or report path is
+   hook implementations registered after collection started: a replaced test runner or report path is
    written as `tampered` in the summary (the node scores 0);
 4. `Recorder` writes one JSON line per test to REPORT (its final status over setup, call and teardown; an
    XFAIL counts only for a test that had a static `xfail` marker when collection ended, never for an
@@ -129,8 +129,9 @@ class Guard:
                 current = now.get(member)
                 if current is None or current[0] is not value or (code is not None and current[1] is not code):
                     found.append(f"{name}.{member}")
-            added = now.keys() - self.members[name].keys()
-            found.extend(f"{name}.{member} (added)" for member in sorted(added) if "." in member)
+            before = self.members[name]
+            added = [key for key in now.keys() - before.keys() if key.split(".")[0] in before]  # to old classes
+            found.extend(f"{name}.{member} (added)" for member in sorted(added))
         if self.hooks:
             found.extend(self._hooks_changed(repository))
         return found
@@ -187,7 +188,7 @@ def make_recorder(report: Report, guard: Guard) -> Any:
             self.collect_errors = 0
 
         @pytest.hookimpl(tryfirst=True)
-        def pytest_sessionstart(self, session: Any) -> None:
+        def pytest_collection(self, session: Any) -> None:
             guard.session_started(session.config)
 
         @pytest.hookimpl(trylast=True)
