@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import struct_pb2
 
+from lodestar.docker_refs import check_image
 from lodestar.errors import InvalidArgumentError, LodestarError
 from lodestar.v1 import rollout_pb2
 from services.gateway.node.harnesses import RunDirs
@@ -28,7 +29,7 @@ from services.gateway.node.runtimes.docker_cli import DockerCli
 from services.rollout.spec import validate_spec
 from tests.gateway.node.docker_recorder import DockerRecorder
 
-pytestmark = pytest.mark.skipif(shutil.which("docker") is None, reason="needs the docker CLI (no daemon)")
+needs_cli = pytest.mark.skipif(shutil.which("docker") is None, reason="needs the docker CLI (no daemon)")
 
 
 @pytest.fixture
@@ -68,6 +69,7 @@ async def _create(backend: DockerBackend, spec: rollout_pb2.RuntimeSpec) -> Lode
     return None
 
 
+@needs_cli
 async def test_docker_variables_in_the_session_env_never_redirect_the_node_client(
     short_dir: Path, node_daemon: DockerRecorder
 ) -> None:
@@ -90,6 +92,7 @@ async def test_docker_variables_in_the_session_env_never_redirect_the_node_clien
     assert any(item.startswith("PATH=/opt/lodestar/node/bin") for item in created["Env"]), "the container's PATH"
 
 
+@needs_cli
 async def test_an_image_reference_cannot_add_docker_flags(short_dir: Path, node_daemon: DockerRecorder) -> None:
     backend = DockerBackend(short_dir / "sessions", node_id="n", reaper=False)
     for image in ("--privileged", "--volume=/:/host", "-v/:/host", "ubuntu --privileged", "Ubuntu"):
@@ -106,6 +109,7 @@ async def test_an_image_reference_cannot_add_docker_flags(short_dir: Path, node_
         assert node_daemon.posts("/containers/create")[-1]["Image"] == image
 
 
+@needs_cli
 async def test_a_comma_in_a_mount_path_cannot_add_mount_fields(short_dir: Path, node_daemon: DockerRecorder) -> None:
     allowed = short_dir / "allowed"
     planted = allowed / "data,source=" / "etc"  # the path `<allowed>/data,source=/etc`
@@ -141,3 +145,14 @@ def test_rollout_refuses_them_at_create_run() -> None:
     spec.harness.env["DOCKER_HOST"] = "tcp://attacker:2375"
     with pytest.raises(InvalidArgumentError, match="DOCKER_HOST"):
         validate_spec(spec)
+
+
+def test_image_references_follow_dockers_grammar() -> None:
+    digest = "sha256:" + "a" * 64
+    good = ["python:3.11-slim", "ghcr.io/org/img:tag", "localhost:5000/a", f"registry.example.com:443/a/b@{digest}"]
+    good += ["ubuntu", digest, "[::1]:5000/x:y", "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"]
+    for reference in good:
+        assert check_image(reference) == reference
+    for bad in ("UBUNTU", "a:b:c", "", "-x", "--privileged", "a b", "a,b", "a=b", "a/-b", "a\n", "x" * 600):
+        with pytest.raises(InvalidArgumentError, match="image reference"):
+            check_image(bad)
