@@ -51,8 +51,9 @@ class GatewaySettings(EtcdClientSettings):
     max_body_bytes: int = 32 * 1024 * 1024
     """Largest accepted HTTP request body; larger ones get 413 in the dialect's shape."""
     session_max_calls: int = Field(default=5000, ge=0)
-    """Model calls one session may make (then 429 in the dialect's shape; 0: no limit). Real agent sessions make
-    tens to a few hundred; the bound stops an agent that loops on calls (services/gateway/quotas.py)."""
+    """Model calls one session may make, token counts included (then 429 in the dialect's shape; 0: no limit).
+    Real agent sessions make tens to a few hundred; the bound stops an agent that loops on calls
+    (services/gateway/quotas.py)."""
     session_max_concurrent_calls: int = Field(default=16, ge=0)
     """Model calls of one session in flight at once (0: no limit)."""
     session_max_request_bytes: int = Field(default=8 * 1024**3, ge=0)
