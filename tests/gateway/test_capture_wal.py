@@ -1,7 +1,8 @@
 """The capture store's WAL stays bounded under continuous writes (services/gateway/wal_checkpoint.py), on a real
 SQLite file: writers never pause long enough for a PASSIVE checkpoint alone to catch up, and an outside reader
 holds an old snapshot for a while (no checkpoint can rewind the WAL meanwhile); once it lets go, the WAL file
-is back under its limit, and every record written is there."""
+is back under its limit, and every record written is there. Plus the rule that decides when the writer thread
+rewinds (pure logic)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import asyncio
 import secrets
 import sqlite3
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from lodestar.v1 import common_pb2
 from services.gateway.capture import CaptureStore
-from services.gateway.wal_checkpoint import WalPolicy
+from services.gateway.wal_checkpoint import WalCheckpointer, WalPolicy
 
 POLICY = WalPolicy(checkpoint_bytes=512 * 1024, limit_bytes=4 * 1024 * 1024, tail_bytes=128 * 1024)
 BODY = "y" * 32_000
@@ -87,3 +89,29 @@ async def test_the_wal_stays_under_its_limit_under_continuous_writes_and_a_long_
     assert store.checkpoints[-1].restarted
     assert max(tail) <= POLICY.limit_bytes, f"the WAL stays under its limit after the reader left: {tail}"
     assert wal_after <= POLICY.limit_bytes
+
+
+async def test_the_rewind_waits_for_the_next_checkpoint_when_writes_outpace_the_copy(tmp_path: Path) -> None:
+    """Pure logic of the rounds: a WAL that keeps growing by more than `rewind_tail_bytes` per round is not
+    rewound (that would make the writer copy all of it); one whose last round saw little arrive is."""
+    policy = WalPolicy(tail_bytes=4 * 16384, rewind_tail_bytes=16 * 16384, passive_rounds=3)
+    checkpointer = WalCheckpointer(tmp_path / "x.sqlite", synchronous="normal", policy=policy, page_size=16384)
+    rewinds: list[str] = []
+
+    async def on_writer(fn: Callable[[], tuple[bool, float]]) -> tuple[bool, float]:
+        rewinds.append("rewind")
+        return True, 0.001
+
+    def passive_returning(logs: list[int]) -> Callable[[Callable[[], tuple[int, int]]], Awaitable[tuple[int, int]]]:
+        async def on_passive(fn: Callable[[], tuple[int, int]]) -> tuple[int, int]:
+            log = logs.pop(0)
+            return log, log
+
+        return on_passive
+
+    outpaced = await checkpointer.checkpoint(passive_returning([100, 200, 300]), on_writer)
+    assert (outpaced.rounds, outpaced.restarted, rewinds) == (3, False, [])
+    caught_up = await checkpointer.checkpoint(passive_returning([100, 150, 152]), on_writer)
+    assert (caught_up.rounds, caught_up.restarted, caught_up.tail_bytes, rewinds) == (3, True, 2 * 16384, ["rewind"])
+    early = await checkpointer.checkpoint(passive_returning([100, 101]), on_writer)
+    assert (early.rounds, early.restarted) == (2, True)
