@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import importlib.util
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -67,6 +68,7 @@ class _OldSandbox(Sandbox):
         if spec is None or spec.loader is None:
             raise SystemExit(f"no sandbox.py in {checkout}")
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclasses look their module up
         spec.loader.exec_module(module)
         self.old = module.Sandbox()
 
