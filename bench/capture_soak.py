@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
 import socket
@@ -241,8 +242,8 @@ def summarize(samples: list[dict[str, Any]], latency: list[float], added: list[f
         "db_mib_end": samples[-1]["db"] / mib,
         "rss_mib_quarter": warm[0]["rss"] / mib,
         "rss_mib_end": samples[-1]["rss"] / mib,
-        "call_p50_ms": statistics.median(latency) * 1e3,
-        "call_p99_ms": sorted(latency)[int(0.99 * len(latency))] * 1e3,
+        "call_p50_ms": statistics.median(latency or [math.nan]) * 1e3,
+        "call_p99_ms": sorted(latency or [math.nan])[int(0.99 * len(latency))] * 1e3,
         "added_p50_ms": statistics.median(added) * 1e3,
         "added_p99_ms": sorted(added)[int(0.99 * len(added))] * 1e3,
         "probes": len(added),
