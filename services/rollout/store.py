@@ -345,6 +345,10 @@ class SqlReads:
         return load_state(self._all)
 
 
+JOURNAL_SIZE_LIMIT = 64 << 20
+"""Bytes the rollout store's WAL file is truncated to after a checkpoint rewinds it."""
+
+
 class SqliteStore(SqlReads):
     """The `Store` on one SQLite file. Not thread-safe: use it from one thread at a time."""
 
@@ -355,6 +359,8 @@ class SqliteStore(SqlReads):
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._db.execute("PRAGMA busy_timeout=10000")
+        # A WAL that an outside reader let grow is cut back to this after the next checkpoint (docs/runs.md).
+        self._db.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}")
         self._db.executescript(_SCHEMA.split("CREATE INDEX")[0])
         present = {row[1] for row in self._db.execute("PRAGMA table_info(runs)")}
         for name, kind in ADDED_RUN_COLUMNS:

@@ -5,9 +5,13 @@ every CallRecord, attempts keep their timings, and a group commit writes many sn
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
+from pathlib import Path
 
+import pytest
 from google.protobuf import duration_pb2
 
+from services.rollout import store as store_module
 from services.rollout.model import Changes
 from services.rollout.scheduler import Progress, Scheduler
 from services.rollout.spec import with_defaults
@@ -76,3 +80,37 @@ def test_a_group_commit_writes_every_snapshot_in_order(store_location: str) -> N
     store.write([first_rows, second_rows])
     (session,) = store.load().sessions
     assert (session.status.value, session.attempt, session.node_id) == ("running", 1, "a")
+
+
+def test_a_wal_grown_behind_a_reader_is_cut_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An outside reader holding a snapshot lets the WAL grow; once it lets go, the next checkpoint rewinds
+    the WAL and `journal_size_limit` truncates the file (without it SQLite keeps the high-water mark)."""
+    monkeypatch.setattr(store_module, "JOURNAL_SIZE_LIMIT", 1 << 20)
+    path = tmp_path / "rollout.sqlite"
+    store = store_module.SqliteStore(path)
+    scheduler = Scheduler()
+    changes = scheduler.add_run("r", with_defaults(make_spec(tasks=60, group_size=1)), 1.0)
+    changes.merge(scheduler.acquire("a", 7, 60, [], 2.0).changes)
+    store.write([rows_for(changes, scheduler.runs, scheduler.groups, scheduler.sessions)])
+    reader = sqlite3.connect(path, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM runs").fetchall()  # holds its snapshot: no checkpoint passes it
+
+    def complete(task: int, body: str) -> None:
+        result = session_result(f"r-g{task}-s0", 1, "a", SCORED, reward=1.0)
+        result.calls.append(call_record(f"r-g{task}-s0", sequence=0, body=body))
+        done = scheduler.complete(result, 3.0)[1]
+        store.write([rows_for(done, scheduler.runs, scheduler.groups, scheduler.sessions)])
+
+    for task in range(30):
+        complete(task, "x" * 200_000)
+    wal = path.with_name(path.name + "-wal")
+    grown = wal.stat().st_size
+    assert grown > 4 << 20
+    reader.execute("COMMIT")
+    reader.close()
+    for task in range(30, 60):
+        complete(task, "y")
+    after = wal.stat().st_size
+    store.close()
+    assert after < grown // 3, (grown, after)  # the later small writes fill it again from the start
