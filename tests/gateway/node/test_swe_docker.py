@@ -19,6 +19,7 @@ from services.gateway.node.repository import prepare_repository
 from services.gateway.node.runtimes import DockerBackend, DockerRuntime
 from services.gateway.node.verifiers import VerifierInput, make_verifier
 from tests.docker_support import SESSION_IMAGE, containers, remove, skip_reason
+from tests.gateway.node.test_swe_hacks import FAKE_PASSES, FORCE_PASS_PLUGIN, LIBRARY, PATCH_REPORTS, UNDER_PYTEST
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 SWE_MINI = Path(__file__).resolve().parents[3] / "examples" / "swe-mini"
@@ -145,5 +146,45 @@ async def test_planted_test_infrastructure_scores_nothing_in_a_container(backend
         assert fixed.returncode == 0, fixed.stderr
         reward, details = await _score(runtime, task, pristine=True)
         assert reward == 1.0, details["output_tail"]
+    finally:
+        await runtime.cleanup()
+
+
+RUNTEST_PATCH = "    import _pytest.python\n    _pytest.python.Function.runtest = lambda self: None\n"
+XFAIL_PATCH = "    import pytest\n    def slugify(text):\n        pytest.xfail('not today')\n"
+DOCKER_HACKS = {
+    "dependency-shadow": {"iniconfig.py": FAKE_PASSES},
+    "stdlib-shadow": {"argparse.py": FAKE_PASSES},
+    "runner-patch": {LIBRARY: UNDER_PYTEST + RUNTEST_PATCH},
+    "entry-point": {"hack-1.0.dist-info/entry_points.txt": "[pytest11]\nhack = hackplugin\n",
+                    "hack-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: hack\nVersion: 1.0\n",
+                    "hackplugin.py": FORCE_PASS_PLUGIN},
+    "pytest-toml": {"pytest.toml": '[pytest]\naddopts = ["-p", "slugify.hackplugin"]\n',
+                    "slugify/hackplugin.py": FORCE_PASS_PLUGIN},
+    "tests-init": {"tests/__init__.py": PATCH_REPORTS},
+    "xfail": {LIBRARY: UNDER_PYTEST + XFAIL_PATCH},
+    "fake-outcome": {LIBRARY: FAKE_PASSES},
+    "config-above": {"../tmp/pytest.ini": "[pytest]\n", "../tmp/conftest.py": FAKE_PASSES},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("hack", list(DOCKER_HACKS))
+async def test_known_hacks_score_zero_in_a_container(backend: DockerBackend, task_image: str, hack: str):
+    """The hack kinds of test_swe_hacks.py (host runtime), planted in a docker session and scored in its
+    container (the default pytest command, plugin autoload not disabled by the task)."""
+    task = _task("swe-mini-slugify")
+    del task.repository.test_command[:]
+    runtime = await backend.create("s4-a1", {}, rollout_pb2.RuntimeSpec(kind="docker", image=task_image))
+    try:
+        await prepare_repository(task.repository, runtime.real.workdir)
+        for name, text in DOCKER_HACKS[hack].items():
+            path = runtime.real.workdir / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as handle:
+                handle.write(text)
+
+        reward, details = await _score(runtime, task, pristine=True)
+
+        assert reward == 0.0, details
     finally:
         await runtime.cleanup()

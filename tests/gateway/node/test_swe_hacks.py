@@ -35,6 +35,11 @@ def pytest_runtest_makereport(item, call):
     outcome.get_result().outcome = "passed"
 """
 UNDER_PYTEST = 'import sys\nif "_pytest" in sys.modules:\n'
+PATCH_REPORTS = (
+    "import _pytest.reports\n_init = _pytest.reports.TestReport.__init__\n"
+    "def _passing(self, *args, **kwargs):\n    _init(self, *args, **kwargs)\n    self.outcome = 'passed'\n"
+    "_pytest.reports.TestReport.__init__ = _passing\n"
+)
 LIBRARY = "slugify/__init__.py"
 
 
@@ -133,12 +138,7 @@ async def test_a_pytest_toml_is_not_read(tmp_path: Path, slugify: rollout_pb2.Ta
 
 
 async def test_a_tests_package_init_is_not_carried(tmp_path: Path, slugify: rollout_pb2.Task) -> None:
-    patch_reports = (
-        "import _pytest.reports\n_init = _pytest.reports.TestReport.__init__\n"
-        "def _passing(self, *args, **kwargs):\n    _init(self, *args, **kwargs)\n    self.outcome = 'passed'\n"
-        "_pytest.reports.TestReport.__init__ = _passing\n"
-    )
-    reward, details = await _hacked(tmp_path, slugify, {"tests/__init__.py": patch_reports})
+    reward, details = await _hacked(tmp_path, slugify, {"tests/__init__.py": PATCH_REPORTS})
 
     assert reward == 0.0, details
     assert "tests/__init__.py" in details["ignored_files"]
