@@ -270,3 +270,27 @@ async def test_an_honest_fix_still_scores_one_with_its_new_module(
     assert reward == 1.0, details
     assert details["outcomes_from"] == "report"
     assert "slugify/_text.py" in details["changed_files"]
+
+
+FORGE_REPORT = """    import json, os
+    args = open("/proc/self/cmdline", "rb").read().split(b"\\0")
+    at = next(n for n, arg in enumerate(args) if arg.endswith(b"swe_bootstrap.py"))
+    report, nonce = args[at + 1].decode(), args[at + 2].decode()
+    ids = [arg.decode() for arg in args if b"::" in arg]
+    with open(report, "a") as handle:
+        for test in ids:
+            handle.write(json.dumps({"event": "test", "id": test, "status": "passed"}) + "\\n")
+        summary = {"event": "summary", "nonce": nonce, "exit": 0, "counts": {"passed": len(ids)},
+                   "collect_errors": 0, "tampered": []}
+        handle.write(json.dumps(summary) + "\\n")
+    os._exit(0)
+"""
+
+
+async def test_a_report_forged_from_the_command_line_is_not_trusted(tmp_path: Path, slugify: rollout_pb2.Task) -> None:
+    """An attack on the node's bootstrap itself: the library reads the report's path and what it takes for the
+    nonce from /proc/self/cmdline and writes a passing report. The nonce never is on the command line."""
+    reward, details = await _hacked(tmp_path, slugify, {LIBRARY: UNDER_PYTEST + FORGE_REPORT})
+
+    assert reward == 0.0, details
+    assert "does not match" in details["error"]

@@ -39,8 +39,10 @@ def test_pytest_runs_are_recognized(argv: list[str], expected: PytestRun | None)
 
 def test_the_bootstrap_argv_pins_rootdir_config_and_conftest_search() -> None:
     run = PytestRun(["env", "A=1"], "python", ["-rA", "t.py::a"])
-    argv = bootstrap_argv(run, Path("/s/b.py"), Path("/s/r"), NONCE, Path("/s/repo"), Path("/s/c.ini"), Path("/s/repo"))
-    assert argv == ["env", "A=1", "python", "-I", "/s/b.py", "/s/r", NONCE, "/s/repo", "--", "--rootdir", "/s/repo",
+    argv = bootstrap_argv(
+        run, Path("/s/b.py"), Path("/s/r"), Path("/s/n"), Path("/s/repo"), Path("/s/c.ini"), Path("/s/repo")
+    )
+    assert argv == ["env", "A=1", "python", "-I", "/s/b.py", "/s/r", "/s/n", "/s/repo", "--", "--rootdir", "/s/repo",
                     "-c", "/s/c.ini", "--confcutdir", "/s/repo", "-rA", "t.py::a"]  # fmt: skip
 
 

@@ -57,7 +57,14 @@ from services.gateway.node.harnesses.base import SYSTEM_PATH
 from services.gateway.node.repository import checkout_base, git, repository_dir
 from services.gateway.node.safe_files import SessionFileError, write_new_file
 from services.gateway.node.verifiers.base import AgentFailure, Verdict, VerifierError, VerifierInput, tail, timeout_of
-from services.gateway.node.verifiers.swe_area import BOOTSTRAP_NAME, CONFIG_NAME, REPORT_NAME, ScoringArea, scoring_area
+from services.gateway.node.verifiers.swe_area import (
+    BOOTSTRAP_NAME,
+    CONFIG_NAME,
+    NONCE_NAME,
+    REPORT_NAME,
+    ScoringArea,
+    scoring_area,
+)
 from services.gateway.node.verifiers.swe_report import PytestRun, bootstrap_argv, find_config, pytest_run, read_report
 from services.gateway.node.verifiers.swe_tests import (
     PARSERS,
@@ -269,8 +276,9 @@ class SweVerifier:
             if found is not None:
                 config = directory / found.relative_to(area.host / "repo")
                 rootdir = config.parent
+        await asyncio.to_thread(write_new_file, area.host, NONCE_NAME, nonce.encode())
         bootstrap, report_path = area.visible / BOOTSTRAP_NAME, area.visible / REPORT_NAME
-        return bootstrap_argv(run, bootstrap, report_path, nonce, directory, config, rootdir)
+        return bootstrap_argv(run, bootstrap, report_path, area.visible / NONCE_NAME, directory, config, rootdir)
 
     async def _from_report(
         self, area: ScoringArea, nonce: str, returncode: int, details: dict[str, Any]

@@ -33,6 +33,7 @@ from services.gateway.node.verifiers.swe_report import EMPTY_CONFIG
 BOOTSTRAP = Path(__file__).with_name("swe_bootstrap.py")
 BOOTSTRAP_NAME = "swe_bootstrap.py"
 REPORT_NAME = "report.jsonl"
+NONCE_NAME = "nonce"
 CONFIG_NAME = "pytest.ini"
 
 

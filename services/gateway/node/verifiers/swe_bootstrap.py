@@ -1,11 +1,12 @@
 """The start of every pytest run of the `swe` verifier: node code that runs before any repository code.
 
 The node copies this file into its scoring directory and runs it in the session's runtime as
-`python -I swe_bootstrap.py REPORT NONCE REPOSITORY -- PYTEST_ARGS...` in the repository directory (it
+`python -I swe_bootstrap.py REPORT NONCE_FILE REPOSITORY -- PYTEST_ARGS...` in the repository directory (it
 imports nothing of lodestar: it runs under whatever Python the test environment has). In order:
 
-1. it opens REPORT (a new file in the node's scoring directory, outside the repository) and hides its own
-   arguments from `sys.argv`;
+1. it opens REPORT (a new file in the node's scoring directory, outside the repository), reads the nonce
+   from NONCE_FILE and deletes that file (the nonce is never on a command line or in the environment, where
+   `/proc/self/cmdline` would show it to the code under test), and hides its arguments from `sys.argv`;
 2. with `-I` (no PYTHON* variables, no user site, no script or working directory on `sys.path`) it imports
    pytest, every `_pytest` module, pluggy and pytest's dependencies, so the standard library and the test
    framework are resolved before the repository is on `sys.path`; then it appends the repository (after
@@ -228,8 +229,11 @@ def make_recorder(report: Report, guard: Guard) -> Any:
 
 
 def main() -> None:
-    report_path, nonce, repository = sys.argv[1], sys.argv[2], os.path.realpath(sys.argv[3])
+    report_path, nonce_path, repository = sys.argv[1], sys.argv[2], os.path.realpath(sys.argv[3])
     args = sys.argv[5:]
+    with open(nonce_path) as handle:
+        nonce = handle.read().strip()
+    os.unlink(nonce_path)
     report = Report(os.open(report_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
     sys.argv = [sys.argv[0]]
     sys.dont_write_bytecode = True

@@ -66,11 +66,13 @@ def pytest_run(argv: list[str]) -> PytestRun | None:
 
 
 def bootstrap_argv(
-    run: PytestRun, bootstrap: Path, report: Path, nonce: str, repo: Path, config: Path, rootdir: Path
+    run: PytestRun, bootstrap: Path, report: Path, nonce_file: Path, repo: Path, config: Path, rootdir: Path
 ) -> list[str]:
-    """The argv that runs `run` through the bootstrap, rootdir, config and conftest search pinned."""
+    """The argv that runs `run` through the bootstrap, rootdir, config and conftest search pinned (the nonce
+    itself is in `nonce_file`, which the bootstrap deletes: never on the command line)."""
     pinned = ["--rootdir", str(rootdir), "-c", str(config), "--confcutdir", str(rootdir)]
-    return [*run.prefix, run.python, "-I", str(bootstrap), str(report), nonce, str(repo), "--", *pinned, *run.args]
+    return [*run.prefix, run.python, "-I", str(bootstrap), str(report), str(nonce_file), str(repo), "--", *pinned,
+            *run.args]  # fmt: skip
 
 
 def find_config(repo: Path, tests: list[str]) -> Path | None:
