@@ -12,7 +12,7 @@ from types import ModuleType
 
 import pytest
 
-from lodestar.cli.train_config import EVAL_KEYS, KEYS, EvalConfig, TrainConfig
+from lodestar.cli.train_config import EVAL_KEYS, KEYS, REDTEAM_KEYS, EvalConfig, RedTeamConfig, TrainConfig
 from lodestar.settings import EtcdClientSettings, ServiceSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ def _keys_by_section() -> dict[str, set[str]]:
 
 
 def test_train_keys_are_the_config_fields_and_all_listed() -> None:
-    fields = {field.name for field in dataclasses.fields(TrainConfig)} - {"config_path", "eval"}
+    fields = {field.name for field in dataclasses.fields(TrainConfig)} - {"config_path", "eval", "redteam"}
     assert set(KEYS) == fields
     missing = fields - _keys_by_section()["`[train]`: `lodestar train`"]
     assert not missing, f"{HINT} (missing: {sorted(missing)})"
@@ -53,6 +53,13 @@ def test_eval_keys_are_the_eval_config_fields_and_all_listed() -> None:
     fields = {field.name for field in dataclasses.fields(EvalConfig)}
     assert set(EVAL_KEYS) == fields
     missing = fields - _keys_by_section()["`[eval]`: held-out evaluation around `lodestar train`"]
+    assert not missing, f"{HINT} (missing: {sorted(missing)})"
+
+
+def test_redteam_keys_are_the_redteam_config_fields_and_all_listed() -> None:
+    fields = {field.name for field in dataclasses.fields(RedTeamConfig)}
+    assert set(REDTEAM_KEYS) == fields
+    missing = fields - _keys_by_section()["`[redteam]`: the red-team pass before `lodestar train`'s first step"]
     assert not missing, f"{HINT} (missing: {sorted(missing)})"
 
 
