@@ -9,8 +9,9 @@ imports nothing of lodestar: it runs under whatever Python the test environment 
    `/proc/self/cmdline` would show it to the code under test), and hides its arguments from `sys.argv`;
 2. with `-I` (no PYTHON* variables, no user site, no script or working directory on `sys.path`) it imports
    pytest, every `_pytest` module, pluggy and pytest's dependencies, so the standard library and the test
-   framework are resolved before the repository is on `sys.path`; then it appends the repository (after
-   them: a repository module never shadows one of theirs) and turns plugin autoload off;
+   framework are resolved before the repository is on `sys.path`; then it appends the repository and the
+   entries of PYTHONPATH (after them: a repository module never shadows one of theirs) and turns plugin
+   autoload off;
 3. it snapshots the identity of every function and class of pytest and pluggy (and the code of each
    function), runs `pytest.main` with its own plugin (`Recorder`), and compares them at the end, with the
    hook implementations registered after collection started: a replaced test runner or report path is
@@ -248,7 +249,10 @@ def main() -> None:
     guard = Guard()
     changed, emit, exit_now = guard.changed, report.emit, os._exit
     recorder = make_recorder(report, guard)
-    sys.path.append(repository)
+    # After the framework: the repository (as `python -m pytest` has its working directory), then the
+    # entries of PYTHONPATH (the task's or the verifier config's: `-I` ignores the variable itself).
+    entries = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    sys.path.extend([repository, *(os.path.join(repository, entry) for entry in entries)])
     emit({"event": "started", "pytest": pytest.__version__})
     code = int(pytest.main(args, plugins=[recorder]))
     tampered = changed(repository)
