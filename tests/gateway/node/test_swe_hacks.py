@@ -270,6 +270,7 @@ async def test_an_honest_fix_still_scores_one_with_its_new_module(
     assert reward == 1.0, details
     assert details["outcomes_from"] == "report"
     assert "slugify/_text.py" in details["changed_files"]
+    assert details["ignored_files"] == [], "the test file the patch replaced was not the agent's change"
 
 
 FORGE_REPORT = """    import json, os

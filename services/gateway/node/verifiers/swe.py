@@ -114,6 +114,15 @@ def _zero(details: dict[str, Any], error: str) -> NoReturn:
     raise AgentFailure(error, {**details, "resolved": False, "error": error})
 
 
+def _contents(repo: Path, paths: list[str]) -> dict[str, bytes | None]:
+    """The node's own checkout's files at `paths` (None: absent or not a regular file)."""
+    found: dict[str, bytes | None] = {}
+    for path in paths:
+        file = repo / path
+        found[path] = file.read_bytes() if file.is_file() and not file.is_symlink() else None
+    return found
+
+
 class SweVerifier:
     kind = "swe"
 
@@ -178,6 +187,7 @@ class SweVerifier:
         if not await asyncio.to_thread(lambda: agent_tree.is_dir() and not agent_tree.is_symlink()):
             _zero(details, "the repository directory is gone")
         await checkout_base(repo, area.host / "repo")
+        before_patch = await asyncio.to_thread(_contents, area.host / "repo", restored)
         if repo.test_patch.strip():
             try:
                 await git(area.host / "repo", "apply", "--whitespace=nowarn", "-", stdin=repo.test_patch.encode())
@@ -186,7 +196,7 @@ class SweVerifier:
         tests = [*repo.fail_to_pass, *repo.pass_to_pass]
         protected = {*restored, *(test.split("::", 1)[0] for test in tests if "::" in test)}
         try:
-            carried = await asyncio.to_thread(carry_changes, agent_tree, area.host / "repo", protected)
+            carried = await asyncio.to_thread(carry_changes, agent_tree, area.host / "repo", protected, before_patch)
         except TreeTooLargeError as error:
             _zero(details, str(error))
         details.update(scored_on="pristine", changed_files=carried.changed[:200], deleted_files=carried.deleted[:200],

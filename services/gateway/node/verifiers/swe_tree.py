@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -101,6 +102,9 @@ class _Base:
     protected: frozenset[str]
     above_protected: frozenset[str]
     """Directories above a protected path."""
+    before_patch: Mapping[str, bytes | None] = field(default_factory=dict)
+    """Protected files as the base commit had them before the test patch (None: absent), to tell whether
+    the agent changed them."""
 
     def kept(self, relative: str) -> bool:
         return relative in self.protected or is_test_infrastructure(relative)
@@ -119,10 +123,13 @@ class _Base:
         return False
 
 
-def carry_changes(agent: Path, pristine: Path, protected: set[str]) -> Carried:
-    """Make `pristine` the agent's tree (module docstring); returns what changed."""
+def carry_changes(
+    agent: Path, pristine: Path, protected: set[str], before_patch: Mapping[str, bytes | None] | None = None
+) -> Carried:
+    """Make `pristine` the agent's tree (module docstring); returns what changed. `before_patch`: the base
+    commit's content of the files the test patch changed (only to list as ignored what the agent changed)."""
     above = {parent.as_posix() for path in protected for parent in PurePosixPath(path).parents if parent.parts}
-    base = _Base(frozenset(_walk_paths(pristine)), frozenset(protected), frozenset(above))
+    base = _Base(frozenset(_walk_paths(pristine)), frozenset(protected), frozenset(above), before_patch or {})
     carried = Carried()
     seen: set[str] = set()
     _carry_dir(agent, pristine, "", base, carried, seen)
@@ -174,7 +181,7 @@ def _carry_dir(agent: Path, pristine: Path, relative: str, base: _Base, carried:
             continue
         kept = base.kept(path)
         if kept or (path not in base.paths and not base.allows_new(path)):
-            if not _same(entry.path, info, pristine / path):
+            if _changed(entry.path, info, pristine / path, base.before_patch, path):
                 carried.ignored.append(path)
             if kept and is_dir and not is_test_infrastructure(path) and (pristine / path).is_dir():
                 _carry_dir(agent, pristine, path, base, carried, seen)
@@ -213,6 +220,14 @@ def _carry_entry(
         _remove(target)
         _copy_regular(source, target, info.st_mode & 0o111)
         carried.changed.append(path)
+
+
+def _changed(source: str, info: os.stat_result, target: Path, before: Mapping[str, bytes | None], path: str) -> bool:
+    """Whether the agent's entry differs from the base commit's (before the test patch, where it changed)."""
+    if path not in before:
+        return not _same(source, info, target)
+    content = before[path]
+    return content is None or not stat.S_ISREG(info.st_mode) or _read(source) != content
 
 
 def _same(source: str, info: os.stat_result, target: Path) -> bool:
