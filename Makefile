@@ -68,10 +68,13 @@ node-deps:
 	  echo "note: Node.js $$(node --version) found; the harnesses (make harnesses) want >= 20"
 
 ## test-deps: what only the tests need from apt: PostgreSQL server binaries (the rollout store tests start their
-## own server; ~54 MB) and Chromium (the dashboard's browser test, driven by Playwright; ~290 MB + dependencies).
+## own server; ~54 MB), Chromium (the dashboard's browser test, driven by Playwright; ~290 MB + dependencies) and
+## python3-pytest (a system Python with pytest for the swe verifier's user-site test).
 test-deps:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq postgresql; }
 	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
+	@# python3-pytest: a non-venv Python with pytest, for the swe verifier's user-site test (test_swe_hacks.py).
+	@/usr/bin/python3 -c 'import pytest' 2>/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq python3-pytest; }
 
 ## venv: .venv with lodestar (editable, extras dev + smollm2) on torch 2.13.0: the CUDA build when nvidia-smi is
 ## there, else the CPU build (scripts/install-torch.sh says how it picks the index). From nothing here: 166 s,

@@ -131,3 +131,12 @@ def session_calls(address: str, session_id: str, *, turns: int, seed: int) -> li
             token_ids=[*final.prompt_token_ids, *final.completion_token_ids], message_count=len(messages) - 1
         )
     return calls
+
+
+def greedy(address: str) -> inference_pb2.GenerateFinal:
+    """A short greedy reply of the server at `address` (to compare its weights before and after a push)."""
+    request = inference_pb2.GenerateRequest(
+        messages=[text_message(common_pb2.ROLE_USER, "Say something.")],
+        sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=6),
+    )
+    return generate(address, request)

@@ -33,8 +33,7 @@ from services.inference.broadcast import receive_broadcast
 from services.trainer.broadcast import BroadcastPublisher, bucket_sizes
 from services.trainer.model import dedupe_tied, load_model
 from services.trainer.publish import serialize
-from tests.trainer.inference_helpers import InferenceThread, served_version, trainer_logprobs
-from tests.trainer.test_weight_transports import _greedy
+from tests.trainer.inference_helpers import InferenceThread, greedy, served_version, trainer_logprobs
 
 pytestmark = pytest.mark.slow
 HANDSHAKE = "secret" in inference_pb2.WeightsBroadcast.DESCRIPTOR.fields_by_name
@@ -144,7 +143,7 @@ def test_a_stranger_in_a_replicas_place_gets_no_weights(trainer_model_dir: Path,
             assert received == [] or received[0] != payload[start : start + sizes[0]], "the stranger got weights"
             assert listening == [{"0100007F"}], f"the store listens beyond the configured host: {listening}"
             assert served_version(replica.address) == version
-            final = _greedy(replica.address)
+            final = greedy(replica.address)
             assert final.completion_logprobs == pytest.approx(trainer_logprobs(model, final), abs=1e-4)
         finally:
             publisher.close()

@@ -18,13 +18,12 @@ from typing import Any
 import pytest
 import torch
 
-from lodestar.v1 import common_pb2, inference_pb2
 from services.trainer.broadcast import BroadcastPublisher, bucket_sizes
 from services.trainer.model import dedupe_tied, load_model
 from services.trainer.publish import WeightsRefusedError, serialize
 from services.trainer.shared_fs import SharedFsPublisher
 from tests.inference.conftest import serve_inference
-from tests.trainer.inference_helpers import InferenceThread, generate, served_version, text_message, trainer_logprobs
+from tests.trainer.inference_helpers import InferenceThread, greedy, served_version, trainer_logprobs
 
 pytestmark = pytest.mark.slow
 
@@ -34,14 +33,6 @@ def _changed_model(model_dir: Path, scale: float) -> Any:
     with torch.no_grad():
         model.lm_head.weight.mul_(scale)
     return model.eval()
-
-
-def _greedy(address: str) -> inference_pb2.GenerateFinal:
-    request = inference_pb2.GenerateRequest(
-        messages=[text_message(common_pb2.ROLE_USER, "Say something.")],
-        sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=6),
-    )
-    return generate(address, request)
 
 
 def test_buckets_hold_whole_tensors_and_cover_the_data(trainer_model_dir: Path) -> None:
@@ -65,7 +56,7 @@ def test_a_gloo_broadcast_makes_two_replicas_serve_the_trainers_weights(
         InferenceThread.start(trainer_model_dir, tmp_path / "a") as a,
         InferenceThread.start(trainer_model_dir, tmp_path / "b") as b,
     ):
-        before = _greedy(a.address)
+        before = greedy(a.address)
         publisher = BroadcastPublisher([a.address, b.address], broadcast_timeout_s=20, bucket_bytes=200_000)
         try:
             version = publisher.served_version() + 1
@@ -75,7 +66,7 @@ def test_a_gloo_broadcast_makes_two_replicas_serve_the_trainers_weights(
             assert result.payload_bytes == len(serialize(state))
             assert (served_version(a.address), served_version(b.address)) == (version, version)
             for address in (a.address, b.address):
-                final = _greedy(address)
+                final = greedy(address)
                 assert final.policy_version == version
                 assert final.completion_logprobs == pytest.approx(trainer_logprobs(model, final), abs=1e-4)
             assert list(before.completion_logprobs) != pytest.approx(trainer_logprobs(model, before), abs=1e-2)
@@ -106,11 +97,11 @@ def test_shared_fs_writes_each_version_once_and_sends_its_path(
             version = publisher.served_version() + 1
             publisher.publish(state, version)
             assert (served_version(a.address), served_version(b.address)) == (version, version)
-            final = _greedy(b.address)
+            final = greedy(b.address)
             assert final.completion_logprobs == pytest.approx(trainer_logprobs(model, final), abs=1e-4)
             publisher.publish(state, version + 1)
             assert [path.name for path in shared.iterdir()] == [f"policy-v{version + 1:06d}.safetensors"]
-            again = _greedy(a.address)  # served from the mapping of a file deleted since
+            again = greedy(a.address)  # served from the mapping of a file deleted since
             assert again.completion_logprobs == pytest.approx(trainer_logprobs(model, again), abs=1e-4)
         finally:
             publisher.close()
@@ -162,7 +153,7 @@ def test_a_replica_dying_during_the_broadcast_costs_a_bounded_wait(trainer_model
             assert doomed.process.poll() is not None
             assert publisher.last_broadcast == [live.address], "the live replica's transfer is its own"
             assert took < timeout_s + 10, f"the push took {took:.1f} s"
-            final = _greedy(live.address)
+            final = greedy(live.address)
             assert final.completion_logprobs == pytest.approx(trainer_logprobs(model, final), abs=1e-4)
 
             publisher.publish(state, version + 1)  # the dead replica is left out at the probe
@@ -190,7 +181,7 @@ def test_an_nccl_broadcast_reaches_a_replica_on_another_gpu(
             version = publisher.served_version() + 1
             publisher.publish(dedupe_tied(model, dict(model.state_dict())), version)
             assert publisher.last_broadcast == [replica.address]
-            final = _greedy(replica.address)
+            final = greedy(replica.address)
             assert final.completion_logprobs == pytest.approx(trainer_logprobs(model, final), abs=2e-2)
         finally:
             publisher.close()

@@ -19,7 +19,7 @@ from services.gateway.node.repository import prepare_repository
 from services.gateway.node.runtimes import DockerBackend, DockerRuntime
 from services.gateway.node.verifiers import VerifierInput, make_verifier
 from tests.docker_support import SESSION_IMAGE, containers, remove, skip_reason
-from tests.gateway.node.test_swe_hacks import FAKE_PASSES, FORCE_PASS_PLUGIN, LIBRARY, PATCH_REPORTS, UNDER_PYTEST
+from tests.gateway.node.swe_plants import FAKE_PASSES, FORCE_PASS_PLUGIN, LIBRARY, PATCH_REPORTS, UNDER_PYTEST
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 SWE_MINI = Path(__file__).resolve().parents[3] / "examples" / "swe-mini"
