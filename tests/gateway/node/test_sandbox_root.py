@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.harnesses import Invocation, Launcher
+from services.gateway.node.harnesses import Command, GatewayEndpoint, Invocation, Launcher
 from services.gateway.node.harnesses.base import REPO_ROOT, clean_env
 from services.gateway.node.harnesses.sandbox import Sandbox
 from services.gateway.node.runtimes import HostBackend
@@ -173,3 +173,20 @@ async def test_the_runtime_specs_limits_apply(planted: Planted) -> None:
     assert limits["Max address space"] == [str(4 << 30)] * 2
     assert limits["Max file size"] == [str(1 << 30)] * 2
     assert limits["Max core file size"] == ["0", "0"]
+
+
+async def test_a_command_harness_program_is_visible_but_not_the_files_beside_it(tmp_path: Path) -> None:
+    program = tmp_path / "agent" / "agent.py"  # below /tmp, which is an empty tmpfs in the sandbox
+    program.parent.mkdir()
+    (program.parent / "tasks.jsonl").write_text(json.dumps({"metadata": {"gold_patch": "the answer"}}) + "\n")
+    program.write_text(
+        "import os, sys\n"
+        f"print(os.path.exists({str(program.parent / 'tasks.jsonl')!r}), os.listdir(os.path.dirname(sys.argv[0])))\n"
+    )
+    harness = Command(["{python}", str(program), "{prompt}"])
+    runtime = await HostBackend(tmp_path / "sessions", Launcher(sandbox=Sandbox())).create("command-a1", {})
+    endpoint = GatewayEndpoint("http://127.0.0.1:40009", "key", "model")
+    invocation = runtime.translate(harness.prepare(runtime.real, endpoint, "the prompt"))
+    result = await runtime.run_harness(invocation, endpoint.base_url, 60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False ['agent.py']"

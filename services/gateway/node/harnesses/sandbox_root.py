@@ -77,13 +77,12 @@ def node_installation() -> list[Path]:
 
 def root_mounts(readable: Iterable[Path], hidden: Sequence[Path], home: str) -> list[Mount]:
     """The read-only part of the root (everything but /proc, /dev and the session's binds), in order."""
-    mounts = [*_system_mounts(), *_etc_mounts(home)]
+    mounts = [*_system_mounts(), *_etc_mounts(home), *(Mount("tmpfs", path) for path in EMPTY_DIRS)]
     exposed = [path for path in dict.fromkeys(readable) if path.exists() and path not in hidden]
     outside = [path for path in exposed if not _in_system_dirs(path)]
     parents = dict.fromkeys(parent for path in outside for parent in reversed(path.parents) if parent != Path("/"))
     mounts += [Mount("dir", str(parent)) for parent in parents]  # 0755: bubblewrap's own would be 0700
     mounts += [Mount("ro", str(path), str(path)) for path in outside]
-    mounts += [Mount("tmpfs", path) for path in EMPTY_DIRS]
     return mounts + masks(hidden, [*exposed, *(Path(d) for d in SYSTEM_DIRS), Path("/etc")])
 
 
