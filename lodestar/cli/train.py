@@ -312,6 +312,7 @@ def _report(
         error=error,
         warning=progress.trainer.warning,
         note=ending.why() if ending else "",
+        gaps=train_view.run_gaps(config.run_dir),
     )
     console.print(train_view.summary(outcome), highlight=False)
     return (0 if done or ending else 1), outcome, ending

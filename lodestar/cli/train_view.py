@@ -4,11 +4,18 @@
 `plain_line` one log line per trainer step (readable in CI logs and pipes), `summary` the final table.
 `reward_rise` is the mean reward of the last 5 steps minus that of the first 5 (of a run shorter than 15 steps,
 its first and last third).
+
+The "logprob gap" shown is the trainer-vs-inference mismatch on tokens sampled by the policy version the step
+updates (`logprob_diff_mean`: float noise when all is well, a bug when not); the difference on stale tokens is
+the policy's own drift since sampling, shown apart as "policy drift" next to the staleness (`policy_drift_mean`,
+`staleness_mean`; services/trainer/mismatch.py, docs/trainer.md).
 """
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +73,8 @@ def render(progress: Progress) -> Group:
         "tokens/s": _value(values, "tokens_per_second", ".0f"),
         "merge ratio": _value(values, "merge_ratio", ".2f"),
         "logprob gap": _value(values, "logprob_diff_mean", ".2g"),
+        "policy drift": _value(values, "policy_drift_mean", ".2g"),
+        "staleness": _value(values, "staleness_mean", ".2f"),
         "policy": str(progress.trainer.policy_version),
         "s/step": _value(values, "time_step", ".1f"),
     }
@@ -89,6 +98,7 @@ def plain_line(progress: Progress) -> str:
         + f"  tokens/s {_value(values, 'tokens_per_second', '.0f')}"
         f"  merge {_value(values, 'merge_ratio', '.2f')}"
         f"  logprob gap {_value(values, 'logprob_diff_mean', '.2g')}"
+        f"  drift {_value(values, 'policy_drift_mean', '.2g')} staleness {_value(values, 'staleness_mean', '.2f')}"
         f"  policy v{progress.trainer.policy_version}"
         f"  sessions running {run.sessions_running - run.sessions_ready} ready {run.sessions_ready}"
         f" scored {run.sessions_succeeded}"
@@ -115,6 +125,40 @@ def reward_rise(rewards: list[float]) -> float:
 
 
 @dataclass(frozen=True)
+class Gaps:
+    """The run's trainer-vs-inference mismatch and policy drift over its steps (module docstring)."""
+
+    gap_max: float | None = None
+    """Largest step `logprob_diff_max` (same-version tokens); None: no step had any."""
+    gap_steps: int = 0
+    drift_mean: float | None = None
+    """Mean over steps of `policy_drift_mean` (stale tokens); None: no step had any."""
+    staleness_mean: float | None = None
+
+
+def gaps(records: Iterable[dict[str, float]]) -> Gaps:
+    """The `Gaps` of a run's metrics records."""
+    items = list(records)
+    gap = [r["logprob_diff_max"] for r in items if "logprob_diff_max" in r]
+    drift = [r["policy_drift_mean"] for r in items if "policy_drift_mean" in r]
+    stale = [r["staleness_mean"] for r in items if "staleness_mean" in r]
+    return Gaps(
+        gap_max=max(gap) if gap else None,
+        gap_steps=len(gap),
+        drift_mean=sum(drift) / len(drift) if drift else None,
+        staleness_mean=sum(stale) / len(stale) if stale else None,
+    )
+
+
+def run_gaps(run_dir: Path) -> Gaps:
+    """`gaps` of `<run_dir>/metrics.jsonl` (empty when the file is missing)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return Gaps()
+    return gaps(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+
+
+@dataclass(frozen=True)
 class Outcome:
     """What the summary names."""
 
@@ -134,6 +178,7 @@ class Outcome:
     note: str = ""
     """Why the training ended before its steps without an error (the run's groups ran out, or no reward signal
     was left in them)."""
+    gaps: Gaps = field(default_factory=Gaps)
 
 
 def summary(outcome: Outcome) -> Table:
@@ -147,6 +192,8 @@ def summary(outcome: Outcome) -> Table:
         (f"reward first {len(windows(outcome.rewards)[0])} -> last", _rise_text(outcome.rewards)),
         ("reward rise", f"{reward_rise(outcome.rewards):+.3f}"),
         ("merge ratio (mean)", f"{outcome.merge_ratio:.2f}"),
+        ("logprob gap (max)", _gap_text(outcome.gaps)),
+        ("policy drift (mean)", _drift_text(outcome.gaps)),
         ("run directory", str(outcome.run_dir)),
         ("final checkpoint", outcome.checkpoint or "-"),
         ("metrics", ", ".join(str(p) for p in outcome.metrics) or "-"),
@@ -168,3 +215,16 @@ def _rise_text(rewards: list[float]) -> str:
         return "-"
     first, last = windows(rewards)
     return f"{sum(first) / len(first):.3f} -> {sum(last) / len(last):.3f}"
+
+
+def _gap_text(found: Gaps) -> str:
+    if found.gap_max is None:
+        return "- (no step trained on tokens of its own policy version)"
+    return f"{found.gap_max:.2g} nats, same-version tokens of {found.gap_steps} steps"
+
+
+def _drift_text(found: Gaps) -> str:
+    staleness = "-" if found.staleness_mean is None else f"{found.staleness_mean:.2f}"
+    if found.drift_mean is None:
+        return f"- (no stale tokens); staleness {staleness}"
+    return f"{found.drift_mean:.2g} nats on stale tokens; staleness {staleness}"

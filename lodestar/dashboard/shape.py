@@ -27,13 +27,20 @@ CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("loss", ("loss",)),
     ("KL", ("kl",)),
     ("clip fraction", ("clip_fraction",)),
-    ("trainer vs inference |logprob diff|", ("logprob_diff_mean", "logprob_diff_max")),
+    (
+        "logprob gap: trainer vs inference, same version (nats)",
+        ("logprob_diff_mean", "logprob_diff_max", "logprob_diff_mean/*"),
+    ),
+    ("policy drift of stale samples (nats)", ("policy_drift_mean", "policy_drift_max")),
+    ("staleness (versions)", ("staleness_mean", "staleness_max")),
     ("tokens/s", ("tokens_per_second",)),
     ("merge ratio", ("merge_ratio",)),
-    ("staleness (versions)", ("staleness_mean", "staleness_max")),
     ("step time (s)", ("time_build", "time_forward_backward", "time_optimizer", "time_push", "time_step")),
 )
-"""The named charts, first; every other metric gets a chart of its own after them."""
+"""The named charts, first; every other metric gets a chart of its own after them. A name ending in `/*` takes
+every metric with that prefix (`logprob_diff_mean/<harness>`). The gap chart is the mismatch that means a bug
+(tokens sampled by the version the step updates); the drift of stale tokens, which the updates since sampling
+explain, is its own chart next to the staleness (services/trainer/mismatch.py)."""
 _NOT_CURVES = frozenset({"step", "time", "policy_version"})
 _HEX_RUN = re.compile(r"\b[0-9a-f]{8,}\b")
 
@@ -98,14 +105,21 @@ def curves(metrics: Sequence[Json]) -> Json:
     charts: list[Json] = []
     named: set[str] = set()
     for title, names in CHARTS:
-        shown = [name for name in names if name in present]
-        named.update(names)
+        shown = [key for name in names for key in _matching(name, present)]
+        named.update(shown)
         if shown:
             charts.append({"title": title, "series": shown})
     charts.extend({"title": name, "series": [name]} for name in sorted(present - named))
     for chart in charts:
         chart["values"] = [[record.get(name) for record in metrics] for name in chart["series"]]
     return {"steps": steps, "charts": charts}
+
+
+def _matching(name: str, present: set[str]) -> list[str]:
+    """`name` if present; for `prefix/*`, the present metrics under the prefix, sorted."""
+    if name.endswith("/*"):
+        return sorted(key for key in present if key.startswith(name[:-1]))
+    return [name] if name in present else []
 
 
 # -- groups and failures ---------------------------------------------------------------------------

@@ -579,5 +579,5 @@ class Trainer:
 
 
 def _headline(values: dict[str, float]) -> dict[str, float]:
-    keys = ("loss", "reward_mean", "merge_ratio", "time_step", "clip_fraction", "logprob_diff_max")
+    keys = ("loss", "reward_mean", "merge_ratio", "time_step", "clip_fraction", "logprob_diff_max", "policy_drift_max")
     return {key: round(values[key], 5) for key in keys if key in values}

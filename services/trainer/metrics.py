@@ -15,7 +15,12 @@ Every step's values are a flat name -> float map (the same names in the JSONL, i
   parts), `split_parts` (the parts they became), `recomputed_tokens` (context computed again: the extra work,
   not in tokens_trained), `over_budget_parts` (parts over the budget: a path from the root is longer);
 - loss: `loss`, `clip_fraction`, `kl`, `grad_norm`, `lr`;
-- training-inference gap on the sampled tokens: `logprob_diff_mean`, `logprob_diff_max` (|trainer - inference|);
+- training-inference mismatch (|trainer - inference| logprob) on the tokens sampled by the policy version the step
+  updates: `logprob_diff_mean`, `logprob_diff_max`, and by harness `logprob_diff_mean/<harness>`,
+  `logprob_diff_max/<harness>` (absent in a step whose tokens are all stale); non-zero beyond float noise is a bug
+  (services/trainer/mismatch.py);
+- policy drift on the stale tokens (sampled by an older version): `policy_drift_mean`, `policy_drift_max`, the
+  same |trainer - inference|, which the updates since sampling explain (absent when no token is stale);
 - time (seconds): `time_build`, `time_forward_backward`, `time_optimizer`, `time_push`, `time_step`, and
   `tokens_per_second` (tokens_trained / time_forward_backward);
 - staleness: `staleness_mean`, `staleness_max` (policy versions between sampling and this update);

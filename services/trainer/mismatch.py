@@ -1,4 +1,5 @@
-"""The trainer-vs-inference logprob mismatch of a step, per harness, and the warning when it is too large.
+"""The trainer-vs-inference logprob mismatch of a step, per harness, the policy drift of its stale tokens, and the
+warning when the mismatch is too large.
 
 Before an update the trainer's logprob of a sampled token must equal the one inference captured: both
 compute the same distribution (the run's sampling policy; services/trainer/forward.py). A gap means the
@@ -7,10 +8,12 @@ biased: a harness whose sampling was not overridden, a model inference and train
 precision problem. Only tokens sampled by the policy version the trainer holds when the step starts are
 compared: a token of an older version (a stale sample) differs by the policy's own updates since, which is
 what the importance weight corrects, not a mismatch (with the quickstart's large learning rate that is
-several nats). `MismatchTally` sums |trainer - inference| over those targets by the harness that ran each
-target's session (`Sample.harness`); `values()` gives the step metrics
-`logprob_diff_mean/<harness>` and `logprob_diff_max/<harness>` (the step-wide `logprob_diff_mean/max` come
-from the loss), and `above()` the harnesses whose mean passed the trainer's `mismatch_warn_nats`.
+several nats). `MismatchTally` sums |trainer - inference| over the same-version targets by the harness that ran
+each target's session (`Sample.harness`), and apart from them over the stale targets. `values()` gives the step
+metrics: the mismatch `logprob_diff_mean` and `logprob_diff_max` (every harness) and `logprob_diff_mean/<harness>`,
+`logprob_diff_max/<harness>` (absent in a step without same-version targets), and the drift `policy_drift_mean`,
+`policy_drift_max` (absent in a step without stale targets); `above()` gives the harnesses whose mean mismatch
+passed the trainer's `mismatch_warn_nats`. docs/trainer.md ("Mismatch and policy drift") reads both.
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ class MismatchTally:
     sums: dict[str, float] = field(default_factory=dict)
     counts: dict[str, float] = field(default_factory=dict)
     maxima: dict[str, float] = field(default_factory=dict)
+    drift_sum: float = 0.0
+    """Sum of |trainer - inference| over the stale targets (sampled by an older version)."""
+    drift_count: float = 0.0
+    drift_max: float = 0.0
 
     def add(self, trainer_logprobs: torch.Tensor, batch: MicroBatch) -> None:
         """Tally one micro-batch: `trainer_logprobs` [N] against `batch.behaviour_logprobs` [N]."""
@@ -45,7 +52,10 @@ class MismatchTally:
         versions: list[int | None] = list(batch.versions) or [None] * len(gap)
         for sample, value, version in zip(batch.target_samples, gap, versions, strict=True):
             if self.version is not None and version is not None and version != self.version:
-                continue  # a stale token: the policy moved since it was sampled
+                self.drift_sum += value  # a stale token: the policy moved since it was sampled
+                self.drift_count += 1.0
+                self.drift_max = max(self.drift_max, value)
+                continue
             harness = self.harness_of.get(sample) or UNKNOWN_HARNESS
             self.sums[harness] = self.sums.get(harness, 0.0) + value
             self.counts[harness] = self.counts.get(harness, 0.0) + 1.0
@@ -56,9 +66,9 @@ class MismatchTally:
         if not parallel.distributed:
             return self
         names = sorted(set(self.harness_of.values()) | {UNKNOWN_HARNESS})
-        sums = parallel.sum([self.sums.get(name, 0.0) for name in names])
-        counts = parallel.sum([self.counts.get(name, 0.0) for name in names])
-        maxima = parallel.max([self.maxima.get(name, 0.0) for name in names])
+        *sums, drift_sum = parallel.sum([self.sums.get(name, 0.0) for name in names] + [self.drift_sum])
+        *counts, drift_count = parallel.sum([self.counts.get(name, 0.0) for name in names] + [self.drift_count])
+        *maxima, drift_max = parallel.max([self.maxima.get(name, 0.0) for name in names] + [self.drift_max])
         kept = [index for index, count in enumerate(counts) if count]
         return MismatchTally(
             self.harness_of,
@@ -66,14 +76,24 @@ class MismatchTally:
             sums={names[i]: sums[i] for i in kept},
             counts={names[i]: counts[i] for i in kept},
             maxima={names[i]: maxima[i] for i in kept},
+            drift_sum=drift_sum,
+            drift_count=drift_count,
+            drift_max=drift_max,
         )
 
     def means(self) -> dict[str, float]:
         return {name: self.sums[name] / count for name, count in self.counts.items() if count}
 
     def values(self) -> dict[str, float]:
-        """The step metrics `logprob_diff_mean/<harness>` and `logprob_diff_max/<harness>`."""
+        """The step metrics (module docstring): the mismatch, step-wide and by harness, and the policy drift."""
         values: dict[str, float] = {}
+        count = sum(self.counts.values())
+        if count:
+            values["logprob_diff_mean"] = sum(self.sums.values()) / count
+            values["logprob_diff_max"] = max(self.maxima.values())
+        if self.drift_count:
+            values["policy_drift_mean"] = self.drift_sum / self.drift_count
+            values["policy_drift_max"] = self.drift_max
         for name, mean in sorted(self.means().items()):
             values[f"logprob_diff_mean/{name}"] = mean
             values[f"logprob_diff_max/{name}"] = self.maxima[name]

@@ -75,8 +75,6 @@ def step_values(
             clip_fraction=summary["clip_fraction"],
             ratio_mean=summary["ratio_mean"],
             kl=summary["kl"],
-            logprob_diff_mean=summary["mismatch_mean"],
-            logprob_diff_max=summary["mismatch_max"],
             tis_clip_fraction=summary["tis_clip_fraction"],
         )
     return values

@@ -41,6 +41,23 @@ def test_curves_fill_missing_values_with_null() -> None:
     assert shape.curves([]) == {"steps": [], "charts": []}
 
 
+def test_the_gap_chart_is_the_same_version_mismatch_and_drift_is_its_own_chart_by_the_staleness() -> None:
+    records = [
+        {"step": 1.0, "logprob_diff_mean": 3e-7, "logprob_diff_max": 1e-6, "logprob_diff_mean/pi": 3e-7,
+         "staleness_mean": 0.0},
+        {"step": 2.0, "policy_drift_mean": 2.1, "policy_drift_max": 7.5, "staleness_mean": 1.0},
+    ]  # fmt: skip
+    charts = shape.curves(records)["charts"]
+    titles = [chart["title"] for chart in charts]
+    gap = titles.index("logprob gap: trainer vs inference, same version (nats)")
+    assert charts[gap]["series"] == ["logprob_diff_mean", "logprob_diff_max", "logprob_diff_mean/pi"]
+    assert charts[gap]["values"][0] == [3e-7, None], "a step of stale tokens only has no gap"
+    drift = titles.index("policy drift of stale samples (nats)")
+    assert charts[drift]["values"] == [[None, 2.1], [None, 7.5]]
+    assert titles[drift + 1] == "staleness (versions)"
+    assert "logprob_diff_mean/pi" not in titles, "the per-harness gap is on the gap chart"
+
+
 def test_failure_causes_group_by_first_line_without_ids() -> None:
     attempts = [
         rollout_pb2.FailedAttempt(session_id="s1", outcome="infra_failed", error="sandbox abc123def456 died\nlog"),

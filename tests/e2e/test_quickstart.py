@@ -91,6 +91,9 @@ def test_the_quickstart_learns(tmp_path: Path) -> None:
     assert [r["step"] for r in records] == list(range(1, steps + 1))
     # Before any update the trainer recomputes the sampled distribution exactly (fp32; the run's policy).
     assert records[0]["logprob_diff_mean"] <= 1e-4, records[0]
+    # The gap the view shows is the same-version mismatch at every step; stale samples' drift is apart.
+    assert all(r.get("logprob_diff_max", 0.0) <= 1e-4 for r in records), records
+    assert all("policy_drift_mean" in r for r in records if r["staleness_max"] > 0), records
     rewards = [r["reward_mean"] for r in records]
     assert reward_rise(rewards) > 0, rewards
     by_version = _reward_by_version(tmp_path / "stack" / "rollout.sqlite", run_id)

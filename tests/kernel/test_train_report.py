@@ -162,3 +162,51 @@ def test_lodestar_train_refuses_a_policy_the_trainer_cannot_recompute(
     assert code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "runs").exists(), "nothing started"
+
+
+def _progress(values: dict[str, float]) -> train_view.Progress:
+    progress = train_view.Progress(run_id="run-1", steps=30)
+    progress.trainer.step = 7
+    progress.trainer.last_metrics.values.update(values)
+    return progress
+
+
+def test_the_views_gap_is_the_same_version_mismatch_and_drift_is_apart() -> None:
+    """A step of stale samples: the gap shown is the same-version 1.6e-5, the 2.3 nats of drift stand apart,
+    next to the staleness (the old view showed the loss-wide 2.3 as the "logprob gap")."""
+    values = {"logprob_diff_mean": 1.6e-5, "policy_drift_mean": 2.3, "staleness_mean": 0.94, "reward_mean": 0.5}
+    line = train_view.plain_line(_progress(values))
+    assert "logprob gap 1.6e-05" in line
+    assert "drift 2.3 staleness 0.94" in line
+    console = Console(file=io.StringIO(), width=250)
+    console.print(train_view.render(_progress(values)))
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    for shown in ("policy drift", "staleness", "1.6e-05", "2.3"):
+        assert shown in text, shown
+
+
+def test_a_step_of_stale_samples_only_shows_no_gap() -> None:
+    line = train_view.plain_line(_progress({"policy_drift_mean": 2.9, "staleness_mean": 1.0}))
+    assert "logprob gap -" in line
+    assert "drift 2.9 staleness 1.00" in line
+
+
+def test_the_summary_gives_the_runs_largest_gap_and_its_drift_apart(tmp_path: Path) -> None:
+    records = [
+        {"step": 1, "logprob_diff_max": 3e-7, "staleness_mean": 0.0},
+        {"step": 2, "policy_drift_mean": 2.0, "staleness_mean": 1.0},
+        {"step": 3, "logprob_diff_max": 1.6e-5, "policy_drift_mean": 1.0, "staleness_mean": 0.5},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    gaps = train_view.run_gaps(tmp_path)
+    assert gaps == train_view.Gaps(gap_max=1.6e-5, gap_steps=2, drift_mean=1.5, staleness_mean=0.5)
+    outcome = train_view.Outcome(
+        run_id="run-1", state="done", steps=3, run_dir=tmp_path, checkpoint="", metrics=[], plots=[],
+        rewards=[0.1, 0.2, 0.3], merge_ratio=1.0, seconds=3.0, gaps=gaps,
+    )  # fmt: skip
+    console = Console(file=io.StringIO(), width=200)
+    console.print(train_view.summary(outcome))
+    text = " ".join(console.file.getvalue().split())  # type: ignore[attr-defined]
+    assert "logprob gap (max) │ 1.6e-05 nats, same-version tokens of 2 steps" in text
+    assert "policy drift (mean) │ 1.5 nats on stale tokens; staleness 0.50" in text
+    assert train_view.run_gaps(tmp_path / "missing") == train_view.Gaps()

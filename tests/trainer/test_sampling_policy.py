@@ -174,6 +174,7 @@ def test_stale_tokens_are_not_a_mismatch(trainer_model_dir: Path, tmp_path: Path
     first, second = [json.loads(text) for text in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert "logprob_diff_mean/pi" in first
     assert second["policy_version"] == 2
-    assert second["logprob_diff_mean"] > 3.0, "the loss still sees the gap"
+    assert second["policy_drift_mean"] > 3.0, "the stale tokens' difference is drift"
+    assert "logprob_diff_mean" not in second, "no same-version token: no gap"
     assert "logprob_diff_mean/drifty" not in second
     assert status.warning == ""

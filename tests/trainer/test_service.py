@@ -76,10 +76,11 @@ async def test_real_run_pushes_checkpoints_stops_and_resumes(
             assert seen[-1].values["merge_ratio"] > 1.0
             step_1 = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
             # Step 1 trains on calls of version 0 with the weights inference sampled them with: no gap. Step 2's
-            # calls are one version stale, so the trainer's logprobs moved away from the captured ones.
+            # calls are one version stale, so the trainer's logprobs moved away from the captured ones: drift.
             assert step_1["logprob_diff_max"] < 1e-4
             assert step_1["staleness_max"] == 0
-            assert seen[-1].values["logprob_diff_max"] > 1e-3
+            assert seen[-1].values["policy_drift_max"] > 1e-3
+            assert "logprob_diff_max" not in seen[-1].values, "a step of stale tokens has no same-version gap"
             assert seen[-1].values["staleness_max"] == 1
             await eventually(
                 lambda: standin.reported, 60, what="steps 1 and 2 reported", until=lambda steps: steps == [1, 2]
