@@ -14,7 +14,7 @@ BUF := node_modules/.bin/buf
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 
-.PHONY: help check pytest-fast config-reference run up test test-training test-docker setup system-deps node-deps test-deps venv node-tools vllm-venv harnesses node-client dashboard-assets proto proto-check lint typecheck pytest bench clean docker-deps images session-image compose-test
+.PHONY: help check pytest-fast config-reference run up test test-training test-docker setup system-deps node-deps test-deps venv node-tools vllm-venv harnesses node-client dashboard-assets proto proto-check lint typecheck pytest bench bench-learning clean docker-deps images session-image compose-test
 
 ## run: set up, then train the bundled quickstart (examples/quickstart: local etcd + the four services, the tiny
 ## model, a live view) and exit with its summary (reward rise, plot, checkpoint). See docs/quickstart.md.
@@ -202,6 +202,13 @@ BENCH_VLLM_SCRIPTS := vllm_engine weight_swap
 bench: setup vllm-venv
 	for script in $(BENCH_SCRIPTS); do $(PY) bench/$$script.py; done
 	for script in $(BENCH_VLLM_SCRIPTS); do .venv-vllm/bin/python bench/$$script.py; done
+
+## bench-learning: the learning result, re-measured: reruns examples/smollm2-capitals on the current tree (~20 min
+## on 2 cores) and appends a dated, commit-stamped row (held-out pass@1 before/after with 95% intervals, pass@k)
+## to bench/results/learning.jsonl; `$(PY) bench/learning.py --table` prints the rows (bench/learning.py).
+bench-learning: setup vllm-venv
+	test -f .lodestar/models/smollm2/config.json || $(VENV)/bin/lodestar model import-gguf .lodestar/models/smollm2
+	$(PY) bench/learning.py
 
 ## clean: remove run data and tool caches (.lodestar, .mypy_cache, .ruff_cache, .pytest_cache).
 clean:
