@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the real coding-agent harnesses into the git-ignored folder .harnesses/. `make harnesses` calls
 # it; `make test` runs it first.
-#   - npm: Claude Code, Codex, Qwen Code, Pi, Gemini CLI and opencode, pinned by harnesses/package.json +
+#   - npm: Claude Code, Codex, Qwen Code, Pi, Gemini CLI, opencode and Continue CLI (cn), pinned by harnesses/package.json +
 #     harnesses/package-lock.json (binaries in .harnesses/node_modules/.bin);
 #   - PyPI, in its own venv: mini-swe-agent (.harnesses/mini-swe-agent-venv, pinned with every dependency
 #     by harnesses/mini-swe-agent.txt).
@@ -35,7 +35,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEST="${HARNESSES_DIR:-$ROOT/.harnesses}"
 NPM="${NPM:-npm}"
 STAMP="$DEST/.lodestar-install-stamp"
-BINS=(claude codex qwen pi gemini opencode)
+BINS=(claude codex qwen pi gemini opencode cn)
 
 force=0
 [[ "${1:-}" == "--force" ]] && force=1

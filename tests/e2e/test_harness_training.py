@@ -1,6 +1,6 @@
 """A 2-step GRPO training run through each real harness (Claude Code, Codex, Qwen Code, Pi, Gemini CLI,
-opencode; mini-swe-agent and the OpenHands SDK agent from their venvs), driven by `lodestar train CONFIG`
-against the transformers backend with the tiny model.
+opencode, Continue CLI; mini-swe-agent and the OpenHands SDK agent from their venvs), driven by
+`lodestar train CONFIG` against the transformers backend with the tiny model.
 
 One stack for the module (the session's etcd; inference on the transformers backend, a rollout service on
 a SQLite store, one gateway node as processes); each test writes a config whose `[train] attach` names that
@@ -43,6 +43,7 @@ HARNESSES = [
     ("gemini_cli", "gemini-cli"),
     ("claude_code", "claude-code"),
     ("opencode", "opencode"),
+    ("continue_cli", "continue-cli"),
     ("mini_swe_agent", "mini-swe-agent"),
     ("openhands", "openhands"),
 ]
@@ -191,6 +192,9 @@ seed = 0
 lr = 0.001
 groups_per_step = 1
 builder = "tree"
+
+[redteam]
+enabled = false  # the noise verifier pays every hack by design: these runs test the pipeline, not it
 """
     )
     return config

@@ -23,6 +23,7 @@ from services.gateway.node.harnesses import (
     ClaudeCode,
     Codex,
     Command,
+    ContinueCli,
     GatewayEndpoint,
     GeminiCli,
     Launcher,
@@ -335,6 +336,22 @@ def test_opencode_config_and_prompt_words(tmp_path: Path) -> None:
     # opencode quotes every message argument that holds a space, then joins them with spaces.
     assert not any(" " in word for word in words)
     assert " ".join(words) == prompt
+
+
+def test_continue_cli_config(tmp_path: Path) -> None:
+    inv = _prepare(ContinueCli(), tmp_path, "--help me")
+    config_path = Path(inv.argv[inv.argv.index("--config") + 1])
+    assert config_path.is_relative_to(tmp_path / "home")
+    (model,) = json.loads(config_path.read_text())["models"]
+    assert model["provider"] == "openai"
+    assert model["apiBase"] == "http://127.0.0.1:4567/v1"
+    assert model["apiKey"] == "sk-test-session"
+    assert model["model"] == "tiny"
+    assert "tool_use" in model["capabilities"]
+    assert inv.env["CONTINUE_GLOBAL_DIR"] == str(tmp_path / "home" / ".continue")
+    assert inv.env["CONTINUE_CLI_ENABLE_TELEMETRY"] == "0"
+    assert {"--auto", "--print"} <= set(inv.argv)
+    assert inv.argv[-2:] == ["--", "--help me"]  # a prompt that looks like an option stays the prompt
 
 
 def test_mini_swe_agent_config(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ LAUNCHER_NAMES: dict[str, str] = {
     "gemini_cli": "gemini-cli",
     "pi": "pi",
     "opencode": "opencode",
+    "continue_cli": "continue-cli",
     "mini_swe_agent": "mini-swe-agent",
     "openhands": "openhands",
 }

@@ -2,7 +2,7 @@
 
 `make_harness(name)` returns an adapter; `Launcher.run` runs what it prepared. Harness names:
 claude-code, codex, qwen-code, gemini-cli, pi (optionally `pi:<api>`, e.g. `pi:anthropic-messages`),
-opencode, mini-swe-agent and openhands.
+opencode, continue-cli, mini-swe-agent and openhands.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from services.gateway.node.harnesses.base import GatewayEndpoint, Harness, Invoc
 from services.gateway.node.harnesses.claude_code import ClaudeCode
 from services.gateway.node.harnesses.codex import Codex
 from services.gateway.node.harnesses.command import Command
+from services.gateway.node.harnesses.continue_cli import ContinueCli
 from services.gateway.node.harnesses.gemini_cli import GeminiCli
 from services.gateway.node.harnesses.launcher import HarnessResult, Launcher
 from services.gateway.node.harnesses.mini_swe_agent import MiniSweAgent
@@ -30,6 +31,7 @@ BUILTIN: dict[str, type[Harness]] = {
     GeminiCli.name: GeminiCli,
     Pi.name: Pi,
     OpenCode.name: OpenCode,
+    ContinueCli.name: ContinueCli,
     MiniSweAgent.name: MiniSweAgent,
     OpenHands.name: OpenHands,
 }
@@ -51,6 +53,7 @@ __all__ = [
     "ClaudeCode",
     "Codex",
     "Command",
+    "ContinueCli",
     "GatewayEndpoint",
     "GeminiCli",
     "Harness",
