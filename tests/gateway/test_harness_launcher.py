@@ -125,16 +125,19 @@ async def test_without_isolation_the_run_still_works(tmp_path, http_server):
     assert "chunk0;chunk1;chunk2;" in result.stdout
 
 
-async def test_unusable_unshare_falls_back_to_a_plain_run(tmp_path, http_server, monkeypatch):
+async def test_unusable_unshare_refuses_the_run_instead_of_running_it_bare(tmp_path, http_server, monkeypatch):
+    """Never bare (docs/security.md): network isolation that cannot be set up refuses the run."""
+    from lodestar.errors import FailedPreconditionError
+
     launcher = Launcher(isolate_network=True)
     monkeypatch.setattr(launcher.isolation, "unshare_argv", lambda: ["false", "--"])
-    harness = Command([PY, "-c", FETCH])
-    result = await launcher.run(
-        harness.prepare(RunDirs.under(tmp_path), _endpoint(http_server), "hi"), http_server, timeout_s=30
-    )
-    assert not result.isolated
-    assert result.ok, result.stderr
-    assert "chunk0;chunk1;chunk2;" in result.stdout
+    marker = tmp_path / "ran"
+    harness = Command([PY, "-c", f"open({str(marker)!r}, 'w').close()"])
+    with pytest.raises(FailedPreconditionError, match="network isolation"):
+        await launcher.run(
+            harness.prepare(RunDirs.under(tmp_path), _endpoint(http_server), "hi"), http_server, timeout_s=30
+        )
+    assert not marker.exists()
 
 
 async def test_missing_program_is_a_failed_precondition(tmp_path, http_server):
