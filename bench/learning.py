@@ -57,7 +57,8 @@ def _score(document: dict[str, Any] | None) -> dict[str, Any] | None:
         "pass@1": document["pass_at_1"],
         "low": document["pass_at_1_low"],
         "high": document["pass_at_1_high"],
-        f"pass@{document['k']}": document["pass_at_k"],
+        "k": document["k"],
+        "pass@k": document["pass_at_k"],
         "tasks": document["tasks"],
         "samples": document["samples"],
         "unscored_tasks": document["unscored_tasks"],
@@ -107,8 +108,9 @@ def read_rows(out: Path) -> list[Row]:
 def markdown(rows: list[Row]) -> str:
     """The rows as a markdown table, oldest first."""
     lines = [
-        "| date | commit | example | steps | pass@1 before [95%] | pass@1 after [95%] | change | apart | minutes |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| date | commit | example | steps | pass@1 before [95%] | pass@1 after [95%] | change | apart | pass@k before"
+        " -> after | minutes |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for entry in rows:
         before, after = entry["before"], entry["after"]
@@ -117,7 +119,8 @@ def markdown(rows: list[Row]) -> str:
         lines.append(
             f"| {entry['date'][:10]} | {commit} | {entry['example']} | {entry['steps']} "
             f"| {_interval(before)} | {_interval(after)} | {entry['change_points']:+.1f} "
-            f"| {'yes' if entry['intervals_apart'] else 'no'} | {minutes} |"
+            f"| {'yes' if entry['intervals_apart'] else 'no'} "
+            f"| {before['pass@k']:.2f} -> {after['pass@k']:.2f} (k={before['k']}) | {minutes} |"
         )
     return "\n".join(lines)
 

@@ -38,13 +38,13 @@ def test_a_row_has_both_scores_their_intervals_the_commit_and_the_date(tmp_path:
     assert entry["date"] == "2026-12-06T00:30:00+00:00"
     assert (entry["commit"][:7], entry["dirty"], entry["steps"]) == ("c160404", False, 37)
     assert entry["run_id"] == "run-0123456789ab"
-    assert entry["before"] == {"pass@1": 0.135, "low": 0.10, "high": 0.18, "pass@4": 0.27, "tasks": 100,
+    assert entry["before"] == {"pass@1": 0.135, "low": 0.10, "high": 0.18, "k": 4, "pass@k": 0.27, "tasks": 100,
                                "samples": 400, "unscored_tasks": 0}  # fmt: skip
     assert entry["after"]["pass@1"] == 0.455
     assert (entry["change_points"], entry["intervals_apart"], entry["wall_minutes"]) == (32.0, True, 18.8)
     table = learning.markdown([entry])
     cells = "| 2026-12-06 | c160404 | smollm2-capitals | 37 | 0.135 [0.100, 0.180] | 0.455 [0.390, 0.520] | +32.0 |"
-    assert cells + " yes | 18.8 |" in table
+    assert cells + " yes | 0.27 -> 0.91 (k=4) | 18.8 |" in table
 
 
 def test_overlapping_intervals_are_not_apart(tmp_path: Path) -> None:
