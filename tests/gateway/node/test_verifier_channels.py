@@ -202,3 +202,11 @@ async def test_a_score_step_killed_in_the_sandbox_is_an_infrastructure_failure(s
     runtime = await sandboxed({})
     with pytest.raises(VerifierError, match="killed by signal 9"):
         await _score(runtime, "command", command="true", score="kill -9 $$")
+
+
+async def test_a_python_verifier_reads_the_files_kept_beside_its_module(sandboxed: Any) -> None:
+    """The allow-list root shows the verifier's run its module's directory (examples/smollm2-capitals'
+    verifier reads capitals.py beside it), and nothing of it to the agent's run."""
+    runtime = await sandboxed({})
+    reward, details = await _score(runtime, "python", function=f"{FUNCTIONS}:reads_data_beside_it")
+    assert reward == 1.0, details

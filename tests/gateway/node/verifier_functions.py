@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -45,3 +46,10 @@ def runs_solution(workspace: Path, task: dict[str, Any], final_answer: str) -> f
         [sys.executable, "solution.py"], cwd=workspace, capture_output=True, text=True, timeout=30, check=False
     )
     return 1.0 if done.stdout.strip() == task["metadata"]["expected"] else 0.0
+
+
+def reads_data_beside_it(workspace: Path, task: dict[str, Any], final_answer: str) -> float:
+    """1.0 when the data file kept beside this module (as examples/smollm2-capitals keeps capitals.py) holds the
+    task's expected answer: the verifier's run must see its module's directory."""
+    data = json.loads(Path(__file__).with_name("verifier_data.json").read_text())
+    return 1.0 if data["expected"] == task["metadata"]["expected"] else 0.0

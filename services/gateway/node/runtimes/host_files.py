@@ -19,8 +19,11 @@ def private_sessions_dir(path: Path) -> None:
 
 def verifier_reads(argv: list[str]) -> tuple[Path, ...]:
     """For a python verifier run (`python -I -B python_runner.py MODULE:FUNCTION INPUT PYTHONPATH ...`): the
-    module's file (or package directory) and the `__init__.py` files of the packages above it, found on the
-    node in PYTHONPATH's entries (first match, as the import will). Empty for any other run."""
+    module's package directory, or for a module file inside a package the directory holding it (the files a
+    verifier keeps beside its module: examples/smollm2-capitals/capitals.py), and the `__init__.py` files of
+    the packages above it, found on the node in PYTHONPATH's entries (first match, as the import will). A
+    top-level module file is shown alone (its directory is a PYTHONPATH entry: a checkout, say). Empty for any
+    other run. Only the verifier's own run sees these: the agent's processes have ended by then."""
     if len(argv) < 7 or Path(argv[3]).name != "python_runner.py":
         return ()
     parts = argv[4].partition(":")[0].split(".")
@@ -30,6 +33,8 @@ def verifier_reads(argv: list[str]) -> tuple[Path, ...]:
         found = package if (package / "__init__.py").is_file() else module if module.is_file() else None
         if found is None:
             continue
+        if found == module and len(parts) > 1:
+            found = module.parent
         inits = [entry.joinpath(*parts[:depth], "__init__.py") for depth in range(1, len(parts))]
         return (*(init for init in inits if init.is_file()), found)
     return ()
