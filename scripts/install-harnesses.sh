@@ -3,8 +3,8 @@
 # it; `make test` runs it first.
 #   - npm: Claude Code, Codex, Qwen Code, Pi, Gemini CLI, opencode and Continue CLI (cn), pinned by harnesses/package.json +
 #     harnesses/package-lock.json (binaries in .harnesses/node_modules/.bin);
-#   - PyPI, in its own venv: mini-swe-agent (.harnesses/mini-swe-agent-venv, pinned with every dependency
-#     by harnesses/mini-swe-agent.txt).
+#   - PyPI, each in its own venv: mini-swe-agent (.harnesses/mini-swe-agent-venv, pinned with every
+#     dependency by harnesses/mini-swe-agent.txt) and aider (.harnesses/aider-venv, harnesses/aider.txt).
 # The OpenHands SDK agent has its own installer and target (scripts/install-openhands.sh, make
 # harnesses-openhands): it needs Python >= 3.12 and costs ~6 min and ~1 GB on Debian 12.
 #
@@ -120,3 +120,7 @@ fi
 install_venv mini-swe-agent "${PYTHON:-python3}" "$ROOT/harnesses/mini-swe-agent.txt" \
   env MSWEA_SILENT_STARTUP=1 MSWEA_CONFIGURED=true LITELLM_LOCAL_MODEL_COST_MAP=True \
   "$DEST/mini-swe-agent-venv/bin/python" -c 'import minisweagent; print(minisweagent.__version__)'
+
+install_venv aider "${PYTHON:-python3}" "$ROOT/harnesses/aider.txt" \
+  env LITELLM_LOCAL_MODEL_COST_MAP=True AIDER_CHECK_UPDATE=false AIDER_ANALYTICS=false \
+  "$DEST/aider-venv/bin/aider" --version

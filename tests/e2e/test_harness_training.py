@@ -1,5 +1,5 @@
 """A 2-step GRPO training run through each real harness (Claude Code, Codex, Qwen Code, Pi, Gemini CLI,
-opencode, Continue CLI; mini-swe-agent and the OpenHands SDK agent from their venvs), driven by
+opencode, Continue CLI; mini-swe-agent, aider and the OpenHands SDK agent from their venvs), driven by
 `lodestar train CONFIG` against the transformers backend with the tiny model.
 
 One stack for the module (the session's etcd; inference on the transformers backend, a rollout service on
@@ -45,6 +45,7 @@ HARNESSES = [
     ("opencode", "opencode"),
     ("continue_cli", "continue-cli"),
     ("mini_swe_agent", "mini-swe-agent"),
+    ("aider", "aider"),
     ("openhands", "openhands"),
 ]
 OPTIONAL = {"openhands": "make harnesses-openhands"}

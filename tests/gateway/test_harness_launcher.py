@@ -20,6 +20,7 @@ from aiohttp import web
 
 from lodestar.kinds import PI_APIS
 from services.gateway.node.harnesses import (
+    Aider,
     ClaudeCode,
     Codex,
     Command,
@@ -355,6 +356,22 @@ def test_continue_cli_config(tmp_path: Path) -> None:
     assert inv.env["CONTINUE_CLI_ENABLE_TELEMETRY"] == "0"
     assert {"--auto", "--print"} <= set(inv.argv)
     assert inv.argv[-2:] == ["--", "--help me"]  # a prompt that looks like an option stays the prompt
+
+
+def test_aider_invocation(tmp_path: Path) -> None:
+    harness = Aider(bin_dir=tmp_path / "h" / "node_modules" / ".bin")
+    assert harness.binary == tmp_path / "h" / "aider-venv" / "bin" / "aider"
+    inv = _prepare(harness, tmp_path / "run", "-h")
+    assert inv.env["OPENAI_API_BASE"] == "http://127.0.0.1:4567/v1"
+    assert inv.env["OPENAI_API_KEY"] == "sk-test-session"
+    assert "sk-test-session" not in inv.argv  # the key is not on the command line
+    assert inv.env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+    assert inv.argv[inv.argv.index("--model") + 1] == "openai/tiny"
+    assert {"--yes-always", "--no-git", "--no-check-update", "--no-analytics"} <= set(inv.argv)
+    assert inv.argv[-1] == "--message=-h"
+    for flag in ("--chat-history-file", "--input-history-file"):
+        assert Path(inv.argv[inv.argv.index(flag) + 1]).is_relative_to(tmp_path / "run" / "home")
+    assert "aider-venv" not in inv.env["PATH"]
 
 
 def test_mini_swe_agent_config(tmp_path: Path) -> None:

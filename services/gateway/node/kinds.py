@@ -19,6 +19,7 @@ LAUNCHER_NAMES: dict[str, str] = {
     "opencode": "opencode",
     "continue_cli": "continue-cli",
     "mini_swe_agent": "mini-swe-agent",
+    "aider": "aider",
     "openhands": "openhands",
 }
 """Harness kind -> launcher name (`make_harness`); `command` and `pi:<api>` are handled on their own."""

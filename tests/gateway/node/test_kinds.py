@@ -39,7 +39,7 @@ def test_pi_api_from_the_kind_or_the_env(api: str):
 @pytest.mark.parametrize(
     "spec",
     [
-        rollout_pb2.HarnessSpec(kind="aider"),
+        rollout_pb2.HarnessSpec(kind="goose"),
         rollout_pb2.HarnessSpec(kind="command"),
         rollout_pb2.HarnessSpec(),
         rollout_pb2.HarnessSpec(kind="pi:bedrock"),

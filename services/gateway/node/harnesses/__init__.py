@@ -2,7 +2,7 @@
 
 `make_harness(name)` returns an adapter; `Launcher.run` runs what it prepared. Harness names:
 claude-code, codex, qwen-code, gemini-cli, pi (optionally `pi:<api>`, e.g. `pi:anthropic-messages`),
-opencode, continue-cli, mini-swe-agent and openhands.
+opencode, continue-cli, mini-swe-agent, aider and openhands.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from lodestar.errors import InvalidArgumentError
 from lodestar.kinds import DEFAULT_PI_API, PI_APIS, parse_pi_api
+from services.gateway.node.harnesses.aider import Aider
 from services.gateway.node.harnesses.base import GatewayEndpoint, Harness, Invocation, RunDirs
 from services.gateway.node.harnesses.claude_code import ClaudeCode
 from services.gateway.node.harnesses.codex import Codex
@@ -33,6 +34,7 @@ BUILTIN: dict[str, type[Harness]] = {
     OpenCode.name: OpenCode,
     ContinueCli.name: ContinueCli,
     MiniSweAgent.name: MiniSweAgent,
+    Aider.name: Aider,
     OpenHands.name: OpenHands,
 }
 HARNESS_NAMES: tuple[str, ...] = (*BUILTIN, *(f"pi:{api}" for api in PI_APIS))
@@ -50,6 +52,7 @@ def make_harness(name: str, bin_dir: Path | None = None) -> Harness:
 
 __all__ = [
     "HARNESS_NAMES",
+    "Aider",
     "ClaudeCode",
     "Codex",
     "Command",
