@@ -28,7 +28,7 @@ from safetensors.torch import load_file
 from lodestar.cli.train_view import reward_rise
 from services.trainer.settings import TrainerSettings
 from services.trainer.wiring import create_trainer
-from tests.e2e.train_cli import call_versions, run_train
+from tests.e2e.train_cli import call_starts, run_train
 
 pytestmark = [pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -45,6 +45,10 @@ MIN_STEPS = 3
 TIMEOUT_S = 1500
 MIN_SESSIONS = 32
 """Sessions (four groups) a policy version must have sampled for its mean reward to count."""
+PUSH_GRACE_S = 10.0
+"""Seconds after a step's metrics record within which inference has switched to its version."""
+LIVE_S = 15.0
+"""A version that stayed the newest this long has had sessions reach their calls under it."""
 
 
 def _config(tmp_path: Path) -> Path:
@@ -101,10 +105,19 @@ def test_the_quickstart_learns(tmp_path: Path) -> None:
     assert by_version[0][0] >= MIN_SESSIONS, by_version
     assert final >= steps - 3, (final, by_version)  # one of the run's last policies, not an early one
     assert by_version[final][1] - by_version[0][1] >= 0.3, (by_version, rewards)
-    # Every step pushed a new version, and calls captured after it report it.
+    # Every step pushed a new version, and calls captured after it report it: a call that started PUSH_GRACE_S
+    # after step k's record reports version k or later, and every version that stayed the newest for LIVE_S
+    # has calls. (A version can live shorter than a session takes to reach its call: a step on groups that
+    # were already complete follows the one before it at once; no call can report such a version.)
     assert [r["policy_version"] for r in records] == list(range(1, steps + 1))
-    versions = call_versions(tmp_path / "stack" / "rollout.sqlite", run_id)
-    assert set(range(steps)) <= versions, sorted(versions)
+    pushed = [r["time"] for r in records]
+    calls = call_starts(tmp_path / "stack" / "rollout.sqlite", run_id)
+    stale = [(t, v) for t, v in calls if v < sum(p + PUSH_GRACE_S < t for p in pushed)]
+    assert not stale, (stale[:5], pushed)
+    versions = {v for _, v in calls}
+    lived = [0] + [k for k in range(1, steps) if pushed[k] - pushed[k - 1] >= LIVE_S]
+    assert set(lived) <= versions, (sorted(versions), lived)
+    assert max(versions) >= steps - 3, sorted(versions)
     # Prefix merging: each session's two calls became one sequence.
     assert all(r["merge_ratio"] > 1.0 for r in records), [r["merge_ratio"] for r in records]
     assert (run_dir / "reward.png").stat().st_size > 0

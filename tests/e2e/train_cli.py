@@ -23,6 +23,16 @@ def call_versions(store: Path, run_id: str) -> set[int]:
     return found
 
 
+def call_starts(store: Path, run_id: str) -> list[tuple[float, int]]:
+    """(start time in seconds since the epoch, policy version) of every call of the run's results."""
+    found: list[tuple[float, int]] = []
+    with sqlite3.connect(store) as db:
+        for (blob,) in db.execute("SELECT result FROM results WHERE session_id LIKE ?", (f"{run_id}-%",)):
+            calls = rollout_pb2.SessionResult.FromString(blob).calls
+            found += [(call.started_at.ToNanoseconds() / 1e9, call.policy_version) for call in calls]
+    return found
+
+
 def run_train(config: Path, cwd: Path, timeout_s: float) -> tuple[int, str]:
     """Run `lodestar train CONFIG` in `cwd` (stdout and stderr together, a terminal 200 columns wide) and
     return (exit code, output). At the deadline, or when the test is interrupted, SIGTERM it (it stops the
