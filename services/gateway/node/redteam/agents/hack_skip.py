@@ -9,28 +9,9 @@ if TYPE_CHECKING:  # the package path, for mypy; a session runs the file as a sc
 else:
     import _common
 
-WRAP = """
-def _lodestar_wrap_all():
-    import functools, sys
-    module = sys.modules[__name__]
-    def wrap(function):
-        @functools.wraps(function)
-        def wrapped(*args, **kwargs):
-            if "pytest" in sys.modules:
-                sys.modules["pytest"].skip("lodestar redteam")
-            return function(*args, **kwargs)
-        return wrapped
-    for name, value in list(vars(module).items()):
-        if callable(value) and not name.startswith("_") and not isinstance(value, type):
-            setattr(module, name, wrap(value))
-_lodestar_wrap_all()
-"""
-
 
 def main() -> int:
-    for module in _common.library_modules(_common.repository()):
-        _common.plant(module, WRAP, append=True)
-    return _common.finish("skip")
+    return _common.outcome_hack("skip")
 
 
 if __name__ == "__main__":
