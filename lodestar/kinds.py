@@ -5,8 +5,8 @@ each kind to its launcher adapter, verifier and runtime (`services/gateway/node/
 what rollout accepts is exactly what a node can run.
 
 Harness kinds (`HarnessSpec.kind`): `claude_code`, `codex`, `qwen_code`, `gemini_cli`, `pi`, `opencode`,
-`continue_cli`, `mini_swe_agent`, `aider`, `openhands`, `command` (the program in `HarnessSpec.command`), and
-`pi:<api>`.
+`continue_cli`, `mini_swe_agent`, `aider`, `open_interpreter`, `openhands`, `command` (the program in
+`HarnessSpec.command`), and `pi:<api>`.
 
 Pi speaks one of four vendor APIs (`PI_APIS`). `pi` alone speaks OpenAI Chat (`openai-completions`) unless
 `HarnessSpec.env` sets `LODESTAR_PI_API` to another API; `pi:<api>` names the API in the kind itself and means
@@ -35,6 +35,7 @@ HARNESS_KINDS: tuple[str, ...] = (
     "continue_cli",
     "mini_swe_agent",
     "aider",
+    "open_interpreter",
     "openhands",
     COMMAND,
 )

@@ -4,7 +4,8 @@
 #   - npm: Claude Code, Codex, Qwen Code, Pi, Gemini CLI, opencode and Continue CLI (cn), pinned by harnesses/package.json +
 #     harnesses/package-lock.json (binaries in .harnesses/node_modules/.bin);
 #   - PyPI, each in its own venv: mini-swe-agent (.harnesses/mini-swe-agent-venv, pinned with every
-#     dependency by harnesses/mini-swe-agent.txt) and aider (.harnesses/aider-venv, harnesses/aider.txt).
+#     dependency by harnesses/mini-swe-agent.txt), aider (.harnesses/aider-venv, harnesses/aider.txt) and
+#     Open Interpreter (.harnesses/open-interpreter-venv, harnesses/open-interpreter.txt).
 # The OpenHands SDK agent has its own installer and target (scripts/install-openhands.sh, make
 # harnesses-openhands): it needs Python >= 3.12 and costs ~6 min and ~1 GB on Debian 12.
 #
@@ -124,3 +125,7 @@ install_venv mini-swe-agent "${PYTHON:-python3}" "$ROOT/harnesses/mini-swe-agent
 install_venv aider "${PYTHON:-python3}" "$ROOT/harnesses/aider.txt" \
   env LITELLM_LOCAL_MODEL_COST_MAP=True AIDER_CHECK_UPDATE=false AIDER_ANALYTICS=false \
   "$DEST/aider-venv/bin/aider" --version
+
+install_venv open-interpreter "${PYTHON:-python3}" "$ROOT/harnesses/open-interpreter.txt" \
+  env LITELLM_LOCAL_MODEL_COST_MAP=True DISABLE_TELEMETRY=true \
+  "$DEST/open-interpreter-venv/bin/python" -c 'import importlib.metadata as m; print(m.version("open-interpreter"))'

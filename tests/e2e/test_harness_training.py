@@ -1,6 +1,6 @@
 """A 2-step GRPO training run through each real harness (Claude Code, Codex, Qwen Code, Pi, Gemini CLI,
-opencode, Continue CLI; mini-swe-agent, aider and the OpenHands SDK agent from their venvs), driven by
-`lodestar train CONFIG` against the transformers backend with the tiny model.
+opencode, Continue CLI; mini-swe-agent, aider, Open Interpreter and the OpenHands SDK agent from their venvs),
+driven by `lodestar train CONFIG` against the transformers backend with the tiny model.
 
 One stack for the module (the session's etcd; inference on the transformers backend, a rollout service on
 a SQLite store, one gateway node as processes); each test writes a config whose `[train] attach` names that
@@ -46,6 +46,7 @@ HARNESSES = [
     ("continue_cli", "continue-cli"),
     ("mini_swe_agent", "mini-swe-agent"),
     ("aider", "aider"),
+    ("open_interpreter", "open-interpreter"),
     ("openhands", "openhands"),
 ]
 OPTIONAL = {"openhands": "make harnesses-openhands"}

@@ -31,6 +31,7 @@ from services.gateway.node.harnesses import (
     MiniSweAgent,
     OpenCode,
     OpenHands,
+    OpenInterpreter,
     Pi,
     QwenCode,
     RunDirs,
@@ -372,6 +373,25 @@ def test_aider_invocation(tmp_path: Path) -> None:
     for flag in ("--chat-history-file", "--input-history-file"):
         assert Path(inv.argv[inv.argv.index(flag) + 1]).is_relative_to(tmp_path / "run" / "home")
     assert "aider-venv" not in inv.env["PATH"]
+
+
+def test_open_interpreter_profile(tmp_path: Path) -> None:
+    harness = OpenInterpreter(bin_dir=tmp_path / "h" / "node_modules" / ".bin")
+    assert harness.binary == tmp_path / "h" / "open-interpreter-venv" / "bin" / "interpreter"
+    inv = _prepare(harness, tmp_path / "run", "-h")
+    profile = Path(inv.argv[inv.argv.index("--profile") + 1])
+    assert profile.is_relative_to(tmp_path / "run" / "home")
+    assert profile.suffix == ".py"
+    text = profile.read_text()
+    assert "sk-test-session" not in text  # key and prompt come from the environment
+    assert "-h" not in text
+    assert "interpreter.auto_run = True" in text
+    assert "interpreter.offline = True" in text
+    assert inv.env["LODESTAR_SESSION_KEY"] == "sk-test-session"
+    assert inv.env["LODESTAR_API_BASE"] == "http://127.0.0.1:4567/v1"
+    assert inv.env["LODESTAR_MODEL"] == "tiny"
+    assert inv.env["LODESTAR_PROMPT"] == "-h"
+    assert "open-interpreter-venv" not in inv.env["PATH"]
 
 
 def test_mini_swe_agent_config(tmp_path: Path) -> None:

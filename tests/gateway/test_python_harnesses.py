@@ -1,15 +1,17 @@
-"""The REAL Python harnesses (mini-swe-agent and the OpenHands SDK agent, each in its own venv under
-.harnesses/, `make harnesses`) against a running gateway with the scripted engine.
+"""The REAL Python harnesses (mini-swe-agent, Open Interpreter and the OpenHands SDK agent, each in its own
+venv under .harnesses/, `make harnesses`) against a running gateway with the scripted engine.
 
-Both speak OpenAI Chat through litellm and both expect a TOOL CALL in every reply, so their runs differ
-from the npm harnesses' (tests/gateway/test_harnesses.py):
+All speak OpenAI Chat through litellm and offer a shell-like tool; mini-swe-agent and OpenHands expect a
+TOOL CALL to finish, so their runs differ from the npm harnesses' (tests/gateway/test_harnesses.py):
 
-- a text run: the model answers with text — plain text for OpenHands (a reply without tool calls ends
-  its run); for mini-swe-agent, text AND its bash tool running `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`
-  (its only way to finish): one captured call with token ids and logprobs, the answer on stdout, exit 0;
+- a text run: the model answers with text — plain text for OpenHands and Open Interpreter (a reply
+  without tool calls ends its run); for mini-swe-agent, text AND its bash tool running
+  `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT` (its only way to finish): one captured call with token ids
+  and logprobs, the answer on stdout, exit 0;
 - a shell-tool run: the model first calls the harness's shell tool (a file appears in the workdir), then
-  finishes (mini-swe-agent: the submit command; OpenHands: its `finish` tool with the answer): two
-  captured calls, the second carries the tool's result and extends the first token by token;
+  finishes (mini-swe-agent: the submit command; OpenHands: its `finish` tool with the answer; Open
+  Interpreter: text; its tool is `execute` {language, code}): two captured calls, the second carries the
+  tool's result and extends the first token by token;
 - mini-swe-agent only: a reply WITHOUT a tool call is a format error: the harness drops that reply and
   calls again with a corrective user message appended (three in a row end the run), so the retry is a
   new branch of the session, not a continuation.
@@ -76,6 +78,14 @@ CASES = [
         _text_reply,
         common_pb2.FINISH_REASON_STOP,
     ),
+    Case(
+        "open-interpreter",
+        "execute",
+        lambda command: {"language": "shell", "code": command},
+        _text_reply,
+        _text_reply,
+        common_pb2.FINISH_REASON_STOP,
+    ),
 ]
 PARAMS = [pytest.param(case, id=case.harness) for case in CASES]
 
@@ -87,6 +97,7 @@ def launcher() -> Launcher:
 
 NOT_INSTALLED = {
     "mini-swe-agent": "run `make harnesses`",
+    "open-interpreter": "run `make harnesses`",
     "openhands": "run `make harnesses-openhands`: it needs Python >= 3.12 (on Debian 12: a debootstrapped Debian 13)",
 }
 

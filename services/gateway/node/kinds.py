@@ -20,6 +20,7 @@ LAUNCHER_NAMES: dict[str, str] = {
     "continue_cli": "continue-cli",
     "mini_swe_agent": "mini-swe-agent",
     "aider": "aider",
+    "open_interpreter": "open-interpreter",
     "openhands": "openhands",
 }
 """Harness kind -> launcher name (`make_harness`); `command` and `pi:<api>` are handled on their own."""

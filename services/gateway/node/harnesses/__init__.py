@@ -2,7 +2,7 @@
 
 `make_harness(name)` returns an adapter; `Launcher.run` runs what it prepared. Harness names:
 claude-code, codex, qwen-code, gemini-cli, pi (optionally `pi:<api>`, e.g. `pi:anthropic-messages`),
-opencode, continue-cli, mini-swe-agent, aider and openhands.
+opencode, continue-cli, mini-swe-agent, aider, open-interpreter and openhands.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from services.gateway.node.harnesses.continue_cli import ContinueCli
 from services.gateway.node.harnesses.gemini_cli import GeminiCli
 from services.gateway.node.harnesses.launcher import HarnessResult, Launcher
 from services.gateway.node.harnesses.mini_swe_agent import MiniSweAgent
+from services.gateway.node.harnesses.open_interpreter import OpenInterpreter
 from services.gateway.node.harnesses.opencode import OpenCode
 from services.gateway.node.harnesses.openhands import OpenHands
 from services.gateway.node.harnesses.pi import Pi
@@ -35,6 +36,7 @@ BUILTIN: dict[str, type[Harness]] = {
     ContinueCli.name: ContinueCli,
     MiniSweAgent.name: MiniSweAgent,
     Aider.name: Aider,
+    OpenInterpreter.name: OpenInterpreter,
     OpenHands.name: OpenHands,
 }
 HARNESS_NAMES: tuple[str, ...] = (*BUILTIN, *(f"pi:{api}" for api in PI_APIS))
@@ -66,6 +68,7 @@ __all__ = [
     "MiniSweAgent",
     "OpenCode",
     "OpenHands",
+    "OpenInterpreter",
     "Pi",
     "QwenCode",
     "RunDirs",
