@@ -114,6 +114,7 @@ attempt("shadow", lambda: read("/etc/shadow"))
 attempt("ssh_host_keys", lambda: any(read(os.path.join("/etc/ssh", n)) for n in os.listdir("/etc/ssh")
                                      if n.startswith("ssh_host_") and n.endswith("_key")))
 attempt("hidden_file", lambda: read(targets["hidden_file"]))
+attempt("openssl_cnf", lambda: read("/etc/ssl/openssl.cnf"))  # node.js reads it at start
 attempt("socket", lambda: connect(targets["socket"]))
 attempt("nested_userns", nested_userns)
 found["syscalls"] = {name: call(number, *args) for name, (number, args) in syscalls.items()}

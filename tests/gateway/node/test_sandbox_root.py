@@ -121,6 +121,12 @@ def test_etc_shadow_and_host_keys_are_not_in_the_root(probe: dict[str, Any]) -> 
     assert probe["ssh_host_keys"] is not True
 
 
+@pytest.mark.skipif(not Path("/etc/ssl/openssl.cnf").is_file(), reason="the host has no /etc/ssl/openssl.cnf")
+def test_the_system_files_programs_read_are_readable(probe: dict[str, Any]) -> None:
+    """/etc/ssl is a directory the session may enter (bubblewrap made it 0700: every node.js harness exited 13)."""
+    assert probe["openssl_cnf"] is True, probe["openssl_cnf"]
+
+
 def test_a_secret_file_in_the_hidden_list_is_hidden(probe: dict[str, Any]) -> None:
     assert probe["hidden_file"] is not True
 

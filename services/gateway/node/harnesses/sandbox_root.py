@@ -112,6 +112,10 @@ def _etc_mounts(home: str) -> list[Mount]:
     mounts = [Mount("dir", "/etc")]
     for name, text in _synthesized_etc(home).items():
         mounts.append(Mount("data", f"/etc/{name}", text))
+    nested = dict.fromkeys(parent for name in ETC_FROM_HOST for parent in reversed(Path(name).parents))
+    for parent in nested:  # 0755 directories (/etc/ssl): bubblewrap's own would be 0700, closed to the session
+        if parent != Path(".") and (Path("/etc") / parent).is_dir():
+            mounts.append(Mount("dir", f"/etc/{parent}"))
     for name in ETC_FROM_HOST:
         path = Path("/etc") / name
         if path.is_symlink():
