@@ -40,13 +40,10 @@ async def swe_session(
     return runtime
 
 
-async def swe_score(
-    runtime: HostRuntime, task: rollout_pb2.Task, *, pristine: bool = True, **config: Any
-) -> tuple[float, dict[str, Any]]:
-    """The swe verifier's reward and details; `pristine` False: as for an in-image repository (in place)."""
-    spec = rollout_pb2.VerifierSpec(kind="swe")
-    spec.config.update(config)
-    given = VerifierInput(
+def runtime_input(runtime: HostRuntime, task: rollout_pb2.Task, *, pristine: bool = True) -> VerifierInput:
+    """A verifier's input for a session of `runtime` that ended with the answer "done"; `pristine` False: the
+    workspace on the node is unknown (the swe verifier then scores in place, as for an in-image repository)."""
+    return VerifierInput(
         task=task,
         final_answer="done",
         workspace=runtime.visible.workdir,
@@ -58,5 +55,13 @@ async def swe_score(
         workspace_host=runtime.real.workdir if pristine else None,
         owner=runtime.owner,
     )
-    verdict = await make_verifier(spec).score(given)
+
+
+async def swe_score(
+    runtime: HostRuntime, task: rollout_pb2.Task, *, pristine: bool = True, **config: Any
+) -> tuple[float, dict[str, Any]]:
+    """The swe verifier's reward and details; `pristine` False: as for an in-image repository (in place)."""
+    spec = rollout_pb2.VerifierSpec(kind="swe")
+    spec.config.update(config)
+    verdict = await make_verifier(spec).score(runtime_input(runtime, task, pristine=pristine))
     return verdict.reward, verdict.details

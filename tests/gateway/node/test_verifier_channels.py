@@ -16,7 +16,8 @@ from lodestar.v1 import rollout_pb2
 from services.gateway.node.harnesses import Launcher
 from services.gateway.node.harnesses.sandbox import Sandbox
 from services.gateway.node.runtimes import HostBackend, HostRuntime
-from services.gateway.node.verifiers import VerifierError, VerifierInput, make_verifier
+from services.gateway.node.verifiers import VerifierError, make_verifier
+from tests.gateway.node.swe_helpers import runtime_input
 
 FUNCTIONS = "tests.gateway.node.verifier_functions"
 EXPECTED = """python3 -c 'import json, os; print(json.loads(os.environ["LODESTAR_TASK_METADATA"])["expected"])'"""
@@ -100,21 +101,9 @@ async def sandboxed(tmp_path: Path) -> AsyncIterator[Any]:
 async def _score(runtime: HostRuntime, kind: str, **config: Any) -> tuple[float, dict[str, Any]]:
     task = rollout_pb2.Task(task_id="t1", prompt="p")
     task.metadata.update({"expected": "hi"})
-    given = VerifierInput(
-        task=task,
-        final_answer="done",
-        workspace=runtime.visible.workdir,
-        timed_out=False,
-        run=runtime.run_process,
-        scratch=runtime.real.tmpdir,
-        scratch_visible=runtime.visible.tmpdir,
-        root=runtime.root,
-        workspace_host=runtime.real.workdir,
-        owner=runtime.owner,
-    )
     spec = rollout_pb2.VerifierSpec(kind=kind)
     spec.config.update(config)
-    verdict = await make_verifier(spec).score(given)
+    verdict = await make_verifier(spec).score(runtime_input(runtime, task))
     return verdict.reward, verdict.details
 
 
