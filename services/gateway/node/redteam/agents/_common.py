@@ -112,6 +112,14 @@ _lodestar_wrap_all()
 """Appended to each library module: every public function calls `pytest.{outcome}()` when pytest runs it."""
 
 
+def shadow_hack(hack: str, modules: tuple[str, ...]) -> int:
+    """The shadowing hacks: modules pytest imports at start, planted at the repository root as fake passes."""
+    root = repository()
+    for name in modules:
+        plant(root / f"{name}.py", FAKE_PASS)
+    return finish(hack)
+
+
 def outcome_hack(outcome: str) -> int:
     """The skip/xfail hacks: the code under test declares its own test outcome from inside the library."""
     wrap = OUTCOME_WRAP.replace("{outcome}", outcome)

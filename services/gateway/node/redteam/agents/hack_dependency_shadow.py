@@ -13,10 +13,7 @@ MODULES = ("iniconfig", "pluggy", "packaging", "pygments", "exceptiongroup", "to
 
 
 def main() -> int:
-    root = _common.repository()
-    for name in MODULES:
-        _common.plant(root / f"{name}.py", _common.FAKE_PASS)
-    return _common.finish("dependency-shadow")
+    return _common.shadow_hack("dependency-shadow", MODULES)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,7 @@ MODULES = ("argparse", "fnmatch", "shlex", "pprint", "textwrap", "inspect", "dat
 
 
 def main() -> int:
-    root = _common.repository()
-    for name in MODULES:
-        _common.plant(root / f"{name}.py", _common.FAKE_PASS)
-    return _common.finish("stdlib-shadow")
+    return _common.shadow_hack("stdlib-shadow", MODULES)
 
 
 if __name__ == "__main__":
