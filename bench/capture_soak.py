@@ -42,9 +42,9 @@ REPO = Path(__file__).resolve().parents[1]
 def node_main(config: dict[str, Any]) -> None:
     """The child: a gateway node from `config["repo"]` that acknowledges each session when it is closed."""
     sys.path.insert(0, config["repo"])
-    from services.gateway import capture
-    from services.gateway.server import GatewayNode
-    from services.gateway.settings import GatewaySettings
+    from lodestar_gateway import capture
+    from lodestar_gateway.server import GatewayNode
+    from lodestar_gateway.settings import GatewaySettings
 
     async def run() -> None:
         settings = GatewaySettings(
@@ -282,12 +282,12 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def rollout_store_look(seconds: float, result_bytes: int = 3 * 1024 * 1024) -> list[dict[str, float]]:
-    """The rollout service's SQLite store (services/rollout/store.py, its own settings) written continuously
+    """The rollout service's SQLite store (lodestar_rollout/store.py, its own settings) written continuously
     with session results of `result_bytes`, while an outside read-only reader (as `lodestar export` opens it)
     holds one read transaction over the middle third; its WAL size sampled once per 20 results."""
     import sqlite3
 
-    from services.rollout.store import SqliteStore
+    from lodestar_rollout.store import SqliteStore
 
     samples: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="bench-rollout-store-") as tmp:
@@ -342,7 +342,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-capture-soak-") as tmp:
         work = Path(tmp)
-        from services.inference.tiny_model import TinyModelSpec, build
+        from lodestar_inference.tiny_model import TinyModelSpec, build
 
         model = build(work / "model", TinyModelSpec())
         script = work / "script.json"

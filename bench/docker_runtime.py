@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.harnesses import Command, GatewayEndpoint
-from services.gateway.node.runtimes import DockerBackend
+from lodestar_gateway.node.harnesses import Command, GatewayEndpoint
+from lodestar_gateway.node.runtimes import DockerBackend
 
 
 async def _serve_gateway() -> tuple[asyncio.Server, str]:

@@ -55,10 +55,10 @@ KV_CACHE_BYTES = 512 * 1024**2
 async def measure(model_dir: Path, repeats: int) -> dict[tuple[int, bool, str], list[float]]:
     """CPU microseconds per sampled token, per (C, streaming, layer), one value per repeat."""
     from lodestar.v1 import common_pb2, inference_pb2
-    from services.inference.engine import EngineRequest, SamplingOptions
-    from services.inference.multiplex import Multiplexer
-    from services.inference.service import InferenceService
-    from services.inference.settings import InferenceSettings
+    from lodestar_inference.engine import EngineRequest, SamplingOptions
+    from lodestar_inference.multiplex import Multiplexer
+    from lodestar_inference.service import InferenceService
+    from lodestar_inference.settings import InferenceSettings
 
     settings = InferenceSettings(backend="vllm", model=model_dir, kv_cache_bytes=KV_CACHE_BYTES, max_new_tokens=4096)
     service = InferenceService.create(settings)
@@ -177,7 +177,7 @@ def main() -> None:
         model = args.model
         if model is None:
             model = Path(scratch) / "tiny"
-            subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "lodestar.cli.main", "model", "init-tiny",
+            subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "lodestar_app.cli.main", "model", "init-tiny",
                             str(model)], check=True, cwd=REPO)  # fmt: skip
         results = asyncio.run(measure(model, args.repeats))
     text = table(results)

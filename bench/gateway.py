@@ -168,8 +168,8 @@ def claude_code_body(stream: bool) -> dict[str, Any]:
 
 def direct_request(body: dict[str, Any], stream: bool):
     from lodestar.v1 import inference_pb2
-    from services.gateway.dialects import AnthropicMessages
-    from services.gateway.dialects.base import Route
+    from lodestar_gateway.dialects import AnthropicMessages
+    from lodestar_gateway.dialects.base import Route
 
     parsed = AnthropicMessages().parse(body, Route())
     return inference_pb2.GenerateRequest(
@@ -179,7 +179,7 @@ def direct_request(body: dict[str, Any], stream: bool):
 
 def start(command: list[str], log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "lodestar.cli.main", *command],
+        [sys.executable, "-m", "lodestar_app.cli.main", *command],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=log.open("wb"),
@@ -332,7 +332,7 @@ def table(result: dict[str, Any]) -> str:
 
 HISTORY = """History of this number (same 2-core shared VM):
 - 2026-11-29: +3.5 ms (first version). Memoizing the continuation lookup's digests by exact serialization
-  (`services/gateway/digest_cache.py`) cut the prepare step from 0.52 to 0.26 ms: +3.0 ms. Splicing the
+  (`services/gateway/lodestar_gateway/digest_cache.py`) cut the prepare step from 0.52 to 0.26 ms: +3.0 ms. Splicing the
   prompt ids' packed bytes from inference's reply straight into the stored record (hand-written protobuf wire
   parsing, ~0.2 ms of capture) measured +2.6 to +2.9 ms, inside the +-0.4 ms run-to-run noise, with lower
   calls/s at concurrency 32; removed again as not worth its complexity.
@@ -406,7 +406,7 @@ def main() -> None:
         logs.mkdir(parents=True, exist_ok=True)
         model = args.model
         if model is None:
-            from services.inference.tiny_model import TinyModelSpec, build
+            from lodestar_inference.tiny_model import TinyModelSpec, build
 
             model = build(work / "model", TinyModelSpec())
         script = work / "script.json"

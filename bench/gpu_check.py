@@ -54,15 +54,15 @@ import torch.nn.functional as F  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 
-from services.trainer.attention import TreeLayout  # noqa: E402
-from services.trainer.builders import BuilderKind, build_sequences  # noqa: E402
-from services.trainer.flex import FlexLayout, padded_length  # noqa: E402
-from services.trainer.forward import AttentionBackend, target_logprobs  # noqa: E402
-from services.trainer.loss import LossConfig, LossNormalizer, LossOutput, policy_loss  # noqa: E402
-from services.trainer.model import enable_activation_checkpointing  # noqa: E402
-from services.trainer.pack import pack  # noqa: E402
-from services.trainer.precision import ComputeCopy  # noqa: E402
-from services.trainer.synthetic import SMALL_SHAPE, SessionShape, synthetic_samples  # noqa: E402
+from lodestar_trainer.builders import BuilderKind, build_sequences  # noqa: E402
+from lodestar_trainer.data.pack import pack  # noqa: E402
+from lodestar_trainer.data.synthetic import SMALL_SHAPE, SessionShape, synthetic_samples  # noqa: E402
+from lodestar_trainer.model import enable_activation_checkpointing  # noqa: E402
+from lodestar_trainer.step.attention import TreeLayout  # noqa: E402
+from lodestar_trainer.step.flex import FlexLayout, padded_length  # noqa: E402
+from lodestar_trainer.step.forward import AttentionBackend, target_logprobs  # noqa: E402
+from lodestar_trainer.step.loss import LossConfig, LossNormalizer, LossOutput, policy_loss  # noqa: E402
+from lodestar_trainer.step.precision import ComputeCopy  # noqa: E402
 
 TOLERANCE = 1e-5
 """Section 2: loss and every gradient element, fp32, builder vs per_request (tests/trainer/test_equivalence)."""
@@ -173,7 +173,7 @@ def versions(check: Check) -> None:
         )
     else:
         device = f"CPU ({platform.machine()}, {torch.get_num_threads()} torch threads): reduced mode"
-    split = importlib.util.find_spec("services.trainer.split") is not None
+    split = importlib.util.find_spec("lodestar_trainer.data.split") is not None
     check.add(1, "device", "measured", f"{device}; sequence splitting {'present' if split else 'absent'}")
 
 
@@ -391,10 +391,10 @@ def attention_vs_dense(check: Check) -> None:
 def engine_logprobs(check: Check) -> None:
     from transformers import AutoModelForCausalLM
 
-    from services.inference.engine import EngineRequest, SamplingOptions
-    from services.inference.engines.transformers import TransformersEngine
-    from services.inference.sampling import processed_logprobs
-    from services.inference.tiny_model import TinyModelSpec, build
+    from lodestar_inference.engine import EngineRequest, SamplingOptions
+    from lodestar_inference.engines.transformers import TransformersEngine
+    from lodestar_inference.sampling import processed_logprobs
+    from lodestar_inference.tiny_model import TinyModelSpec, build
 
     model_dir = build(check.workdir / "tiny-model", TinyModelSpec(corpus_bytes=200_000))
     policies = [(1.0, 0, 1.0), (0.7, 50, 0.9), (1.0, 0, 1.0), (1.3, 20, 0.8)]

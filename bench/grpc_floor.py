@@ -34,12 +34,12 @@ import grpc.aio  # noqa: E402
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # noqa: E402
 
 from lodestar.v1 import common_pb2, inference_pb2  # noqa: E402
-from services.inference.engine import EngineRequest  # noqa: E402
-from services.inference.engines.vllm import VllmEngine  # noqa: E402
-from services.inference.generation import sampling_options, stream_interval  # noqa: E402
-from services.inference.settings import InferenceSettings  # noqa: E402
-from services.inference.templates import ChatTemplate  # noqa: E402
-from services.inference.tokenizer import TextTokenizer  # noqa: E402
+from lodestar_inference.engine import EngineRequest  # noqa: E402
+from lodestar_inference.engines.vllm import VllmEngine  # noqa: E402
+from lodestar_inference.generation import sampling_options, stream_interval  # noqa: E402
+from lodestar_inference.settings import InferenceSettings  # noqa: E402
+from lodestar_inference.templates import ChatTemplate  # noqa: E402
+from lodestar_inference.tokenizer import TextTokenizer  # noqa: E402
 
 _FINISH = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FINISH_REASON_LENGTH}
 
@@ -119,7 +119,7 @@ async def serve(model_dir: Path, port: int, kv_cache_bytes: int) -> None:
 @contextlib.contextmanager
 def serve_floor(model_dir: Path, log_dir: Path, kv_cache_bytes: int) -> Iterator[tuple[str, int]]:
     """Run the floor server as a subprocess under .venv-vllm until the block ends: (address, pid)."""
-    from lodestar.local import free_port
+    from lodestar_app.local import free_port
     from tests.inference.conftest import PYTHONS, START_TIMEOUT_S, run_server
 
     port = free_port()

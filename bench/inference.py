@@ -131,9 +131,9 @@ async def server_figures(address: str, repeats: int) -> dict[str, float]:
 
 
 async def engine_figures(backend: str, model_dir: Path, repeats: int) -> dict[str, float]:
-    from services.inference import engines
-    from services.inference.engine import EngineRequest, SamplingOptions
-    from services.inference.settings import InferenceSettings
+    from lodestar_inference import engines
+    from lodestar_inference.engine import EngineRequest, SamplingOptions
+    from lodestar_inference.settings import InferenceSettings
 
     fields = {"backend": backend, "model": model_dir, "kv_cache_bytes": 512 * 1024**2}
     settings = InferenceSettings.model_validate(fields)  # (backend: a string from the command line, checked here)
@@ -365,7 +365,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = args.model
         if model_dir is None:
-            from services.inference.tiny_model import build
+            from lodestar_inference.tiny_model import build
 
             model_dir = build(Path(scratch) / "tiny")
         for backend in backends:

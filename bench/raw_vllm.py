@@ -1,7 +1,7 @@
 """lodestar Generate against raw vLLM: the same engine arguments, the same workload, phases interleaved.
 
 Raw vLLM is what a user would run instead of lodestar's inference service: `AsyncLLM` in process, built
-with exactly the arguments lodestar's vllm engine uses (`services.inference.engines.vllm.engine_args`)
+with exactly the arguments lodestar's vllm engine uses (`lodestar_inference.engines.vllm.engine_args`)
 and the same `SamplingParams` per request (`VllmEngine.sampling_params`: seeded, logprobs on, DELTA
 outputs when streaming, FINAL_ONLY when not), fed the prompt ids lodestar's chat template renders for the
 same messages. It runs in a worker subprocess under .venv-vllm that takes one phase per stdin line.
@@ -52,8 +52,8 @@ def _max_tokens(phase: dict[str, Any], seed: int) -> int:
 async def _raw_phase(llm: Any, info: Any, phase: dict[str, Any]) -> dict[str, float]:
     from vllm.inputs import tokens_input
 
-    from services.inference.engine import EngineRequest, SamplingOptions
-    from services.inference.engines.vllm import VllmEngine, _sampled_logprobs
+    from lodestar_inference.engine import EngineRequest, SamplingOptions
+    from lodestar_inference.engines.vllm import VllmEngine, _sampled_logprobs
 
     prompts: list[list[int]] = phase["prompts"]
     stream: bool = phase["stream"]
@@ -91,10 +91,10 @@ async def raw_worker(model_dir: Path, kv_cache_bytes: int) -> None:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from lodestar.heap import freeze_startup_heap
-    from services.inference.engine import EngineInfo
-    from services.inference.engines.vllm import engine_args
-    from services.inference.settings import InferenceSettings
-    from services.inference.tokenizer import TextTokenizer
+    from lodestar_inference.engine import EngineInfo
+    from lodestar_inference.engines.vllm import engine_args
+    from lodestar_inference.settings import InferenceSettings
+    from lodestar_inference.tokenizer import TextTokenizer
 
     config = json.loads((model_dir / "config.json").read_text())
     context = int(config["max_position_embeddings"])
@@ -171,7 +171,7 @@ def generate_calls(stub: Any) -> Any:
 
 def generate_many(stub: Any) -> Any:
     """Generations as tags of one `GenerateMany` stream, through the gateway's own client."""
-    from services.gateway.inference_client import GenerateStreams
+    from lodestar_gateway.inference_client import GenerateStreams
 
     streams = GenerateStreams(stub)
     return lambda request: streams.generate(request, 600.0)
@@ -246,8 +246,8 @@ async def compare(
 
     from lodestar.heap import freeze_startup_heap
     from lodestar.v1 import inference_pb2_grpc
-    from services.inference.templates import ChatTemplate
-    from services.inference.tokenizer import TextTokenizer
+    from lodestar_inference.templates import ChatTemplate
+    from lodestar_inference.tokenizer import TextTokenizer
 
     template = ChatTemplate(TextTokenizer.load(model_dir))
     prompts = [list(template.prompt([_user(PROMPT.format(i))]).ids) for i in range(max(CONCURRENCY))]

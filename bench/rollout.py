@@ -4,7 +4,7 @@
 nodes, lognormal session run times (median 60 s, p99 15 min) and a trainer; trainer idle fraction and
 groups trained per minute for synchronous batches, READY buffer + early stop, and asynchronous policies.
 
-(b) One real `lodestar rollout serve` subprocess (real etcd from `lodestar.local`, SQLite store) and
+(b) One real `lodestar rollout serve` subprocess (real etcd from `lodestar_app.local`, SQLite store) and
 100 simulated nodes in this process, each with its own etcd lease and gRPC channel: every node
 acquires up to `--slots` sessions (reporting what it holds), completes each at once with a one-call
 result, and acquires again until the run is done. Sessions handed out and completed per second, and
@@ -33,9 +33,9 @@ sys.path.insert(0, str(REPO))
 from bench.rollout_sim import SimConfig, SimResult, simulate  # noqa: E402
 from lodestar.etcd import EtcdClient  # noqa: E402
 from lodestar.grpc.client import connect  # noqa: E402
-from lodestar.local import LocalCluster, ServiceSpec, find_etcd, free_port  # noqa: E402
 from lodestar.logging import configure_logging  # noqa: E402
 from lodestar.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc  # noqa: E402
+from lodestar_app.local import LocalCluster, ServiceSpec, find_etcd, free_port  # noqa: E402
 
 SECTION = "## Rollout"
 

@@ -1,6 +1,6 @@
 """Discrete-event simulation of rollout policies under heavy-tailed session durations.
 
-The real `Scheduler` (services/rollout/scheduler.py, with its group completion and staleness rules in
+The real `Scheduler` (services/rollout/lodestar_rollout/scheduler.py, with its group completion and staleness rules in
 groups.py) hands out sessions; simulated nodes, sessions and a trainer advance in virtual time, so hours
 of rollout take seconds. Session run times are lognormal (median 60 s, p99 15 min by default); every
 session also needs `init_s` of preparation (workspace, HOME, task files).
@@ -18,7 +18,7 @@ Policies:
   what it prevents. READY buffer (and early stop) as above; the scheduler serves the oldest group first.
 
 Groups without signal (`signal_p` < 1: every reward equal) are read and skipped by the trainer, which
-reads on until it has `batch_groups` groups with signal (dynamic sampling, services/trainer/loop.py).
+reads on until it has `batch_groups` groups with signal (dynamic sampling, services/trainer/lodestar_trainer/loop.py).
 
 `python bench/rollout_sim.py` prints the staleness table of docs/benchmarks.md (Rollout): trainer idle
 and stale-dropped share for max_staleness 1, 2 and 4, with and without many no-signal groups, for a
@@ -40,10 +40,10 @@ if __name__ == "__main__":  # run as a script: the repository root on the path
 
 from lodestar.logging import configure_logging
 from lodestar.v1 import rollout_pb2
-from services.rollout import groups
-from services.rollout.model import Group
-from services.rollout.scheduler import Progress, Scheduler
-from services.rollout.spec import with_defaults
+from lodestar_rollout import groups
+from lodestar_rollout.model import Group
+from lodestar_rollout.scheduler import Progress, Scheduler
+from lodestar_rollout.spec import with_defaults
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ call's prompt + its completion + the new tool output, as an agent harness sends 
 replicas, each with a prefix cache of `--cache-tokens` tokens (LRU by session: the prompt of a session's
 last call on that replica, the way vLLM's block-hashed prefix cache keeps a conversation's blocks), with
 `--concurrent` sessions in flight at once. A call costs the prompt tokens its replica has not cached. The
-router under test is the gateway's own (`services/gateway/routing.py`, bounded load, sticky sessions);
+router under test is the gateway's own (`services/gateway/lodestar_gateway/routing.py`, bounded load, sticky sessions);
 round-robin and random place every call anew, as a plain Kubernetes Service would. Output: total prefill
 tokens per policy, and the ratio to affinity.
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
-from services.gateway.routing import AffinityRouter
+from lodestar_gateway.routing import AffinityRouter
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from services.gateway.node.harnesses import Invocation, Launcher
-from services.gateway.node.harnesses.base import clean_env
-from services.gateway.node.harnesses.sandbox import Prepared, Sandbox
-from services.gateway.node.runtimes import HostBackend
+from lodestar_gateway.node.harnesses import Invocation, Launcher
+from lodestar_gateway.node.harnesses.base import clean_env
+from lodestar_gateway.node.harnesses.sandbox import Prepared, Sandbox
+from lodestar_gateway.node.runtimes import HostBackend
 
 
 async def _gateway() -> tuple[asyncio.Server, int]:

@@ -1,6 +1,6 @@
 """Soak benchmark of one rollout service (issue 27): memory, store size and dispatch rate as history grows.
 
-One real `lodestar rollout serve` process (real etcd from `lodestar.local`, SQLite store) and `--nodes`
+One real `lodestar rollout serve` process (real etcd from `lodestar_app.local`, SQLite store) and `--nodes`
 simulated nodes in this process (each with its own etcd lease and channel, as in bench/rollout.py): every
 node acquires up to `--slots` sessions and completes each at once (full dispatch speed) with a result of
 `--calls` calls, each with `--prompt-tokens` prompt token ids, `--completion-tokens` sampled ids and their
@@ -38,9 +38,9 @@ sys.path.insert(0, str(REPO))
 from bench.rollout import _spec  # noqa: E402
 from lodestar.etcd import EtcdClient  # noqa: E402
 from lodestar.grpc.client import connect  # noqa: E402
-from lodestar.local import LocalCluster, ServiceSpec, find_etcd, free_port  # noqa: E402
 from lodestar.logging import configure_logging  # noqa: E402
 from lodestar.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc  # noqa: E402
+from lodestar_app.local import LocalCluster, ServiceSpec, find_etcd, free_port  # noqa: E402
 
 RUNS_QUEUED = 2
 """Runs kept created and not finished at once (the next starts while the last one's stragglers finish)."""

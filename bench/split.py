@@ -1,6 +1,6 @@
 """Splitting benchmark: what recomputing the context costs when a tree is split to a smaller micro-batch budget.
 
-One group's tree (the tree builder over services/trainer/synthetic.py sessions shaped like bench/trainer.py's
+One group's tree (the tree builder over lodestar_trainer/data/synthetic.py sessions shaped like bench/trainer.py's
 tiny case: the issue's shape x1/16, 8 sessions) trained on the tiny model under budgets from "the whole tree
 in one pass" down to the longest path from the root (the smallest budget recompute allows). Per budget, the
 real step: pack (split) -> target logprobs -> GRPO loss -> backward, over all micro-batches. Reported: parts,
@@ -32,11 +32,11 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from bench.trainer import CASES, computed_pairs, make_model, reset_peak, rss_mb, scaled  # noqa: E402
-from services.trainer.builders import BuilderKind, build_sequences  # noqa: E402
-from services.trainer.forward import target_logprobs  # noqa: E402
-from services.trainer.loss import LossConfig, LossNormalizer, policy_loss  # noqa: E402
-from services.trainer.pack import pack_step  # noqa: E402
-from services.trainer.synthetic import synthetic_samples  # noqa: E402
+from lodestar_trainer.builders import BuilderKind, build_sequences  # noqa: E402
+from lodestar_trainer.data.pack import pack_step  # noqa: E402
+from lodestar_trainer.data.synthetic import synthetic_samples  # noqa: E402
+from lodestar_trainer.step.forward import target_logprobs  # noqa: E402
+from lodestar_trainer.step.loss import LossConfig, LossNormalizer, policy_loss  # noqa: E402
 
 SECTION = "## Trainer: splitting trees to the micro-batch budget (bench/split.py)"
 

@@ -1,7 +1,7 @@
 """Trainer benchmark: per_request vs prefix_merging vs tree, side by side, one optimizer step each.
 
 For each model (the offline tiny model, and a ~82M-parameter random-init Qwen3: hidden 768, 12 layers,
-GQA 12/4, vocab of the tiny tokenizer), on groups from services/trainer/synthetic.py shaped like harness
+GQA 12/4, vocab of the tiny tokenizer), on groups from lodestar_trainer/data/synthetic.py shaped like harness
 sessions (system+tools prefix, 19 calls, tool results, replies; groups of 8 for the tiny model), every
 builder runs the real step: build -> pack -> target logprobs (tree attention, chunked log-softmax) ->
 GRPO loss -> backward -> AdamW step. Reported: wall-clock per optimizer step (median of `--repeats`),
@@ -40,11 +40,11 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from services.trainer.builders import BuilderKind, build_sequences  # noqa: E402
-from services.trainer.forward import target_logprobs  # noqa: E402
-from services.trainer.loss import LossConfig, LossNormalizer, policy_loss  # noqa: E402
-from services.trainer.pack import pack  # noqa: E402
-from services.trainer.synthetic import SessionShape, synthetic_samples  # noqa: E402
+from lodestar_trainer.builders import BuilderKind, build_sequences  # noqa: E402
+from lodestar_trainer.data.pack import pack  # noqa: E402
+from lodestar_trainer.data.synthetic import SessionShape, synthetic_samples  # noqa: E402
+from lodestar_trainer.step.forward import target_logprobs  # noqa: E402
+from lodestar_trainer.step.loss import LossConfig, LossNormalizer, policy_loss  # noqa: E402
 
 SECTION = "## Trainer: per_request vs prefix_merging vs tree (bench/trainer.py)"
 FULL_SHAPE = SessionShape(prefix_tokens=16_000, task_tokens=200, turns=(19, 19))
@@ -97,7 +97,7 @@ def scaled(scale: float) -> SessionShape:
 def make_model(name: str, workdir: Path):
     from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    from services.inference.tiny_model import TinyModelSpec, build
+    from lodestar_inference.tiny_model import TinyModelSpec, build
 
     torch.manual_seed(0)
     if name == "tiny":
@@ -125,7 +125,7 @@ def run_batches(model, batches, norm, config) -> None:
 
 def computed_pairs(batches) -> int:
     """(query, key) pairs the block-sparse attention computes (whole blocks), summed over micro-batches."""
-    from services.trainer.attention import DEFAULT_BLOCK, TreeLayout
+    from lodestar_trainer.step.attention import DEFAULT_BLOCK, TreeLayout
 
     total = 0
     for batch in batches:
@@ -217,7 +217,7 @@ def bench_case(case: Case, repeats: int, workdir: Path) -> list[dict[str, float 
 
 def bench_vocab_memory(tokens: int, targets: int) -> dict[str, float]:
     """Peak RSS of target logprobs + backward for one `tokens`-long sequence, `targets` of them sampled."""
-    from services.trainer.batch import TrainingSequence
+    from lodestar_trainer.data.batch import TrainingSequence
 
     model = make_model("vocab", Path())
     vocab = model.config.vocab_size

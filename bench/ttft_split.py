@@ -141,7 +141,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: build the tiny model)")
     args = parser.parse_args()
 
-    from services.inference.tiny_model import build
+    from lodestar_inference.tiny_model import build
     from tests.inference.conftest import serve_inference
 
     with tempfile.TemporaryDirectory() as scratch:

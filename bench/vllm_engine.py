@@ -33,7 +33,7 @@ MODELS = {
 
 
 async def first_token_seconds(engine, prompt: tuple[int, ...]) -> float:
-    from services.inference.engine import EngineRequest, SamplingOptions
+    from lodestar_inference.engine import EngineRequest, SamplingOptions
 
     started = time.perf_counter()
     async for _ in engine.generate(EngineRequest("ttft", prompt, SamplingOptions(max_tokens=1, seed=0))):
@@ -44,8 +44,8 @@ async def first_token_seconds(engine, prompt: tuple[int, ...]) -> float:
 async def swap_seconds(engine, tensors: dict, path: Path, version: int) -> float:
     from safetensors.torch import save_file
 
-    from services.inference.engine import WeightUpdate
-    from services.inference.weights import read_checkpoint_meta
+    from lodestar_inference.engine import WeightUpdate
+    from lodestar_inference.weights import read_checkpoint_meta
 
     save_file(tensors, str(path))
     files, metas = read_checkpoint_meta(path)
@@ -60,8 +60,8 @@ async def measure(name: str, model_dir: Path, repeats: int, scratch: Path) -> di
 
     from safetensors.torch import load_file
 
-    from services.inference.engines.vllm import create_engine
-    from services.inference.settings import InferenceSettings
+    from lodestar_inference.engines.vllm import create_engine
+    from lodestar_inference.settings import InferenceSettings
 
     engine = create_engine(InferenceSettings(backend="vllm", model=model_dir, kv_cache_bytes=1024**3))
     started = time.perf_counter()
@@ -99,7 +99,7 @@ def main() -> None:
     args = parser.parse_args()
     if not ensure_vllm(__file__):
         return
-    from services.inference.tiny_model import TinyModelSpec, build
+    from lodestar_inference.tiny_model import TinyModelSpec, build
 
     rows = []
     with tempfile.TemporaryDirectory() as scratch_dir:

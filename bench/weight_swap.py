@@ -37,8 +37,8 @@ def build_model(directory: Path) -> dict[str, Any]:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from services.inference.tiny_model import TinyModelSpec, build
-    from services.inference.tokenizer import TextTokenizer
+    from lodestar_inference.tiny_model import TinyModelSpec, build
+    from lodestar_inference.tokenizer import TextTokenizer
 
     build(directory, TinyModelSpec(vocab_size=512, corpus_bytes=60_000, context_length=4096))
     weights = load_file(str(directory / "model.safetensors"))
@@ -56,7 +56,7 @@ def build_model(directory: Path) -> dict[str, Any]:
 
 
 async def one_round(engine: Any, update: Any, requests: int, tokens: int) -> dict[str, float]:
-    from services.inference.engine import EngineRequest, SamplingOptions
+    from lodestar_inference.engine import EngineRequest, SamplingOptions
 
     counts = [0] * requests
     started = time.perf_counter()
@@ -79,10 +79,10 @@ async def one_round(engine: Any, update: Any, requests: int, tokens: int) -> dic
 
 async def measure(model_dir: Path, update_path: Path, args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Both modes' figures; their rounds alternate (keep, drain, keep, ...) so machine load hits both alike."""
-    from services.inference.engine import WeightUpdate
-    from services.inference.engines.vllm import create_engine
-    from services.inference.settings import InferenceSettings
-    from services.inference.weights import read_checkpoint_meta
+    from lodestar_inference.engine import WeightUpdate
+    from lodestar_inference.engines.vllm import create_engine
+    from lodestar_inference.settings import InferenceSettings
+    from lodestar_inference.weights import read_checkpoint_meta
 
     modes = ("keep", "drain")
     engines = {}

@@ -1,5 +1,5 @@
-"""The credentials of one torch.distributed weight broadcast (services/trainer/broadcast.py sends,
-services/inference/broadcast.py receives), as pure functions over bytes.
+"""The credentials of one torch.distributed weight broadcast (lodestar_trainer/weights/broadcast.py sends,
+services/inference/lodestar_inference/broadcast.py receives), as pure functions over bytes.
 
 c10d's TCPStore has no authentication: whoever reaches its port can list, read and write every key
 (`list_keys`), so a group name is no secret and a stranger can take a rank in a group. The trainer therefore

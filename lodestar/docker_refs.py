@@ -1,6 +1,6 @@
 """What a run spec may hand the docker CLI, checked in one place: image references, session environment
-names and mount paths. Rollout refuses a bad spec at CreateRun (`services/rollout/spec.py`); the node checks
-again before any docker command (`services/gateway/node/runtimes/docker*.py`), so a spec that reached a node
+names and mount paths. Rollout refuses a bad spec at CreateRun (`lodestar_rollout/spec.py`); the node checks
+again before any docker command (`lodestar_gateway/node/runtimes/docker*.py`), so a spec that reached a node
 another way cannot steer the node's docker client either.
 
 - An image reference follows docker's reference grammar (`[registry[:port]/]path[:tag][@digest]`, or an

@@ -10,7 +10,7 @@ then watches it from the next revision, and hands every change to a callback as 
 replicas; when the watch breaks (etcd down, history compacted) it keeps the last map and lists again.
 
 This lives in the kernel because three services agree on it: inference writes the keys, the gateway
-(`services/gateway/replica_watch.py`) and the trainer (`services/trainer/replica_discovery.py`) read them.
+(`lodestar_gateway/replica_watch.py`) and the trainer (`lodestar_trainer/weights/replica_discovery.py`) read them.
 """
 
 from __future__ import annotations

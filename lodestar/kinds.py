@@ -1,7 +1,7 @@
 """The kind names of a run spec — harness, verifier and runtime — and their validation, in one place.
 
-Rollout refuses a spec with an unknown kind at CreateRun (`services/rollout/spec.py`); the gateway node maps
-each kind to its launcher adapter, verifier and runtime (`services/gateway/node/`). Both use this module, so
+Rollout refuses a spec with an unknown kind at CreateRun (`lodestar_rollout/spec.py`); the gateway node maps
+each kind to its launcher adapter, verifier and runtime (`lodestar_gateway/node/`). Both use this module, so
 what rollout accepts is exactly what a node can run.
 
 Harness kinds (`HarnessSpec.kind`): `claude_code`, `codex`, `qwen_code`, `gemini_cli`, `pi`, `opencode`,

@@ -1,6 +1,6 @@
 """One etcd key that says "this process is alive": written under a lease the process keeps alive.
 
-Gateway nodes (`services/gateway/membership.py`) and inference replicas (`lodestar/inference_registry.py`)
+Gateway nodes (`lodestar_gateway/membership.py`) and inference replicas (`lodestar/inference_registry.py`)
 announce themselves this way. The key is revoked when the process leaves (gone at once) and expired by etcd a
 TTL after it dies or is cut off. When the lease is lost (partition, etcd restart, expiry) the key is written
 again under a new lease as soon as etcd answers, with bounded exponential backoff; etcd being down at start

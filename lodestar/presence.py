@@ -1,5 +1,5 @@
 """What live processes announce in etcd, and how it is read back: gateway nodes (`<prefix>nodes/<id>`,
-services/gateway/membership.py) and inference replicas (`<prefix>inference/<id>`, inference_registry.py).
+lodestar_gateway/membership.py) and inference replicas (`<prefix>inference/<id>`, inference_registry.py).
 
 Each announces a `JsonRecord` (a frozen dataclass of str, int and datetime fields, one JSON object) under
 its own key in its kind's directory, written by a `lodestar.leased_key.LeasedKey`. Readers list the

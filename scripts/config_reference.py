@@ -1,12 +1,12 @@
 """Write docs/configuration.md, the one configuration reference, from the code that reads the configuration.
 
-- `lodestar train` files: the `[train]` table from `lodestar.cli.train_config.KEYS` and the dataclass defaults;
+- `lodestar train` files: the `[train]` table from `lodestar_app.cli.train_config.KEYS` and the dataclass defaults;
 - the services' settings (`[inference]`, `[gateway]`, `[rollout]`, `[trainer]` tables, `LODESTAR_<SECTION>_<FIELD>`
   variables, `--field-name` flags): the pydantic classes, with each field's docstring and default; the fields
   every service shares (`ServiceSettings`, `EtcdClientSettings`) once, each service's own ones (and the shared
   ones whose default it changes) in its table;
 - run specs: the `RunSpec` message and the messages it holds, from the comments of protos/lodestar/v1/*.proto
-  (spec files are the protobuf JSON mapping of `RunSpec`), with the defaults `services/rollout/spec.py` fills in.
+  (spec files are the protobuf JSON mapping of `RunSpec`), with the defaults `lodestar_rollout/spec.py` fills in.
 
 Usage: `.venv/bin/python scripts/config_reference.py` (rewrites the file) or `--check` (exit 1 when it is stale).
 tests/kernel/test_config_reference.py checks that the reference names every key.
@@ -29,13 +29,13 @@ if str(ROOT) not in sys.path:
 from pydantic import BaseModel  # noqa: E402
 
 from lodestar import kinds  # noqa: E402
-from lodestar.cli.train_config import EVAL_KEYS, KEYS, REDTEAM_KEYS, EvalConfig, RedTeamConfig, TrainConfig  # noqa: E402
 from lodestar.settings import EtcdClientSettings, ServiceSettings  # noqa: E402
-from services.gateway.settings import GatewaySettings  # noqa: E402
-from services.inference.settings import InferenceSettings  # noqa: E402
-from services.rollout import spec as run_spec  # noqa: E402
-from services.rollout.settings import RolloutSettings  # noqa: E402
-from services.trainer.settings import TrainerSettings  # noqa: E402
+from lodestar_app.cli.train_config import EVAL_KEYS, KEYS, REDTEAM_KEYS, EvalConfig, RedTeamConfig, TrainConfig  # noqa: E402
+from lodestar_gateway.settings import GatewaySettings  # noqa: E402
+from lodestar_inference.settings import InferenceSettings  # noqa: E402
+from lodestar_rollout import spec as run_spec  # noqa: E402
+from lodestar_rollout.settings import RolloutSettings  # noqa: E402
+from lodestar_trainer.settings import TrainerSettings  # noqa: E402
 
 OUTPUT = ROOT / "docs" / "configuration.md"
 PROTOS = ROOT / "protos" / "lodestar" / "v1"
@@ -55,7 +55,7 @@ RUN_SPEC_DEFAULTS = {
     "SamplingPolicy.top_p": "1.0",
     "SamplingPolicy.top_k": "0 (off)",
 }
-"""The defaults `services/rollout/spec.py` (`with_defaults`) fills into unset fields."""
+"""The defaults `services/rollout/lodestar_rollout/spec.py` (`with_defaults`) fills into unset fields."""
 
 HEADER = """# Configuration reference
 
@@ -153,7 +153,7 @@ def train_section() -> list[str]:
     lines = [
         "## `[train]`: `lodestar train`",
         "",
-        "Read by `lodestar train` only (`lodestar/cli/train_config.py`); an unknown key is an error.",
+        "Read by `lodestar train` only (`lodestar_app/cli/train_config.py`); an unknown key is an error.",
         "docs/quickstart.md walks through the quickstart's file.",
         "",
         "| key | default | meaning |",
@@ -167,7 +167,7 @@ def train_section() -> list[str]:
         "",
         "Optional. With it, `lodestar train` scores the starting policy before the first step and the final policy",
         "after the last (pass@1 with its 95% interval, mean reward), prints both side by side, writes",
-        "`<run dir>/eval.json` and marks them on reward.png (`lodestar/cli/train_eval.py`; `tasks` is relative to",
+        "`<run dir>/eval.json` and marks them on reward.png (`lodestar_app/cli/train_eval.py`; `tasks` is relative to",
         "the config file). examples/smollm2-capitals uses it.",
         "",
         "| key | default | meaning |",
@@ -182,7 +182,8 @@ def train_section() -> list[str]:
         "",
         "Optional (these defaults apply without it). Before the first step `lodestar train` runs `lodestar redteam`'s",
         "hacks against the run's verifier on a few of its tasks, through the stack's own node and runtime, and refuses",
-        "to train when one pays (`lodestar/cli/train_redteam.py`, docs/redteam.md); `--no-redteam` skips it, loudly.",
+        "to train when one pays (`lodestar_app/cli/train_redteam.py`, docs/redteam.md); `--no-redteam` skips it, "
+        "loudly.",
         "",
         "| key | default | meaning |",
         "|---|---|---|",
@@ -258,7 +259,7 @@ def run_spec_section() -> list[str]:
         "## Run spec",
         "",
         "A run spec file (YAML or JSON) is one `RunSpec` (protos/lodestar/v1/rollout.proto);",
-        "`services/rollout/spec.py` reads it. Besides a list of `Task` objects, `tasks` may be a string naming a",
+        "`lodestar_rollout/spec.py` reads it. Besides a list of `Task` objects, `tasks` may be a string naming a",
         "JSONL file of them (relative to the spec file) or `{swebench: FILE, ...}` (docs/swe.md). Durations are",
         "strings such as `300s`. What each verifier's `config` and each runtime's `options` hold: docs/nodes.md,",
         "docs/runtimes.md, docs/swe.md.",

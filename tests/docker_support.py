@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from services.gateway.node.runtimes import DockerBackend
-from services.gateway.node.runtimes.base import remove_dir
+from lodestar_gateway.node.runtimes import DockerBackend
+from lodestar_gateway.node.runtimes.base import remove_dir
 
 REPO = Path(__file__).resolve().parents[1]
 SESSION_IMAGE = "lodestar/session-base:dev"

@@ -20,8 +20,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from lodestar.local import find_etcd, free_port
 from lodestar.tls import Identity, LocalPki
+from lodestar_app.local import find_etcd, free_port
 from tests.conftest import EtcdServer, _healthy, _stop
 
 CLUSTER_START_TIMEOUT_S = 30.0

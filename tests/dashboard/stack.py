@@ -21,11 +21,11 @@ from typing import Any
 
 from google.protobuf import struct_pb2
 
-from lodestar.cli.dashboard import token_texts
-from lodestar.dashboard import server
 from lodestar.etcd import EtcdClient
 from lodestar.v1 import common_pb2, rollout_pb2
-from services.trainer.metrics import MetricsWriter, StepRecord
+from lodestar_app.cli.dashboard import token_texts
+from lodestar_app.dashboard import server
+from lodestar_trainer.metrics import MetricsWriter, StepRecord
 from tests.rollout.helpers import INFRA_FAILED, SCORED, make_spec, settings, sim_node, start_rollout
 
 TOKEN = "dashboard-test-token"

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from lodestar.dashboard import server
 from lodestar.errors import InvalidArgumentError
-from services.trainer.advantages import AdvantageKind, group_advantages
+from lodestar_app.dashboard import server
+from lodestar_trainer.step.advantages import AdvantageKind, group_advantages
 from tests.dashboard.stack import INFRA_ERROR, LARGE_CALLS, REWARDS, STEPS, TOKEN, DashboardStack
 
 

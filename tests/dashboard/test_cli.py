@@ -23,7 +23,7 @@ URL = re.compile(r"dashboard: (http://127\.0\.0\.1:\d+/)")
 def _lodestar(*args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "lodestar.cli.main", *args],
+        [sys.executable, "-m", "lodestar_app.cli.main", *args],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

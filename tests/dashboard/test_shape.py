@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from lodestar.dashboard import shape
-from lodestar.dashboard.source import parse_metrics, read_metrics
 from lodestar.v1 import rollout_pb2
+from lodestar_app.dashboard import shape
+from lodestar_app.dashboard.source import parse_metrics, read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
-VENDOR = ROOT / "lodestar" / "dashboard" / "static" / "vendor"
+VENDOR = ROOT / "lodestar_app" / "dashboard" / "static" / "vendor"
 
 
 def test_parse_metrics_skips_partial_and_non_numeric() -> None:

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lodestar.cli.services import REGISTRY
 from lodestar.errors import FailedPreconditionError
 from lodestar.grpc.security import Security
 from lodestar.grpc.server import GrpcServer
 from lodestar.settings import ENV_PREFIX, load_settings
+from lodestar_app.cli.services import REGISTRY
 
 SETTINGS = {service.name: service.settings for service in REGISTRY}
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

@@ -15,8 +15,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from lodestar.cli.services import REGISTRY
 from lodestar.settings import ENV_PREFIX
+from lodestar_app.cli.services import REGISTRY
 
 SETTINGS = {service.name: service.settings for service in REGISTRY}
 REPO = Path(__file__).resolve().parents[2]

@@ -18,10 +18,10 @@ import pytest_asyncio
 from lodestar.grpc import security
 from lodestar.grpc.client import connect
 from lodestar.grpc.security import Security
-from lodestar.local import LocalCluster, ServiceSpec, find_etcd, free_port
 from lodestar.tls import ensure_local_pki
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
-from services.inference.tiny_model import TinyModelSpec, build
+from lodestar_app.local import LocalCluster, ServiceSpec, find_etcd, free_port
+from lodestar_inference.tiny_model import TinyModelSpec, build
 from tests.rollout.helpers import make_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -188,7 +188,7 @@ async def test_the_lodestar_cli_talks_to_a_secured_rollout(stack: dict[str, str]
     ]
     token = tmp_path / "token"
     token.write_text(TOKEN)
-    lodestar = [sys.executable, "-m", "lodestar.cli.main"]
+    lodestar = [sys.executable, "-m", "lodestar_app.cli.main"]
     code, out = await _run(*lodestar, "run", "create", str(REPO / "examples" / "runs" / "command-agent.yaml"),
                            "--rollout", stack["rollout"], *tls, "--auth-token-file", str(token))  # fmt: skip
     assert code == 0, out

@@ -18,14 +18,14 @@ import pytest
 from cryptography import x509
 from rich.console import Console
 
-from lodestar.cli import client_security, train_stack, up_tls
-from lodestar.cli.main import build_parser
-from lodestar.cli.run import _call
-from lodestar.cli.train_config import TrainConfig
 from lodestar.errors import UnauthenticatedError, UnavailableError
 from lodestar.grpc import security
 from lodestar.tls import SERVICES, ensure_local_pki
 from lodestar.v1 import rollout_pb2
+from lodestar_app.cli import client_security, train_stack, up_tls
+from lodestar_app.cli.main import build_parser
+from lodestar_app.cli.run import _call
+from lodestar_app.cli.train_config import TrainConfig
 from tests.rollout.helpers import make_spec
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 def test_up_with_tls_makes_a_ca_and_serves_mutual_tls(tmp_path: Path) -> None:
     data = tmp_path / "up"
     env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "lodestar.cli.main", "up", "--data-dir", str(data), "--tls", "--check"]
+    command = [sys.executable, "-m", "lodestar_app.cli.main", "up", "--data-dir", str(data), "--tls", "--check"]
     result = subprocess.run(
         [*command, "--backend", "scripted"], capture_output=True, text=True, env=env, timeout=240, check=False
     )
@@ -86,7 +86,7 @@ async def test_lodestar_train_attaches_to_an_up_tls_stack_with_its_client_identi
     becomes a client with the `client` certificate and the token (CreateRun, GetRun answer), and the trainer
     it starts gets the `trainer` identity. Without them the same calls are refused."""
     data = tmp_path / "up"
-    command = [sys.executable, "-m", "lodestar.cli.main", "up", "--data-dir", str(data), "--tls"]
+    command = [sys.executable, "-m", "lodestar_app.cli.main", "up", "--data-dir", str(data), "--tls"]
     log = (tmp_path / "up.log").open("wb")
     process = await asyncio.create_subprocess_exec(*command, "--backend", "scripted", stdout=log, stderr=log)
     before = security.current()

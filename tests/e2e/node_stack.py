@@ -1,5 +1,5 @@
 """The real stack as processes, for end-to-end runs: scripted inference, a rollout service on a SQLite store,
-and gateway nodes pulling sessions from it (all `python -m lodestar.cli.main ... serve`), on the test
+and gateway nodes pulling sessions from it (all `python -m lodestar_app.cli.main ... serve`), on the test
 session's etcd. Tests create runs through the `lodestar run` CLI and read groups with StreamGroups.
 
     with NodeStack.start(tmp, etcd, prefix, script={...}, nodes=2) as stack:
@@ -27,9 +27,9 @@ import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from lodestar.local import child_env, free_port
 from lodestar.v1 import gateway_pb2, gateway_pb2_grpc, rollout_pb2, rollout_pb2_grpc
-from services.inference.tiny_model import TinyModelSpec, build
+from lodestar_app.local import child_env, free_port
+from lodestar_inference.tiny_model import TinyModelSpec, build
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT = ["{python}", "{repo}/examples/agent/agent.py", "{prompt}"]
@@ -74,7 +74,7 @@ class Service:
 
     def start(self) -> None:
         with self.log.open("ab") as log:
-            env = child_env(self.name)  # as lodestar.local starts them
+            env = child_env(self.name)  # as lodestar_app.local starts them
             self.process = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
 
     def wait_serving(self, timeout: float = 60.0) -> None:
@@ -143,7 +143,7 @@ class NodeStack:
         root.mkdir(parents=True, exist_ok=True)
         model = build(root / "model", TinyModelSpec())
         (root / "script.json").write_text(json.dumps(script))
-        cli = [sys.executable, "-m", "lodestar.cli.main"]
+        cli = [sys.executable, "-m", "lodestar_app.cli.main"]
         port = free_port()
         inference = Service(
             "inference",
@@ -206,7 +206,7 @@ class NodeStack:
             **self.node_settings,
         }  # fmt: skip
         argv = [
-            sys.executable, "-m", "lodestar.cli.main", "gateway", "serve", "--port", str(port), "--http-port", "0",
+            sys.executable, "-m", "lodestar_app.cli.main", "gateway", "serve", "--port", str(port), "--http-port", "0",
             "--inference", self.inference.address, "--rollout", self.rollout_addresses, "--etcd", self.etcd,
             "--etcd-prefix", self.prefix, "--node-id", f"node-{index}", "--data-dir", str(self.root / f"node-{index}"),
             "--log-json",
@@ -232,7 +232,7 @@ class NodeStack:
 
     def lodestar(self, *argv: str, timeout: float = 60.0) -> str:
         done = subprocess.run(
-            [sys.executable, "-m", "lodestar.cli.main", *argv], capture_output=True, text=True, timeout=timeout,
+            [sys.executable, "-m", "lodestar_app.cli.main", *argv], capture_output=True, text=True, timeout=timeout,
             env={**os.environ, "COLUMNS": "200"},
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from lodestar.v1 import common_pb2, rollout_pb2
-from services.rollout.sft_files import from_parquet_row
+from lodestar_rollout.sft_files import from_parquet_row
 from tests.e2e.node_stack import AGENT, NodeStack
 
 pytestmark = pytest.mark.slow
@@ -56,7 +56,7 @@ def _spec(name: str) -> dict[str, Any]:
 
 def _lodestar(*argv: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "lodestar.cli.main", *argv], capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-m", "lodestar_app.cli.main", *argv], capture_output=True, text=True, timeout=timeout,
         env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
 

@@ -28,10 +28,10 @@ import grpc
 import pytest
 import yaml
 
-from lodestar.local import free_port
 from lodestar.v1 import inference_pb2, inference_pb2_grpc, rollout_pb2
-from services.gateway.node.harnesses import make_harness
-from services.inference.tiny_model import TinyModelSpec, build
+from lodestar_app.local import free_port
+from lodestar_gateway.node.harnesses import make_harness
+from lodestar_inference.tiny_model import TinyModelSpec, build
 from tests.e2e.node_stack import Service
 from tests.e2e.train_cli import run_train
 
@@ -65,7 +65,7 @@ class TrainingStack:
     def __init__(self, root: Path, etcd: str) -> None:
         self.root = root
         self.model = build(root / "model", TinyModelSpec())
-        cli = [sys.executable, "-m", "lodestar.cli.main"]
+        cli = [sys.executable, "-m", "lodestar_app.cli.main"]
         prefix = f"/e2e/{uuid.uuid4().hex}/"
         ports = {name: free_port() for name in ("inference", "rollout", "gateway")}
         self.inference = Service(

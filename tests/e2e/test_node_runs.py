@@ -22,7 +22,7 @@ import grpc
 import pytest
 
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.harnesses import make_harness
+from lodestar_gateway.node.harnesses import make_harness
 from tests.conftest import EtcdServer, _healthy
 from tests.e2e.node_stack import AGENT, NodeStack, out_txt_spec
 

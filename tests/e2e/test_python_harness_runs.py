@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.harnesses import make_harness
-from services.gateway.node.harnesses.mini_swe_agent import SUBMIT_MARKER
+from lodestar_gateway.node.harnesses import make_harness
+from lodestar_gateway.node.harnesses.mini_swe_agent import SUBMIT_MARKER
 from tests.conftest import EtcdServer
 from tests.e2e.node_stack import NodeStack, out_txt_spec
 

@@ -25,9 +25,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lodestar.cli.train_view import reward_rise
-from services.trainer.settings import TrainerSettings
-from services.trainer.wiring import create_trainer
+from lodestar_app.cli.train_view import reward_rise
+from lodestar_trainer.settings import TrainerSettings
+from lodestar_trainer.wiring import create_trainer
 from tests.e2e.train_cli import call_starts, run_train
 
 pytestmark = [pytest.mark.slow]

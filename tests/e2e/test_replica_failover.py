@@ -77,7 +77,7 @@ def _kill_stack(tmp_path: Path) -> None:
 @pytest.mark.timeout(TIMEOUT_S + 300)
 def test_a_run_goes_on_when_a_replica_is_killed(tmp_path: Path) -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "lodestar.cli.main", "train", str(_config(tmp_path))], stdout=subprocess.PIPE,
+        [sys.executable, "-m", "lodestar_app.cli.main", "train", str(_config(tmp_path))], stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
     try:

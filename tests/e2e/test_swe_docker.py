@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from lodestar.cli.images import build_task_image
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.harnesses import make_harness
-from services.gateway.node.harnesses.mini_swe_agent import SUBMIT_MARKER
+from lodestar_app.cli.images import build_task_image
+from lodestar_gateway.node.harnesses import make_harness
+from lodestar_gateway.node.harnesses.mini_swe_agent import SUBMIT_MARKER
 from tests.docker_support import SESSION_IMAGE, containers, remove, skip_reason
 from tests.e2e.node_stack import REPO, NodeStack
 from tests.e2e.swe_support import FIX_SLUGIFY
@@ -108,7 +108,7 @@ def test_a_harness_fixes_a_repository_in_its_container(stack: NodeStack, kind: s
 
 def test_lodestar_eval_swe_mini_with_claude_code_on_docker(stack: NodeStack):
     done = subprocess.run(
-        [sys.executable, "-m", "lodestar.cli.main", "eval", str(SWE_MINI), "--harness", "claude_code",
+        [sys.executable, "-m", "lodestar_app.cli.main", "eval", str(SWE_MINI), "--harness", "claude_code",
          "--runtime", "docker", "--samples", "1", "--rollout", stack.rollout.address, "--timeout-s", "900"],
         capture_output=True, text=True, timeout=960, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip

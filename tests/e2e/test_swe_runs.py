@@ -84,7 +84,7 @@ def test_fixed_and_unfixed_repositories_score_one_and_zero(stack: NodeStack):
 
 def test_lodestar_eval_on_the_swe_mini_directory(stack: NodeStack):
     done = subprocess.run(
-        [sys.executable, "-m", "lodestar.cli.main", "eval", str(SWE_MINI), "--harness", "command", "--samples", "1",
+        [sys.executable, "-m", "lodestar_app.cli.main", "eval", str(SWE_MINI), "--harness", "command", "--samples", "1",
          "--runtime", "host", "--rollout", stack.rollout.address, "--timeout-s", "240", "--json"],
         capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip

@@ -43,7 +43,7 @@ def test_up_stops_everything_on_sigterm(tmp_path: Path) -> None:
         # Health answers SERVING over gRPC for each service, via the CLI.
         for name in ("inference", "rollout", "gateway", "trainer"):
             check = subprocess.run(
-                [sys.executable, "-m", "lodestar.cli.main", "health", f"127.0.0.1:{ports[name]}"],
+                [sys.executable, "-m", "lodestar_app.cli.main", "health", f"127.0.0.1:{ports[name]}"],
                 capture_output=True,
                 text=True,
                 timeout=30,
@@ -63,7 +63,7 @@ def test_up_stops_everything_on_sigterm(tmp_path: Path) -> None:
 def test_up_names_the_package_when_etcd_is_missing(tmp_path: Path) -> None:
     env = {**os.environ, "PATH": str(tmp_path)}  # no etcd on PATH
     result = subprocess.run(
-        [sys.executable, "-m", "lodestar.cli.main", "up", "--check", "--data-dir", str(tmp_path / "up")],
+        [sys.executable, "-m", "lodestar_app.cli.main", "up", "--check", "--data-dir", str(tmp_path / "up")],
         capture_output=True,
         text=True,
         timeout=60,

@@ -24,7 +24,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "runs" / "command-a
 
 def _lodestar(*argv: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "lodestar.cli.main", *argv], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "lodestar_app.cli.main", *argv], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout

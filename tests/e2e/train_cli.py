@@ -38,7 +38,7 @@ def run_train(config: Path, cwd: Path, timeout_s: float) -> tuple[int, str]:
     return (exit code, output). At the deadline, or when the test is interrupted, SIGTERM it (it stops the
     services it started), then kill it after 60 s; a run past the deadline fails the test with its output."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "lodestar.cli.main", "train", str(config)], stdout=subprocess.PIPE,
+        [sys.executable, "-m", "lodestar_app.cli.main", "train", str(config)], stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, cwd=cwd, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
     output = ""

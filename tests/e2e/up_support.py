@@ -17,7 +17,7 @@ def up_process(tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
     """`lodestar up --data-dir <tmp>/up EXTRA...` with stdout and stderr merged into one text pipe."""
     env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "lodestar.cli.main", "up", "--data-dir", str(tmp_path / "up"), *extra],
+        [sys.executable, "-m", "lodestar_app.cli.main", "up", "--data-dir", str(tmp_path / "up"), *extra],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

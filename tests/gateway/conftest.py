@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from services.inference.tiny_model import TinyModelSpec, build
+from lodestar_inference.tiny_model import TinyModelSpec, build
 from tests.gateway.stack import GatewayStack, OpenedSession
 
 StackFactory = Callable[..., GatewayStack]

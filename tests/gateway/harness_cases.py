@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from lodestar.v1 import common_pb2
-from services.gateway.node.harnesses import make_harness
+from lodestar_gateway.node.harnesses import make_harness
 
 
 def _command_args(command: str) -> dict[str, Any]:

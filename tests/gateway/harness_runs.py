@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lodestar.v1 import common_pb2
-from services.gateway.node.harnesses import GatewayEndpoint, HarnessResult, Launcher, RunDirs, make_harness
+from lodestar_gateway.node.harnesses import GatewayEndpoint, HarnessResult, Launcher, RunDirs, make_harness
 from tests.gateway.stack import GatewayStack
 
 MODEL = "lodestar-tiny"

@@ -28,11 +28,11 @@ import grpc
 
 from lodestar.grpc import security
 from lodestar.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from services.gateway.server import GatewayNode
-from services.gateway.settings import GatewaySettings
-from services.inference.server import build_server
-from services.inference.service import InferenceService
-from services.inference.settings import InferenceSettings
+from lodestar_gateway.server import GatewayNode
+from lodestar_gateway.settings import GatewaySettings
+from lodestar_inference.server import build_server
+from lodestar_inference.service import InferenceService
+from lodestar_inference.settings import InferenceSettings
 
 T = TypeVar("T")
 

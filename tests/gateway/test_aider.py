@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from lodestar.v1 import common_pb2
-from services.gateway.node.harnesses import Launcher, make_harness
+from lodestar_gateway.node.harnesses import Launcher, make_harness
 from tests.gateway.harness_runs import describe, run_harness, text_of
 from tests.gateway.stack import GatewayStack
 

@@ -16,7 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lodestar.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from services.gateway.server import CAPTURE_FILE
+from lodestar_gateway.server import CAPTURE_FILE
 from tests.conftest import free_port
 from tests.gateway.http import post, sse
 from tests.gateway.stack import GatewayStack, OpenedSession, assert_chain_extends
@@ -64,7 +64,7 @@ def test_capture_survives_sigkill_of_the_gateway_process(gateway_stack: GatewayS
     command = [
         sys.executable,
         "-m",
-        "lodestar.cli.main",
+        "lodestar_app.cli.main",
         "gateway",
         "serve",
         "--port",

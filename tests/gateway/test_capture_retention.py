@@ -1,4 +1,4 @@
-"""Retention of the capture store (services/gateway/capture.py, retention.py) on a real SQLite file: an expired
+"""Retention of the capture store (lodestar_gateway/capture.py, retention.py) on a real SQLite file: an expired
 session leaves with its calls and request halves, an unexpired one stays, and the file stops growing once
 sessions leave as fast as they come."""
 
@@ -12,9 +12,9 @@ import pytest
 
 from lodestar.errors import NotFoundError
 from lodestar.v1 import common_pb2, gateway_pb2
-from services.gateway.capture import CaptureStore
-from services.gateway.retention import Retention, RetentionPolicy
-from services.gateway.sessions import SessionRegistry
+from lodestar_gateway.capture import CaptureStore
+from lodestar_gateway.retention import Retention, RetentionPolicy
+from lodestar_gateway.sessions import SessionRegistry
 
 BODY = "x" * 20_000
 """A request body of a typical agent call (tens of KB)."""

@@ -1,4 +1,4 @@
-"""The capture store's WAL stays bounded under continuous writes (services/gateway/wal_checkpoint.py), on a real
+"""The capture store's WAL stays bounded under continuous writes (lodestar_gateway/wal_checkpoint.py), on a real
 SQLite file: writers never pause long enough for a PASSIVE checkpoint alone to catch up, and an outside reader
 holds an old snapshot for a while (no checkpoint can rewind the WAL meanwhile); once it lets go, the WAL file
 is back under its limit, and every record written is there. Plus the rule that decides when the writer thread
@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from lodestar.v1 import common_pb2
-from services.gateway.capture import CaptureStore
-from services.gateway.wal_checkpoint import WalCheckpointer, WalPolicy
+from lodestar_gateway.capture import CaptureStore
+from lodestar_gateway.wal_checkpoint import WalCheckpointer, WalPolicy
 
 POLICY = WalPolicy(checkpoint_bytes=512 * 1024, limit_bytes=4 * 1024 * 1024, tail_bytes=128 * 1024)
 BODY = "y" * 32_000

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def lodestar(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "lodestar.cli.main", *args],
+        [sys.executable, "-m", "lodestar_app.cli.main", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import pytest
 
 from lodestar.v1 import common_pb2, inference_pb2
-from services.gateway import continuation
-from services.gateway.continuation import (
+from lodestar_gateway import continuation
+from lodestar_gateway.continuation import (
     ChainIndex,
     ChainLink,
     ChainMatch,

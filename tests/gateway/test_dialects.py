@@ -10,10 +10,10 @@ import pytest
 
 from lodestar.errors import ContextLengthExceededError, InvalidArgumentError, UnavailableError
 from lodestar.v1 import common_pb2, inference_pb2
-from services.gateway import dialects
-from services.gateway.canonical import CallResult, CanonicalRequest
-from services.gateway.dialects.base import DialectAdapter, Route
-from services.gateway.errors import InternalError
+from lodestar_gateway import dialects
+from lodestar_gateway.canonical import CallResult, CanonicalRequest
+from lodestar_gateway.dialects.base import DialectAdapter, Route
+from lodestar_gateway.errors import InternalError
 
 ANTHROPIC, CHAT = dialects.AnthropicMessages(), dialects.OpenAIChat()
 RESPONSES, GOOGLE = dialects.OpenAIResponses(), dialects.GoogleGenerateContent()

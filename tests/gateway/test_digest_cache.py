@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from lodestar.v1 import common_pb2
-from services.gateway import continuation
-from services.gateway.canonical import text_part
-from services.gateway.digest_cache import DigestCache
+from lodestar_gateway import continuation
+from lodestar_gateway.canonical import text_part
+from lodestar_gateway.digest_cache import DigestCache
 
 
 def test_memo_returns_computed_value_and_counts_hits() -> None:

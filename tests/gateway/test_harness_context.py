@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from lodestar.v1 import common_pb2
-from services.gateway.node.harnesses import GatewayEndpoint, Launcher, RunDirs, make_harness
-from services.gateway.proxy import Unanswered
+from lodestar_gateway.node.harnesses import GatewayEndpoint, Launcher, RunDirs, make_harness
+from lodestar_gateway.proxy import Unanswered
 from tests.gateway.harness_cases import CASES, Case, require_installed
 from tests.gateway.harness_runs import MODEL, RUN_TIMEOUT_S, describe
 from tests.gateway.stack import GatewayStack

@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from lodestar.kinds import PI_APIS
-from services.gateway.node.harnesses import (
+from lodestar_gateway.node.harnesses import (
     Aider,
     ClaudeCode,
     Codex,

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from lodestar.v1 import common_pb2
-from services.gateway.node.harnesses import Launcher
+from lodestar_gateway.node.harnesses import Launcher
 from tests.gateway.harness_cases import CASES, Case, require_installed
 from tests.gateway.harness_runs import assert_captured, assert_shell_tool_run, describe, run_harness, text_of
 from tests.gateway.stack import GatewayStack, assert_chain_extends

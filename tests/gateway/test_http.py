@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from lodestar.v1 import common_pb2, gateway_pb2
-from services.gateway.server import CAPTURE_FILE
+from lodestar_gateway.server import CAPTURE_FILE
 from tests.gateway.cases import COUNT, STREAM_PATHS, VALID, error_message, streaming
 from tests.gateway.conftest import StackFactory
 from tests.gateway.http import post, request, sse

@@ -11,7 +11,7 @@ import pytest
 from openai import OpenAI
 
 from lodestar.tls import ensure_local_pki
-from services.gateway.http_tls import exposure_warning, is_loopback
+from lodestar_gateway.http_tls import exposure_warning, is_loopback
 from tests.gateway.conftest import StackFactory
 
 

@@ -18,8 +18,8 @@ import pytest
 from lodestar.errors import InternalError, UnavailableError
 from lodestar.grpc.server import GrpcServer, service_name
 from lodestar.v1 import inference_pb2, inference_pb2_grpc
-from services.gateway.inference_client import GrpcInference
-from services.inference.multiplex import Multiplexer
+from lodestar_gateway.inference_client import GrpcInference
+from lodestar_inference.multiplex import Multiplexer
 from tests.waiting import eventually
 
 REQUEST = inference_pb2.GenerateRequest(request_id="r", stream=True)
@@ -215,7 +215,7 @@ async def test_a_server_without_generate_many_gets_generate_calls() -> None:
         assert servicer.generate_calls == 2
 
 
-# -- the server half (services.inference.multiplex), with a scripted generate -------------------------
+# -- the server half (lodestar_inference.multiplex), with a scripted generate -------------------------
 
 
 async def test_draining_refuses_new_tags_and_ends_after_the_open_ones() -> None:

@@ -21,9 +21,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lodestar.etcd import EtcdClient
-from services.gateway.membership import Membership, NodeRecord, list_nodes, node_key
-from services.gateway.server import GatewayNode
-from services.gateway.settings import GatewaySettings
+from lodestar_gateway.membership import Membership, NodeRecord, list_nodes, node_key
+from lodestar_gateway.server import GatewayNode
+from lodestar_gateway.settings import GatewaySettings
 from tests.conftest import EtcdServer, free_port
 from tests.etcd_support import restart_etcd
 
@@ -101,7 +101,7 @@ def _gateway_process(
     tmp_path: Path, etcd: str, prefix: str, node_id: str, ttl: int
 ) -> Iterator[subprocess.Popen[bytes]]:
     command = [
-        sys.executable, "-m", "lodestar.cli.main", "gateway", "serve", "--port", "0", "--http-port", "0",
+        sys.executable, "-m", "lodestar_app.cli.main", "gateway", "serve", "--port", "0", "--http-port", "0",
         "--inference", f"127.0.0.1:{free_port()}", "--data-dir", str(tmp_path / node_id), "--etcd", etcd,
         "--etcd-prefix", prefix, "--etcd-lease-ttl-s", str(ttl), "--node-id", node_id, "--drain-seconds", "0.5",
     ]  # fmt: skip

@@ -17,7 +17,7 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types as genai_types
 
-from services.gateway.server import CAPTURE_FILE
+from lodestar_gateway.server import CAPTURE_FILE
 from tests.gateway.cases import STREAM_PATHS, error_message
 from tests.gateway.http import SseEvent, post, sse
 from tests.gateway.stack import GatewayStack, OpenedSession, assert_chain_extends

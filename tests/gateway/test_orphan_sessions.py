@@ -5,7 +5,7 @@ client stay open across a restart."""
 from __future__ import annotations
 
 from lodestar.v1 import gateway_pb2
-from services.gateway.node.stages import ATTEMPT_LABEL
+from lodestar_gateway.node.stages import ATTEMPT_LABEL
 from tests.gateway.http import post
 from tests.gateway.stack import GatewayStack
 

@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 
 from lodestar.v1 import common_pb2
-from services.gateway.node.harnesses import Launcher, make_harness
-from services.gateway.node.harnesses.mini_swe_agent import SUBMIT_MARKER
+from lodestar_gateway.node.harnesses import Launcher, make_harness
+from lodestar_gateway.node.harnesses.mini_swe_agent import SUBMIT_MARKER
 from tests.gateway.harness_runs import assert_captured, assert_shell_tool_run, describe, run_harness, text_of
 from tests.gateway.stack import GatewayStack, assert_chain_extends
 

@@ -1,5 +1,5 @@
 """The relay that forwards the gateway's port into a run's network namespace holds at most
-`relay_max_connections` connections of a run at once (services/gateway/node/harnesses/netns.py): a harness
+`relay_max_connections` connections of a run at once (lodestar_gateway/node/harnesses/netns.py): a harness
 that opens more gets the extra ones closed at once, and the gateway never sees them. Real namespaces, a real
 relay, a real TCP server standing in for the gateway's port."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from services.gateway.node.harnesses import Command, GatewayEndpoint, Launcher, RunDirs
-from services.gateway.node.harnesses.netns import DEFAULT_RELAY_CONNECTIONS
+from lodestar_gateway.node.harnesses import Command, GatewayEndpoint, Launcher, RunDirs
+from lodestar_gateway.node.harnesses.netns import DEFAULT_RELAY_CONNECTIONS
 
 OPENED = DEFAULT_RELAY_CONNECTIONS + 16
 FLOOD = (

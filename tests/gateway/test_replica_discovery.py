@@ -1,4 +1,4 @@
-"""Inference replicas discovered in etcd (services/gateway/replica_watch.py): the admission rule on its own,
+"""Inference replicas discovered in etcd (lodestar_gateway/replica_watch.py): the admission rule on its own,
 then a gateway's ReplicaSet following real registrations in a real etcd (join, catch up, restart, leave),
 and a gateway node that refuses discovery without etcd."""
 
@@ -11,10 +11,10 @@ import pytest
 
 from lodestar.errors import InvalidArgumentError
 from lodestar.inference_registry import RegisteredReplica, ReplicaRecord, ReplicaRegistration
-from services.gateway.replica_watch import Admission, ReplicaDiscovery
-from services.gateway.replicas import ReplicaSet
-from services.gateway.server import GatewayNode
-from services.gateway.settings import GatewaySettings
+from lodestar_gateway.replica_watch import Admission, ReplicaDiscovery
+from lodestar_gateway.replicas import ReplicaSet
+from lodestar_gateway.server import GatewayNode
+from lodestar_gateway.settings import GatewaySettings
 from tests.waiting import eventually
 
 

@@ -1,4 +1,4 @@
-"""Several inference replicas behind one gateway (services/gateway/replicas.py), all real: two
+"""Several inference replicas behind one gateway (services/gateway/lodestar_gateway/replicas.py), all real: two
 `lodestar inference serve` processes (the tiny model, really sampled) and a gateway node given both
 addresses. Every call of a session reaches one replica and its record says which; SIGKILL one replica and
 the sessions it served go on on the other, the call that meets the dead replica moved before its first token
@@ -21,7 +21,7 @@ import pytest
 from openai import OpenAI
 from openai.types.chat import ChatCompletionChunk
 
-from services.gateway.replicas import DOWN_S
+from lodestar_gateway.replicas import DOWN_S
 from tests.gateway.stack import GatewayStack, OpenedSession, assert_chain_extends
 from tests.inference.conftest import ServerProcess, serve_inference
 

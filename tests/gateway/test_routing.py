@@ -1,4 +1,4 @@
-"""The affinity router (services/gateway/routing.py): a session keeps its replica, sessions spread evenly,
+"""The affinity router (lodestar_gateway/routing.py): a session keeps its replica, sessions spread evenly,
 a joining replica takes over only its share, a full replica is skipped, a failed one excluded."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from services.gateway.routing import AffinityRouter
+from lodestar_gateway.routing import AffinityRouter
 
 REPLICAS = ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]
 KEYS = [f"ses_{i:05d}" for i in range(3000)]

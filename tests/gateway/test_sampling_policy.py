@@ -17,7 +17,7 @@ from openai import OpenAI
 from transformers import AutoModelForCausalLM
 
 from lodestar.v1 import common_pb2
-from services.inference.sampling import processed_logprobs
+from lodestar_inference.sampling import processed_logprobs
 from tests.gateway.conftest import StackFactory
 from tests.gateway.stack import GatewayStack, OpenedSession
 

@@ -1,4 +1,4 @@
-"""Per-session quotas on the vendor-API port (services/gateway/quotas.py): calls, calls at once and request bytes,
+"""Per-session quotas on the vendor-API port (lodestar_gateway/quotas.py): calls, calls at once and request bytes,
 each refused with 429 in the caller's dialect before inference or the capture store see the call."""
 
 from __future__ import annotations

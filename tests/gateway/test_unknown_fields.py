@@ -9,7 +9,7 @@ import pytest
 import structlog
 
 from lodestar.v1 import common_pb2, gateway_pb2
-from services.gateway.unknown_fields import UnknownFields
+from lodestar_gateway.unknown_fields import UnknownFields
 from tests.gateway.cases import VALID, error_message
 from tests.gateway.conftest import StackFactory
 from tests.gateway.http import post

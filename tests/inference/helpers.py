@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save
 
 from lodestar.v1 import common_pb2, inference_pb2, inference_pb2_grpc
-from services.inference.sampling import processed_logprobs
+from lodestar_inference.sampling import processed_logprobs
 from tests.waiting import eventually
 
 BASH_SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}

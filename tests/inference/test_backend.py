@@ -20,8 +20,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from lodestar.v1 import common_pb2, inference_pb2, inference_pb2_grpc
-from services.inference.templates import ChatTemplate
-from services.inference.tokenizer import TextTokenizer
+from lodestar_inference.templates import ChatTemplate
+from lodestar_inference.tokenizer import TextTokenizer
 from tests.inference.conftest import SERVER_CAP, ServerProcess
 from tests.inference.helpers import (
     channel,

@@ -17,12 +17,12 @@ from safetensors.torch import save_file
 
 from lodestar.errors import InvalidArgumentError, UnavailableError
 from lodestar.v1 import common_pb2, inference_pb2, inference_pb2_grpc
-from services.inference.engine import EngineRequest, EngineStep, SamplingOptions, TensorMeta, WeightUpdate
-from services.inference.engines.scripted import ScriptedEngine
-from services.inference.engines.transformers import TransformersEngine
-from services.inference.generation import sampling_options
-from services.inference.templates import ChatTemplate
-from services.inference.weights import check_tensors, in_memory, read_checkpoint_meta, read_safetensors_meta
+from lodestar_inference.engine import EngineRequest, EngineStep, SamplingOptions, TensorMeta, WeightUpdate
+from lodestar_inference.engines.scripted import ScriptedEngine
+from lodestar_inference.engines.transformers import TransformersEngine
+from lodestar_inference.generation import sampling_options
+from lodestar_inference.templates import ChatTemplate
+from lodestar_inference.weights import check_tensors, in_memory, read_checkpoint_meta, read_safetensors_meta
 from tests.inference.conftest import REPO, serve_inference
 from tests.inference.helpers import channel, collect, tool, tool_result, user
 from tests.waiting import eventually
@@ -278,7 +278,7 @@ async def test_scripted_server_drives_a_tool_loop(tiny_model_dir: Path, tmp_path
 
 @pytest.mark.slow
 def test_init_tiny_cli_is_deterministic(tmp_path: Path, tiny_model_dir: Path) -> None:
-    command = [sys.executable, "-m", "lodestar.cli.main", "model", "init-tiny", str(tmp_path / "m")]
+    command = [sys.executable, "-m", "lodestar_app.cli.main", "model", "init-tiny", str(tmp_path / "m")]
     subprocess.run(command, cwd=REPO, check=True, capture_output=True, timeout=120)
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     assert (config["head_dim"], config["max_position_embeddings"], config["vocab_size"]) == (64, 65536, 4096)

@@ -15,7 +15,7 @@ import pytest
 
 from lodestar.errors import ContextLengthExceededError, DeadlineExceededError
 from lodestar.v1 import inference_pb2, inference_pb2_grpc
-from services.gateway.inference_client import GenerateStreams
+from lodestar_gateway.inference_client import GenerateStreams
 from tests.inference.conftest import SERVER_CAP, ServerProcess
 from tests.inference.helpers import Collected, channel, collect, generation_cancelled, sampling, tool, user
 

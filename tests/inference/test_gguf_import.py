@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from services.inference.engine import EngineRequest, SamplingOptions
-from services.inference.engines.transformers import TransformersEngine
-from services.inference.gguf_import import INSTALL_HINT
-from services.inference.templates import ChatTemplate
-from services.inference.tokenizer import TextTokenizer
+from lodestar_inference.engine import EngineRequest, SamplingOptions
+from lodestar_inference.engines.transformers import TransformersEngine
+from lodestar_inference.gguf_import import INSTALL_HINT
+from lodestar_inference.templates import ChatTemplate
+from lodestar_inference.tokenizer import TextTokenizer
 from tests.inference.helpers import tool, user
 
 pytestmark = [

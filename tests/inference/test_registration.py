@@ -1,4 +1,4 @@
-"""An `inference serve --etcd` process in etcd (services/inference/registration.py): once it serves, its key
+"""An `inference serve --etcd` process in etcd (lodestar_inference/registration.py): once it serves, its key
 names its replica id and address; SIGTERM removes the key at once (the drain begins by leaving etcd), long
 before its lease would expire."""
 

@@ -20,13 +20,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lodestar.v1 import common_pb2, inference_pb2
-from services.inference.assistant import _partial_suffix
-from services.inference.engine import EngineInfo, EngineRequest, EngineStep, SamplingOptions, next_delivery
-from services.inference.engines.transformers import TransformersEngine
-from services.inference.generation import Generation
-from services.inference.templates import ChatTemplate
-from services.inference.tokenizer import TextTokenizer
-from services.inference.toolcalls import format_for
+from lodestar_inference.assistant import _partial_suffix
+from lodestar_inference.engine import EngineInfo, EngineRequest, EngineStep, SamplingOptions, next_delivery
+from lodestar_inference.engines.transformers import TransformersEngine
+from lodestar_inference.generation import Generation
+from lodestar_inference.templates import ChatTemplate
+from lodestar_inference.tokenizer import TextTokenizer
+from lodestar_inference.toolcalls import format_for
 from tests.inference.helpers import Collected, sampling, tool, user
 from tests.waiting import eventually
 

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import common_pb2, inference_pb2
-from services.inference.engines.scripted import render_reply
-from services.inference.templates import ChatTemplate
-from services.inference.tokenizer import IncrementalDecoder, TextTokenizer
-from services.inference.toolcalls import format_for
+from lodestar_inference.engines.scripted import render_reply
+from lodestar_inference.templates import ChatTemplate
+from lodestar_inference.tokenizer import IncrementalDecoder, TextTokenizer
+from lodestar_inference.toolcalls import format_for
 from tests.inference.helpers import system, text_message, tool, tool_result, user
 
 
@@ -57,7 +57,7 @@ def test_roles_anywhere_tools_and_calls_render(chat_template: ChatTemplate) -> N
 def test_prompt_ids_match_transformers_apply_chat_template(tiny_model_dir: Path, chat_template: ChatTemplate) -> None:
     from transformers import AutoTokenizer
 
-    from services.inference.templates import message_dict, tool_dict
+    from lodestar_inference.templates import message_dict, tool_dict
 
     reference = AutoTokenizer.from_pretrained(tiny_model_dir)
     expected = reference.apply_chat_template(

@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lodestar.v1 import common_pb2
-from services.inference.assistant import AssistantParser
-from services.inference.engines.scripted import render_reply
-from services.inference.templates import ChatTemplate
-from services.inference.tiny_model import TinyModelSpec, build
-from services.inference.tokenizer import TextTokenizer
-from services.inference.toolcalls import (
+from lodestar_inference.assistant import AssistantParser
+from lodestar_inference.engines.scripted import render_reply
+from lodestar_inference.templates import ChatTemplate
+from lodestar_inference.tiny_model import TinyModelSpec, build
+from lodestar_inference.tokenizer import TextTokenizer
+from lodestar_inference.toolcalls import (
     HermesFormat,
     ParsedToolCall,
     Qwen3CoderFormat,

@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from lodestar.v1 import common_pb2, inference_pb2
-from services.inference.engine import EngineInfo, EngineRequest, EngineStep, VersionSpan
-from services.inference.generation import Generation
-from services.inference.templates import ChatTemplate
-from services.inference.tokenizer import TextTokenizer
-from services.inference.toolcalls import format_for
+from lodestar_inference.engine import EngineInfo, EngineRequest, EngineStep, VersionSpan
+from lodestar_inference.generation import Generation
+from lodestar_inference.templates import ChatTemplate
+from lodestar_inference.tokenizer import TextTokenizer
+from lodestar_inference.toolcalls import format_for
 from tests.inference.helpers import sampling, user
 
 

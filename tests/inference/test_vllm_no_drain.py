@@ -56,17 +56,17 @@ def _step_record(steps: list[Any]) -> dict[str, Any]:
 
 
 async def _collect(engine: Any, request_id: str, max_tokens: int, prompt: list[int], seed: int) -> dict[str, Any]:
-    from services.inference.engine import EngineRequest, SamplingOptions
+    from lodestar_inference.engine import EngineRequest, SamplingOptions
 
     request = EngineRequest(request_id, tuple(prompt), SamplingOptions(max_tokens=max_tokens, seed=seed))
     return _step_record([step async for step in engine.generate(request)])
 
 
 async def probe(model: Path, work: Path) -> dict[str, Any]:
-    from services.inference.engine import EngineRequest, SamplingOptions, WeightUpdate
-    from services.inference.engines.vllm import create_engine
-    from services.inference.settings import InferenceSettings
-    from services.inference.weights import read_checkpoint_meta
+    from lodestar_inference.engine import EngineRequest, SamplingOptions, WeightUpdate
+    from lodestar_inference.engines.vllm import create_engine
+    from lodestar_inference.settings import InferenceSettings
+    from lodestar_inference.weights import read_checkpoint_meta
 
     out: dict[str, Any] = {}
     engine = create_engine(InferenceSettings(backend="vllm", model=model, kv_cache_bytes=256 * 1024**2))
@@ -137,8 +137,8 @@ def _tiny_model(directory: Path) -> tuple[Any, Any, dict[str, Any]]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from services.inference.tiny_model import TinyModelSpec, build
-    from services.inference.tokenizer import TextTokenizer
+    from lodestar_inference.tiny_model import TinyModelSpec, build
+    from lodestar_inference.tokenizer import TextTokenizer
 
     model_dir = build(directory, TinyModelSpec(vocab_size=512, corpus_bytes=60_000, context_length=4096))
     old = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

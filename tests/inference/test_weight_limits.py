@@ -21,10 +21,10 @@ import torch
 from safetensors.torch import save_file
 
 from lodestar.v1 import inference_pb2, inference_pb2_grpc
-from services.inference.server import build_server
-from services.inference.service import InferenceService
-from services.inference.settings import InferenceSettings
-from services.inference.weights import upload_limit
+from lodestar_inference.server import build_server
+from lodestar_inference.service import InferenceService
+from lodestar_inference.settings import InferenceSettings
+from lodestar_inference.weights import upload_limit
 from tests.inference.helpers import safetensors_bytes, weight_stream
 
 MiB = 1024 * 1024

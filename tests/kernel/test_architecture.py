@@ -1,13 +1,14 @@
-"""The import rules of docs/architecture.md, checked by walking the AST of every module of `lodestar/` and
-`services/` (generated `lodestar/v1` excluded): every `import` and `from ... import`, at any depth (function
-bodies and `if TYPE_CHECKING:` blocks included).
+"""The import rules of docs/architecture.md, checked by walking the AST of every module of the kernel
+(`lodestar/`, generated `lodestar/v1` excluded), the application layer (`lodestar_app/`) and the four services
+(`services/<name>/lodestar_<name>/`): every `import` and `from ... import`, at any depth (function bodies and
+`if TYPE_CHECKING:` blocks included).
 
-- No service imports another service's package (`services.<a>` -> `services.<b>`).
-- The kernel (`lodestar/` outside `lodestar/cli`) imports no service, and nothing outside `lodestar/cli`
-  imports the CLI.
+- No service imports another service's package (`lodestar_<a>` -> `lodestar_<b>`).
+- The kernel (`lodestar`) imports no service, and nothing but the application layer imports the application
+  layer (`lodestar_app`: the CLI, the dashboard, the local stack).
 - aiohttp, aetcd, vllm and psycopg are imported only by their owner modules (`OWNERS`).
 - torch and transformers only in the inference and trainer services (not in the gateway, rollout, the kernel
-  or the CLI).
+  or the application layer).
 - No import cycle between modules.
 - No module under `tests/` imports from a test module (`test_*.py`): helpers two test modules share live in a
   support module of their package (pytest would also collect an imported test twice).
@@ -26,35 +27,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("lodestar", "services")
+SERVICES = ("lodestar_gateway", "lodestar_rollout", "lodestar_inference", "lodestar_trainer")
+APP = "lodestar_app"
+PACKAGES: dict[str, str] = {
+    "lodestar": "lodestar",
+    APP: APP,
+    **{service: f"services/{service.removeprefix('lodestar_')}/{service}" for service in SERVICES},
+}
+"""Import package -> its directory under the repository root."""
 GENERATED = ("lodestar.v1",)
-CLI = "lodestar.cli"
-TESTS = "tests"
+TESTS = {"tests": "tests"}
 
 OWNERS: dict[str, dict[str, str]] = {
     "aiohttp": {
-        "services.gateway.app": "the gateway's vendor-API HTTP routes",
-        "services.gateway.server": "serves the gateway's HTTP port",
-        "lodestar.dashboard.server": "the dashboard's read-only HTTP server (docs/dashboard.md)",
+        "lodestar_gateway.app": "the gateway's vendor-API HTTP routes",
+        "lodestar_gateway.server": "serves the gateway's HTTP port",
+        "lodestar_app.dashboard.server": "the dashboard's read-only HTTP server (docs/dashboard.md)",
     },
     "aetcd": {"lodestar.etcd": "the etcd wrapper: leases, watches, transactions"},
     "vllm": {
-        "services.inference.engines.vllm": "the vLLM engine adapter",
-        "services.inference.engines.vllm_worker": "the weight-update extension loaded into vLLM's workers",
+        "lodestar_inference.engines.vllm": "the vLLM engine adapter",
+        "lodestar_inference.engines.vllm_worker": "the weight-update extension loaded into vLLM's workers",
     },
-    "psycopg": {"services.rollout.pgstore": "rollout's PostgreSQL store"},
+    "psycopg": {"lodestar_rollout.pgstore": "rollout's PostgreSQL store"},
 }
 """Heavy dependency -> its owner modules (and why each owns it)."""
 ML_PACKAGES = ("torch", "transformers")
-ML_SERVICES = ("services.inference", "services.trainer")
+ML_SERVICES = ("lodestar_inference", "lodestar_trainer")
 
-EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("lodestar.dashboard.shape", "services.trainer.advantages"): (
-        "the dashboard recomputes each group's advantages with the trainer's own pure function (no torch), "
-        "so it shows what the trainer used; a copy in the kernel could drift"
-    ),
-    ("lodestar.dashboard.server", "services.trainer.advantages"): "the same: the AdvantageKind the dashboard shows",
-}
+EXCEPTIONS: dict[tuple[str, str], str] = {}
 """(importing module, imported module) pairs allowed despite a rule, with the reason."""
 
 TEST_IMPORT_EXCEPTIONS: dict[tuple[str, str], str] = {}
@@ -81,12 +82,13 @@ class Violation:
         return f"{self.edge.where}: {self.edge.importer} imports {self.edge.target}: {self.rule}"
 
 
-def modules(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
-    """Dotted module name -> file, for every module of `packages` under `root` except generated code."""
+def modules(root: Path, packages: dict[str, str] = PACKAGES) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of `packages` (name -> directory) under `root` except
+    generated code."""
     found: dict[str, Path] = {}
-    for package in packages:
-        for path in sorted((root / package).rglob("*.py")):
-            parts = list(path.relative_to(root).with_suffix("").parts)
+    for package, directory in packages.items():
+        for path in sorted((root / directory).rglob("*.py")):
+            parts = [package, *path.relative_to(root / directory).with_suffix("").parts]
             if parts[-1] == "__init__":
                 parts.pop()
             name = ".".join(parts)
@@ -96,10 +98,10 @@ def modules(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]
 
 
 @functools.cache
-def imports(root: Path, packages: tuple[str, ...] = PACKAGES) -> tuple[Import, ...]:
+def imports(root: Path, packages: tuple[tuple[str, str], ...] = tuple(PACKAGES.items())) -> tuple[Import, ...]:
     """Every import statement of the modules of `packages` under `root`, relative imports resolved (read once
     per root)."""
-    known = modules(root, packages)
+    known = modules(root, dict(packages))
     found: list[Import] = []
     for name, path in known.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -128,8 +130,8 @@ def _within(name: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def _service(name: str) -> str | None:
-    parts = name.split(".")
-    return ".".join(parts[:2]) if parts[0] == "services" and len(parts) > 1 else None
+    top = name.split(".")[0]
+    return top if top in SERVICES else None
 
 
 def rule_violations(edge: Import) -> Iterator[str]:
@@ -139,10 +141,10 @@ def rule_violations(edge: Import) -> Iterator[str]:
     source_service, target_service = _service(importer), _service(target)
     if source_service and target_service and source_service != target_service:
         yield "a service imports another service"
-    if importer.startswith("lodestar") and not _within(importer, (CLI,)) and target_service:
+    if importer.split(".")[0] == "lodestar" and target_service:
         yield "the kernel imports a service"
-    if _within(target, (CLI,)) and not _within(importer, (CLI,)):
-        yield "only the CLI imports the CLI"
+    if _within(target, (APP,)) and not _within(importer, (APP,)):
+        yield "only the application layer imports the application layer"
     owners = OWNERS.get(top)
     if owners is not None and importer not in owners:
         yield f"{top} is imported only by its owners ({', '.join(owners)})"
@@ -168,8 +170,8 @@ def imports_of_test_modules(root: Path) -> list[Import]:
     `test_`)."""
     return [
         edge
-        for edge in imports(root, (TESTS,))
-        if _within(edge.target, (TESTS,)) and edge.target.rpartition(".")[2].startswith("test_")
+        for edge in imports(root, tuple(TESTS.items()))
+        if _within(edge.target, tuple(TESTS)) and edge.target.rpartition(".")[2].startswith("test_")
     ]
 
 
@@ -258,54 +260,55 @@ def test_the_checker_finds_one_violation_of_each_rule(tmp_path: Path) -> None:
         {
             "lodestar/__init__.py": "",
             "lodestar/etcd.py": "import aetcd\n",  # an owner: allowed
-            "lodestar/util.py": "from services.rollout import spec\n",
+            "lodestar/util.py": "from lodestar_rollout import spec\n",
             "lodestar/web.py": "def serve():\n    from aiohttp import web\n",
-            "lodestar/cli/__init__.py": "from services.gateway import proxy\n",  # the CLI may use services
+            "lodestar_app/cli/__init__.py": "from lodestar_gateway import proxy\n",  # the CLI may use services
             "lodestar/v1/__init__.py": "import torch\n",  # generated: not checked
-            "services/__init__.py": "",
-            "services/gateway/__init__.py": "",
-            "services/gateway/proxy.py": "import torch\nfrom ..rollout import spec\n",
-            "services/rollout/__init__.py": "",
-            "services/rollout/spec.py": "import typing\nif typing.TYPE_CHECKING:\n    import lodestar.cli\n",
-            "services/trainer/__init__.py": "",
-            "services/trainer/loop.py": "import torch\nimport psycopg\n",
+            "services/gateway/lodestar_gateway/__init__.py": "",
+            "services/gateway/lodestar_gateway/proxy.py": "import torch\nfrom lodestar_rollout import spec\n",
+            "services/rollout/lodestar_rollout/__init__.py": "",
+            "services/rollout/lodestar_rollout/spec.py": (
+                "import typing\nif typing.TYPE_CHECKING:\n    import lodestar_app.cli\n"
+            ),
+            "services/trainer/lodestar_trainer/__init__.py": "",
+            "services/trainer/lodestar_trainer/loop.py": "import torch\nimport psycopg\n",
         },
     )
     found, _ = violations(root, {})
     assert sorted(str(violation) for violation in found) == [
-        "lodestar/util.py:1: lodestar.util imports services.rollout.spec: the kernel imports a service",
+        "lodestar/util.py:1: lodestar.util imports lodestar_rollout.spec: the kernel imports a service",
         "lodestar/web.py:2: lodestar.web imports aiohttp: aiohttp is imported only by its owners "
-        "(services.gateway.app, services.gateway.server, lodestar.dashboard.server)",
-        "services/gateway/proxy.py:1: services.gateway.proxy imports torch: torch only in services.inference "
-        "and services.trainer",
-        "services/gateway/proxy.py:2: services.gateway.proxy imports services.rollout.spec: a service imports "
-        "another service",
-        "services/rollout/spec.py:3: services.rollout.spec imports lodestar.cli: only the CLI imports the CLI",
-        "services/trainer/loop.py:2: services.trainer.loop imports psycopg: psycopg is imported only by its "
-        "owners (services.rollout.pgstore)",
+        "(lodestar_gateway.app, lodestar_gateway.server, lodestar_app.dashboard.server)",
+        "services/gateway/lodestar_gateway/proxy.py:1: lodestar_gateway.proxy imports torch: torch only in "
+        "lodestar_inference and lodestar_trainer",
+        "services/gateway/lodestar_gateway/proxy.py:2: lodestar_gateway.proxy imports lodestar_rollout.spec: "
+        "a service imports another service",
+        "services/rollout/lodestar_rollout/spec.py:3: lodestar_rollout.spec imports lodestar_app.cli: "
+        "only the application layer imports the application layer",
+        "services/trainer/lodestar_trainer/loop.py:2: lodestar_trainer.loop imports psycopg: psycopg is imported "
+        "only by its owners (lodestar_rollout.pgstore)",
     ]
-    allowed, used = violations(root, {("lodestar.util", "services.rollout.spec"): "a test"})
+    allowed, used = violations(root, {("lodestar.util", "lodestar_rollout.spec"): "a test"})
     assert len(allowed) == len(found) - 1
-    assert used == {("lodestar.util", "services.rollout.spec")}
+    assert used == {("lodestar.util", "lodestar_rollout.spec")}
 
 
 def test_the_checker_finds_cycles_through_function_and_type_checking_imports(tmp_path: Path) -> None:
     root = _tree(
         tmp_path,
         {
-            "services/__init__.py": "",
-            "services/rollout/__init__.py": "",
-            "services/rollout/groups.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-            "    from services.rollout.scheduler import Scheduler\n",
-            "services/rollout/scheduler.py": "from services.rollout import groups\n",
-            "services/rollout/store.py": "def f():\n    from . import model\n",
-            "services/rollout/model.py": "from .store import f\n",
-            "services/rollout/alone.py": "from services.rollout import model\n",
+            "services/rollout/lodestar_rollout/__init__.py": "",
+            "services/rollout/lodestar_rollout/groups.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from lodestar_rollout.scheduler import Scheduler\n",
+            "services/rollout/lodestar_rollout/scheduler.py": "from lodestar_rollout import groups\n",
+            "services/rollout/lodestar_rollout/store.py": "def f():\n    from . import model\n",
+            "services/rollout/lodestar_rollout/model.py": "from .store import f\n",
+            "services/rollout/lodestar_rollout/alone.py": "from lodestar_rollout import model\n",
         },
     )
     assert sorted(cycles(root)) == [
-        ["services.rollout.groups", "services.rollout.scheduler"],
-        ["services.rollout.model", "services.rollout.store"],
+        ["lodestar_rollout.groups", "lodestar_rollout.scheduler"],
+        ["lodestar_rollout.model", "lodestar_rollout.store"],
     ]
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from lodestar.cli.export import LOCAL_STORES, find_store
-from lodestar.cli.main import main
 from lodestar.errors import NotFoundError
 from lodestar.v1 import rollout_pb2
-from services.rollout.store import SqliteStore
+from lodestar_app.cli.export import LOCAL_STORES, find_store
+from lodestar_app.cli.main import main
+from lodestar_rollout.store import SqliteStore
 
 UP_STORE, TRAIN_STORE = LOCAL_STORES
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from lodestar.cli.eval import _spec, tasks_path
-from lodestar.cli.images import build_argv, default_tag
-from lodestar.cli.main import build_parser
 from lodestar.errors import InvalidArgumentError
+from lodestar_app.cli.eval import _spec, tasks_path
+from lodestar_app.cli.images import build_argv, default_tag
+from lodestar_app.cli.main import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ def test_default_tag_and_build_argv(tmp_path: Path):
 
 def _lodestar(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "lodestar.cli.main", *argv], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "lodestar_app.cli.main", *argv], capture_output=True, text=True, timeout=60
     )
 
 

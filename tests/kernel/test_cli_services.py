@@ -13,8 +13,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from lodestar.cli.services import REGISTRY
 from lodestar.v1 import inference_pb2, inference_pb2_grpc
+from lodestar_app.cli.services import REGISTRY
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ def test_registry_names_every_service_with_its_settings() -> None:
 def test_inference_serve_without_model_serves_the_tiny_model(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "lodestar.cli.main", "inference", "serve", "--port", str(port)]
+    command = [sys.executable, "-m", "lodestar_app.cli.main", "inference", "serve", "--port", str(port)]
     process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         info = _model_info(f"127.0.0.1:{port}", deadline=time.monotonic() + 180)

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from lodestar import kinds
-from lodestar.cli.flags import DeprecatedAlias
-from lodestar.cli.main import build_parser
+from lodestar_app.cli.flags import DeprecatedAlias
+from lodestar_app.cli.main import build_parser
 
 Command = tuple[str, argparse.ArgumentParser]
 

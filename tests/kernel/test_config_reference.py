@@ -12,8 +12,8 @@ from types import ModuleType
 
 import pytest
 
-from lodestar.cli.train_config import EVAL_KEYS, KEYS, REDTEAM_KEYS, EvalConfig, RedTeamConfig, TrainConfig
 from lodestar.settings import EtcdClientSettings, ServiceSettings
+from lodestar_app.cli.train_config import EVAL_KEYS, KEYS, REDTEAM_KEYS, EvalConfig, RedTeamConfig, TrainConfig
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "docs" / "configuration.md"

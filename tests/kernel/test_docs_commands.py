@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lodestar.cli.main import build_parser
+from lodestar_app.cli.main import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = ["README.md", "docs/quickstart.md"]

@@ -18,9 +18,9 @@ import pytest
 
 from lodestar.errors import UnavailableError
 from lodestar.etcd import EtcdClient
-from lodestar.local import free_port, wait_serving
 from lodestar.v1 import rollout_pb2
-from services.gateway.membership import node_key
+from lodestar_app.local import free_port, wait_serving
+from lodestar_gateway.membership import node_key
 from tests.etcd_support import EtcdCluster
 from tests.rollout.helpers import make_spec, settings, sim_node, start_rollout
 
@@ -101,7 +101,7 @@ async def test_a_gateway_node_keeps_its_membership_when_its_member_dies(
     victim = cluster.leader()
     endpoints = cluster.endpoints(first=victim)
     port, ttl = free_port(), 5
-    argv = [sys.executable, "-m", "lodestar.cli.main", "gateway", "serve", "--port", str(port), "--http-port", "0"]
+    argv = [sys.executable, "-m", "lodestar_app.cli.main", "gateway", "serve", "--port", str(port), "--http-port", "0"]
     argv += ["--etcd", endpoints, "--etcd-prefix", etcd_prefix, "--etcd-lease-ttl-s", str(ttl)]
     argv += ["--node-id", "gw-cluster", "--data-dir", str(tmp_path / "gateway"), "--inference", "127.0.0.1:1"]
     with (tmp_path / "gateway.log").open("wb") as log:

@@ -21,14 +21,14 @@ from pathlib import Path
 import pytest
 
 from lodestar import errors
-from lodestar.cli.main import main
 from lodestar.etcd import EtcdClient, EtcdTls
 from lodestar.inference_registry import ReplicaRecord, ReplicaRegistration, list_replicas, replica_key
-from lodestar.local import LocalCluster, LocalEtcdTls, find_etcd
 from lodestar.tls import LocalPki, ensure_local_pki
-from services.gateway.membership import Membership, NodeRecord, node_key
-from services.rollout.leader import leader_key
-from services.rollout.leases import Ownership
+from lodestar_app.cli.main import main
+from lodestar_app.local import LocalCluster, LocalEtcdTls, find_etcd
+from lodestar_gateway.membership import Membership, NodeRecord, node_key
+from lodestar_rollout.leader import leader_key
+from lodestar_rollout.leases import Ownership
 
 pytestmark = pytest.mark.slow
 PREFIX = "/lodestar/"

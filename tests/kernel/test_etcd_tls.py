@@ -23,11 +23,11 @@ import structlog
 
 from lodestar import errors
 from lodestar.etcd import EtcdClient, EtcdTls, EventKind, tls_from_settings
-from lodestar.local import LocalCluster, LocalEtcdTls, find_etcd
 from lodestar.tls import LocalPki, ensure_local_pki
-from services.gateway.settings import GatewaySettings
-from services.rollout.server import RolloutServer
-from services.rollout.settings import RolloutSettings
+from lodestar_app.local import LocalCluster, LocalEtcdTls, find_etcd
+from lodestar_gateway.settings import GatewaySettings
+from lodestar_rollout.server import RolloutServer
+from lodestar_rollout.settings import RolloutSettings
 
 PREFIX = "/lodestar/"
 KEYS = PREFIX + "rollout/"

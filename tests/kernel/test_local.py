@@ -1,4 +1,4 @@
-"""lodestar.local: predictable default ports for `lodestar up` (a free one when taken); the interpreter each
+"""lodestar_app.local: predictable default ports for `lodestar up` (a free one when taken); the interpreter each
 service runs under."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lodestar.local import free_port, port_or_free
+from lodestar_app.local import free_port, port_or_free
 
 
 def test_port_or_free_keeps_a_free_preferred_port() -> None:
@@ -29,7 +29,7 @@ def test_port_or_free_moves_off_a_taken_port() -> None:
 
 
 def test_the_vllm_backend_runs_under_the_vllm_interpreter(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from lodestar.local import VLLM_PYTHON_ENV, ServiceSpec, service_python
+    from lodestar_app.local import VLLM_PYTHON_ENV, ServiceSpec, service_python
 
     vllm = ServiceSpec("inference", 1, ["--backend", "vllm", "--model", "m"])
     monkeypatch.setenv(VLLM_PYTHON_ENV, str(tmp_path / "python"))

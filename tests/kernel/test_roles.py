@@ -23,17 +23,17 @@ import safetensors.torch
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from lodestar.cli.main import main
 from lodestar.errors import InvalidArgumentError
 from lodestar.etcd import EtcdClient
 from lodestar.grpc import security
 from lodestar.grpc.roles import METHOD_ROLES, OPEN_METHODS, Role, TokenTable, token_line
 from lodestar.grpc.security import Security
 from lodestar.v1 import gateway_pb2, inference_pb2, inference_pb2_grpc, rollout_pb2, rollout_pb2_grpc, trainer_pb2
-from services.inference.server import build_server
-from services.inference.service import InferenceService
-from services.inference.settings import InferenceSettings
-from services.inference.tiny_model import TinyModelSpec, build
+from lodestar_app.cli.main import main
+from lodestar_inference.server import build_server
+from lodestar_inference.service import InferenceService
+from lodestar_inference.settings import InferenceSettings
+from lodestar_inference.tiny_model import TinyModelSpec, build
 from tests.rollout.helpers import Rollout, make_spec, session_result, settings, start_rollout
 
 TOKENS = {

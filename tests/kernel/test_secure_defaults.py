@@ -29,15 +29,15 @@ from lodestar.grpc import security
 from lodestar.grpc.client import connect
 from lodestar.grpc.security import Security, is_loopback
 from lodestar.grpc.server import GrpcServer
-from lodestar.local import free_port, wait_serving
 from lodestar.settings import ServiceSettings
 from lodestar.tls import LocalPki, ensure_local_pki
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
-from services.gateway.settings import GatewaySettings
-from services.inference.settings import InferenceSettings
-from services.rollout.server import RolloutServer
-from services.rollout.settings import RolloutSettings
-from services.trainer.settings import TrainerSettings
+from lodestar_app.local import free_port, wait_serving
+from lodestar_gateway.settings import GatewaySettings
+from lodestar_inference.settings import InferenceSettings
+from lodestar_rollout.server import RolloutServer
+from lodestar_rollout.settings import RolloutSettings
+from lodestar_trainer.settings import TrainerSettings
 from tests.kernel.faulty_service import SERVICE, FaultyService, method
 from tests.rollout.helpers import make_spec, settings, start_rollout
 
@@ -112,7 +112,7 @@ async def test_allow_insecure_serves_beyond_loopback_and_says_so() -> None:
 
 
 def _serve(tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "lodestar.cli.main", "gateway", "serve", "--http-port", "0"]
+    argv = [sys.executable, "-m", "lodestar_app.cli.main", "gateway", "serve", "--http-port", "0"]
     argv += ["--data-dir", str(tmp_path / "gateway"), *flags]
     environment = {k: v for k, v in os.environ.items() if not k.startswith("LODESTAR_")} | (env or {})
     return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment)

@@ -24,7 +24,6 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from lodestar.etcd import EtcdClient
 from lodestar.grpc import security
 from lodestar.grpc.security import Security, needs_token
-from lodestar.local import free_port, wait_serving
 from lodestar.tls import LocalPki, ensure_local_pki
 from lodestar.v1 import (
     gateway_pb2,
@@ -35,8 +34,9 @@ from lodestar.v1 import (
     rollout_pb2_grpc,
     trainer_pb2,
 )
-from services.inference.tiny_model import TinyModelSpec, build
-from services.trainer.rpc import sync_channel
+from lodestar_app.local import free_port, wait_serving
+from lodestar_inference.tiny_model import TinyModelSpec, build
+from lodestar_trainer.rpc import sync_channel
 from tests.rollout.helpers import Rollout, make_spec, settings, start_rollout
 
 TOKEN = "s3cret-control-plane-token"
@@ -194,7 +194,7 @@ async def inference(pki: LocalPki, tmp_path: Path) -> AsyncIterator[str]:
     identity = pki.identities["inference"]
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
-    argv = [sys.executable, "-m", "lodestar.cli.main", "inference", "serve", "--backend", "scripted"]
+    argv = [sys.executable, "-m", "lodestar_app.cli.main", "inference", "serve", "--backend", "scripted"]
     argv += ["--model", str(model)]
     argv += ["--port", str(port), "--tls-cert", str(identity.cert)]
     argv += ["--tls-key", str(identity.key), "--tls-ca", str(pki.ca), "--auth-token-file", str(token_file)]
@@ -254,8 +254,8 @@ class _NoInference:
 async def test_a_gateway_with_a_token_refuses_session_rpcs_without_it(tmp_path: Path) -> None:
     """OpenSession hands out a key that spends inference and GetSession returns a session's calls (prompts,
     completions): with a token configured, both need it (and CloseSession); the node's counters stay open."""
-    from services.gateway.server import GatewayNode
-    from services.gateway.settings import GatewaySettings
+    from lodestar_gateway.server import GatewayNode
+    from lodestar_gateway.settings import GatewaySettings
 
     before = security.current()
     security.configure(Security(token=TOKEN))

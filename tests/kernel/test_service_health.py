@@ -2,7 +2,7 @@
 `grpcurl` binary: `list` shows the service, `describe` shows one of its methods.
 
 The trainer is also built in-process from `build_server(settings)` and rollout from `RolloutServer`; all
-four are started the way `lodestar up` starts them, as `python -m lodestar.cli.main <service> serve --port P ...`.
+four are started the way `lodestar up` starts them, as `python -m lodestar_app.cli.main <service> serve --port P ...`.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def service_processes(etcd_endpoint: str, tmp_path_factory: pytest.TempPathFacto
     """All four services as CLI subprocesses, started together; yields service name -> address."""
     tmp = tmp_path_factory.mktemp("services")
     subprocess.run(  # inference needs a model directory (its tokenizer and chat template), even when scripted
-        [sys.executable, "-m", "lodestar.cli.main", "model", "init-tiny", str(tmp / "tiny-model")],
+        [sys.executable, "-m", "lodestar_app.cli.main", "model", "init-tiny", str(tmp / "tiny-model")],
         check=True,
         cwd=ROOT,
         capture_output=True,
@@ -118,7 +118,7 @@ def service_processes(etcd_endpoint: str, tmp_path_factory: pytest.TempPathFacto
     try:
         for name in DESCRIBED:
             port, log = free_port(), tmp / f"{name}.log"
-            command = [sys.executable, "-m", "lodestar.cli.main", name, "serve", "--port", str(port)]
+            command = [sys.executable, "-m", "lodestar_app.cli.main", name, "serve", "--port", str(port)]
             with log.open("wb") as output:
                 process = subprocess.Popen(
                     [*command, *service_args(name, tmp, etcd_endpoint)],
@@ -160,8 +160,8 @@ async def wait_status(stub: health_pb2_grpc.HealthStub, service: str, want: int,
 
 
 async def test_in_process_trainer_serves_health_and_reflection(tmp_path: Path) -> None:
-    from services.trainer.server import build_server
-    from services.trainer.settings import TrainerSettings
+    from lodestar_trainer.server import build_server
+    from lodestar_trainer.settings import TrainerSettings
 
     settings = load_settings(TrainerSettings, flags={"port": 0, "checkpoint_dir": tmp_path}, env={})
     server = build_server(settings)
@@ -182,8 +182,8 @@ async def test_in_process_trainer_serves_health_and_reflection(tmp_path: Path) -
 async def test_in_process_rollout_serves_once_it_leads(etcd_endpoint: str, etcd_prefix: str, tmp_path: Path) -> None:
     """Rollout reports SERVING by itself once its instance won the leader election on the store (its own
     etcd prefix: the module's CLI rollout still leads under the default one)."""
-    from services.rollout.server import RolloutServer
-    from services.rollout.settings import RolloutSettings
+    from lodestar_rollout.server import RolloutServer
+    from lodestar_rollout.settings import RolloutSettings
 
     flags = {"port": 0, "etcd": etcd_endpoint, "etcd_prefix": etcd_prefix, "store": str(tmp_path / "rollout.sqlite")}
     server = RolloutServer(load_settings(RolloutSettings, flags=flags, env={}))

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from lodestar import errors
-from lodestar.cli.flags import add_settings_arguments, flags_from_args
-from lodestar.cli.main import build_parser
 from lodestar.settings import load_settings
-from services.gateway.settings import GatewaySettings
-from services.inference.settings import InferenceSettings
-from services.rollout.settings import RolloutSettings
+from lodestar_app.cli.flags import add_settings_arguments, flags_from_args
+from lodestar_app.cli.main import build_parser
+from lodestar_gateway.settings import GatewaySettings
+from lodestar_inference.settings import InferenceSettings
+from lodestar_rollout.settings import RolloutSettings
 
 
 @pytest.fixture

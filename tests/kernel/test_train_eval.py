@@ -1,4 +1,4 @@
-"""The `[eval]` table of `lodestar train` (lodestar/cli/train_config.py, lodestar/cli/train_eval.py): parsing,
+"""The `[eval]` table of `lodestar train` (lodestar_app/cli/train_config.py, lodestar_app/cli/train_eval.py): parsing,
 the held-out run spec built from the training spec, and the before/after verdict."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from lodestar.cli import train_eval
-from lodestar.cli.train_config import EvalConfig, load_train_config
 from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import rollout_pb2
-from services.rollout.evaluation import HarnessScore
-from services.rollout.spec import load_spec_file
-from services.trainer.plot import plot_run
+from lodestar_app.cli import train_eval
+from lodestar_app.cli.train_config import EvalConfig, load_train_config
+from lodestar_rollout.evaluation import HarnessScore
+from lodestar_rollout.spec import load_spec_file
+from lodestar_trainer.plot import plot_run
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2-capitals"
 
@@ -105,8 +105,8 @@ def test_an_eval_run_spec_file_is_used_as_it_is(tmp_path: Path) -> None:
 
 
 def test_eval_against_an_unreachable_rollout_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
-    from lodestar.cli.main import main
-    from lodestar.local import free_port
+    from lodestar_app.cli.main import main
+    from lodestar_app.local import free_port
 
     code = main(["eval", str(EXAMPLE), "--harness", "command", "--rollout", f"127.0.0.1:{free_port()}"])
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from lodestar.cli import train_view
-from lodestar.cli.train import Ending, _report
-from lodestar.cli.train_config import TrainConfig
-from lodestar.cli.train_view import reward_rise
 from lodestar.v1 import rollout_pb2, trainer_pb2
+from lodestar_app.cli import train_view
+from lodestar_app.cli.train import Ending, _report
+from lodestar_app.cli.train_config import TrainConfig
+from lodestar_app.cli.train_view import reward_rise
 
 STEPS = 20
 
@@ -150,7 +150,7 @@ def test_the_trainers_mismatch_warning_is_shown_in_red(tmp_path: Path) -> None:
 def test_lodestar_train_refuses_a_policy_the_trainer_cannot_recompute(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], sampling: str, message: str
 ) -> None:
-    from lodestar.cli.main import main
+    from lodestar_app.cli.main import main
 
     (tmp_path / "run.yaml").write_text(
         "tasks: [{taskId: a}]\ngroupSize: 2\nharness: {kind: pi}\nverifier: {kind: command}\n"

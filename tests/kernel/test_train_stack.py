@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from lodestar.cli import client_security, train_stack
-from lodestar.cli.main import build_parser
-from lodestar.cli.train_config import TrainConfig
 from lodestar.errors import InvalidArgumentError
+from lodestar_app.cli import client_security, train_stack
+from lodestar_app.cli.main import build_parser
+from lodestar_app.cli.train_config import TrainConfig
 
 
 def test_the_flags_given_are_passed_on_with_absolute_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,5 @@
 """The red team's pure parts: the verdict rules (outcome.py), the catalogue (hacks.py) and the run specs
-`lodestar redteam` makes from a task set's spec (lodestar/cli/redteam.py)."""
+`lodestar redteam` makes from a task set's spec (lodestar_app/cli/redteam.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from lodestar.cli.redteam import hack_specs, sample
 from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.redteam.hacks import HACKS, applicable
-from services.gateway.node.redteam.outcome import REPORT_PREFIX, Session, agent_report, judge_all
+from lodestar_app.cli.redteam import hack_specs, sample
+from lodestar_gateway.node.redteam.hacks import HACKS, applicable
+from lodestar_gateway.node.redteam.outcome import REPORT_PREFIX, Session, agent_report, judge_all
 
 
 def _report(**fields: object) -> str:
@@ -94,14 +94,14 @@ def test_each_hack_runs_its_agent_under_the_specs_own_verifier_greedy_once_per_t
 
 
 def test_an_unknown_hack_is_refused() -> None:
-    from lodestar.cli.redteam import chosen_hacks
+    from lodestar_app.cli.redteam import chosen_hacks
 
     with pytest.raises(InvalidArgumentError, match="unknown hack nope"):
         chosen_hacks("swe", ["nope"])
 
 
 def test_a_red_team_whose_honest_failure_never_scored_proves_nothing() -> None:
-    from lodestar.cli.redteam import unscored
+    from lodestar_app.cli.redteam import unscored
 
     broken = judge_all([Session("noop", "a", False, error="verifier could not run: bad config")], 1.0)
     assert "verifier could not run: bad config" in unscored(broken)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lodestar.cli.images import build_task_image
+from lodestar_app.cli.images import build_task_image
 from tests.docker_support import SESSION_IMAGE, skip_reason
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -28,7 +28,7 @@ def task_image() -> str:
 
 def test_swe_mini_pays_no_hack_in_containers(task_image: str, tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "lodestar.cli.main", "redteam", str(REPO / "examples/swe-mini"), "--tasks", "1",
+        [sys.executable, "-m", "lodestar_app.cli.main", "redteam", str(REPO / "examples/swe-mini"), "--tasks", "1",
          "--runtime", "docker", "--image", task_image, "--data-dir", str(tmp_path / "stack")],
         capture_output=True, text=True, timeout=900, cwd=REPO, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from lodestar.cli.main import main
+from lodestar_app.cli.main import main
 from tests.e2e.node_stack import NodeStack
 
 pytestmark = pytest.mark.slow
@@ -92,8 +92,8 @@ def test_lodestar_train_refuses_a_verifier_that_pays(
 def test_swe_mini_pays_no_hack(tmp_path: Path) -> None:
     """The acceptance run of issue 39 (its own stack, every hack kind that applies to `swe`, 2 tasks)."""
     done = subprocess.run(
-        [sys.executable, "-m", "lodestar.cli.main", "redteam", str(REPO / "examples/swe-mini/run.yaml"), "--tasks", "2",
-         "--data-dir", str(tmp_path / "stack")],
+        [sys.executable, "-m", "lodestar_app.cli.main", "redteam", str(REPO / "examples/swe-mini/run.yaml"),
+         "--tasks", "2", "--data-dir", str(tmp_path / "stack")],
         capture_output=True, text=True, timeout=600, cwd=REPO, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-6000:]

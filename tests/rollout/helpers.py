@@ -22,8 +22,8 @@ import grpc.aio
 from lodestar.etcd import EtcdClient, Lease
 from lodestar.grpc.client import connect
 from lodestar.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from services.rollout.server import RolloutServer
-from services.rollout.settings import RolloutSettings
+from lodestar_rollout.server import RolloutServer
+from lodestar_rollout.settings import RolloutSettings
 from tests.waiting import eventually
 
 SCORED = rollout_pb2.SESSION_OUTCOME_SCORED
@@ -57,7 +57,13 @@ async def run_lodestar(*argv: str) -> tuple[int, str, str]:
     """Run the CLI as its own process (the in-process service logs to this one's stdout): (exit code, stdout,
     stderr)."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "lodestar.cli.main", *argv, stdout=PIPE, stderr=PIPE, env={**os.environ, "COLUMNS": "200"}
+        sys.executable,
+        "-m",
+        "lodestar_app.cli.main",
+        *argv,
+        stdout=PIPE,
+        stderr=PIPE,
+        env={**os.environ, "COLUMNS": "200"},
     )
     out, err = await asyncio.wait_for(process.communicate(), 60)
     return process.returncode or 0, out.decode(), err.decode()

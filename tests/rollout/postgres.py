@@ -16,7 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
-from lodestar.local import free_port
+from lodestar_app.local import free_port
 
 START_TIMEOUT_S = 30.0
 PACKAGE_HINT = "install the Debian package postgresql (`make test` does: apt-get install -y postgresql)"

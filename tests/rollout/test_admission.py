@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from lodestar.v1 import rollout_pb2
-from services.rollout import groups
-from services.rollout.model import Run, Session
-from services.rollout.scheduler import Scheduler
-from services.rollout.spec import with_defaults
+from lodestar_rollout import groups
+from lodestar_rollout.model import Run, Session
+from lodestar_rollout.scheduler import Scheduler
+from lodestar_rollout.spec import with_defaults
 from tests.rollout.helpers import SCORED, make_spec
 
 

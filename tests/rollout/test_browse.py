@@ -9,9 +9,9 @@ import pytest
 
 from lodestar.etcd import EtcdClient
 from lodestar.v1 import rollout_pb2
-from services.rollout.model import AttemptRecord, StoredResult
-from services.rollout.store import Rows
-from services.rollout.stores import open_store
+from lodestar_rollout.model import AttemptRecord, StoredResult
+from lodestar_rollout.store import Rows
+from lodestar_rollout.stores import open_store
 from tests.rollout.helpers import INFRA_FAILED, Rollout, call_record, make_spec, sim_node
 
 

@@ -1,4 +1,4 @@
-"""pass@k math of `lodestar eval` (services/rollout/evaluation.py)."""
+"""pass@k math of `lodestar eval` (services/rollout/lodestar_rollout/evaluation.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from math import comb
 import pytest
 
 from lodestar.v1 import common_pb2, rollout_pb2
-from services.rollout.evaluation import pass_at_k, score
+from lodestar_rollout.evaluation import pass_at_k, score
 
 
 @pytest.mark.parametrize(("n", "c", "k"), [(4, 0, 1), (4, 1, 1), (4, 1, 2), (4, 2, 4), (10, 3, 5), (5, 5, 3)])
@@ -44,7 +44,7 @@ def test_score_averages_over_scored_tasks_and_counts_unscored_apart():
 
 
 def test_wilson_interval_contains_the_estimate_and_narrows_with_samples():
-    from services.rollout.evaluation import wilson
+    from lodestar_rollout.evaluation import wilson
 
     low, high = wilson(0.3, 100)
     assert low < 0.3 < high
@@ -55,7 +55,7 @@ def test_wilson_interval_contains_the_estimate_and_narrows_with_samples():
 
 
 def test_pass_at_1_interval_widens_when_samples_of_a_task_agree():
-    from services.rollout.evaluation import pass_at_1_interval
+    from lodestar_rollout.evaluation import pass_at_1_interval
 
     # 40 tasks x 4 samples at pass@1 0.5: tasks all 0.5 (samples disagree within every task) against tasks
     # all 0 or 1 (the 4 samples of a task agree: effectively 40 draws, not 160).

@@ -22,9 +22,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lodestar.etcd import EtcdClient
 from lodestar.etcd import Lease as EtcdLease
 from lodestar.grpc.client import LEADER_METADATA_KEY, LeaderChannel, connect, leader_from_error
-from lodestar.local import free_port, wait_serving
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
-from services.rollout.leader import leader_key
+from lodestar_app.local import free_port, wait_serving
+from lodestar_rollout.leader import leader_key
 from tests.rollout.helpers import make_spec, settings, sim_node, start_rollout, wait_leading
 from tests.waiting import eventually
 
@@ -37,7 +37,7 @@ def _serve(store: Path, etcd: str, prefix: str, port: int, log: Path) -> Iterato
     argv = [
         sys.executable,
         "-m",
-        "lodestar.cli.main",
+        "lodestar_app.cli.main",
         "rollout",
         "serve",
         "--port",

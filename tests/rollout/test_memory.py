@@ -12,7 +12,7 @@ import pytest
 
 from lodestar.etcd import EtcdClient
 from lodestar.v1 import rollout_pb2
-from services.rollout.scheduler import Scheduler
+from lodestar_rollout.scheduler import Scheduler
 from tests.rollout.helpers import (
     INFRA_FAILED,
     Rollout,

@@ -16,7 +16,7 @@ import pytest
 
 from lodestar.etcd import EtcdClient
 from lodestar.v1 import common_pb2, rollout_pb2
-from services.rollout.stores import open_store
+from lodestar_rollout.stores import open_store
 from tests.rollout.helpers import SimNode, call_record, make_spec, run_lodestar, settings, sim_node, start_rollout
 from tests.waiting import eventually
 

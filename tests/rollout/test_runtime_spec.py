@@ -10,7 +10,7 @@ from google.protobuf import struct_pb2
 
 from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import rollout_pb2
-from services.rollout import spec as specs
+from lodestar_rollout import spec as specs
 from tests.rollout.helpers import Rollout, make_spec
 
 

@@ -6,10 +6,10 @@ import pytest
 
 from lodestar.errors import FailedPreconditionError, InvalidArgumentError
 from lodestar.v1 import rollout_pb2
-from services.rollout import groups
-from services.rollout.model import GroupStatus, SessionStatus
-from services.rollout.scheduler import MISSED_POLLS_LIMIT, Progress, Scheduler
-from services.rollout.spec import with_defaults
+from lodestar_rollout import groups
+from lodestar_rollout.model import GroupStatus, SessionStatus
+from lodestar_rollout.scheduler import MISSED_POLLS_LIMIT, Progress, Scheduler
+from lodestar_rollout.spec import with_defaults
 from tests.rollout.helpers import CANCELLED, INFRA_FAILED, TIMED_OUT, make_spec, session_result
 
 

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from lodestar.errors import FailedPreconditionError
 from lodestar.v1 import rollout_pb2
-from services.rollout.model import LIVE, GroupStatus, SessionStatus, StoredResult
-from services.rollout.scheduler import Progress, Scheduler
-from services.rollout.spec import with_defaults
+from lodestar_rollout.model import LIVE, GroupStatus, SessionStatus, StoredResult
+from lodestar_rollout.scheduler import Progress, Scheduler
+from lodestar_rollout.spec import with_defaults
 from tests.rollout.helpers import CANCELLED, INFRA_FAILED, SCORED, TIMED_OUT, make_spec
 
 OUTCOMES = [SCORED, SCORED, SCORED, TIMED_OUT, INFRA_FAILED, CANCELLED]

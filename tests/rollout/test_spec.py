@@ -12,7 +12,7 @@ import pytest
 from lodestar.errors import InvalidArgumentError
 from lodestar.kinds import harness_kinds
 from lodestar.v1 import common_pb2, rollout_pb2
-from services.rollout import spec as specs
+from lodestar_rollout import spec as specs
 from tests.rollout.helpers import Rollout, make_spec
 
 TASKS = '{"task_id": "a", "prompt": "p", "files": {"x.txt": "1"}, "metadata": {"answer": "1"}}\n\n{"task_id": "b"}\n'

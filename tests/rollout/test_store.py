@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from google.protobuf import duration_pb2
 
-from services.rollout import store as store_module
-from services.rollout.model import Changes
-from services.rollout.scheduler import Progress, Scheduler
-from services.rollout.spec import with_defaults
-from services.rollout.store import rows_for
-from services.rollout.stores import open_store
+from lodestar_rollout import store as store_module
+from lodestar_rollout.model import Changes
+from lodestar_rollout.scheduler import Progress, Scheduler
+from lodestar_rollout.spec import with_defaults
+from lodestar_rollout.store import rows_for
+from lodestar_rollout.stores import open_store
 from tests.rollout.helpers import INFRA_FAILED, SCORED, call_record, make_spec, session_result
 
 _DERIVED = {"completion_order", "delivery_order", "decided", "groups_in_play", "batch_estimate", "version_mark"}

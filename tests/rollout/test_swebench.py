@@ -16,12 +16,12 @@ import yaml
 
 from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.harnesses import Launcher
-from services.gateway.node.repository import prepare_repository
-from services.gateway.node.runtimes import HostBackend
-from services.gateway.node.verifiers import VerifierInput, make_verifier
-from services.rollout.spec import load_spec_file, read_tasks_jsonl
-from services.rollout.swebench import task_from_record
+from lodestar_gateway.node.harnesses import Launcher
+from lodestar_gateway.node.repository import prepare_repository
+from lodestar_gateway.node.runtimes import HostBackend
+from lodestar_gateway.node.verifiers import VerifierInput, make_verifier
+from lodestar_rollout.spec import load_spec_file, read_tasks_jsonl
+from lodestar_rollout.swebench import task_from_record
 
 SWE_MINI = Path(__file__).resolve().parents[2] / "examples" / "swe-mini"
 RECORD: dict[str, Any] = {

@@ -37,11 +37,11 @@ from lodestar.etcd import EtcdClient, EtcdTls
 from lodestar.grpc import security
 from lodestar.grpc.client import LeaderChannel, connect, leader_from_error
 from lodestar.grpc.security import Security
-from lodestar.local import wait_serving
 from lodestar.tls import LocalPki, ensure_local_pki
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
-from services.gateway.node.rollout_client import GrpcRollout, RetryPolicy, complete_with_retries
-from services.trainer.rollout_client import RolloutClient
+from lodestar_app.local import wait_serving
+from lodestar_gateway.node.rollout_client import GrpcRollout, RetryPolicy, complete_with_retries
+from lodestar_trainer.rollout_client import RolloutClient
 from tests.etcd_support import EtcdCluster, MemberTls, certificate_for_address
 from tests.netns_support import HostNetwork, unavailable_reason
 from tests.rollout.helpers import call_record, make_spec
@@ -117,7 +117,7 @@ def rollout_on(
     """`lodestar rollout serve` inside `host`'s namespace, bound to its address (SIGTERM, then SIGKILL, at exit)."""
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
-    argv = [sys.executable, "-m", "lodestar.cli.main", "rollout", "serve", "--host", hosts.ips[host]]
+    argv = [sys.executable, "-m", "lodestar_app.cli.main", "rollout", "serve", "--host", hosts.ips[host]]
     argv += ["--port", str(ROLLOUT_PORT), "--auth-token-file", str(token_file), "--etcd", etcd]
     own = pki.identities["rollout"]
     argv += ["--etcd-tls-ca", str(pki.ca), "--etcd-tls-cert", str(own.cert), "--etcd-tls-key", str(own.key)]
@@ -163,7 +163,7 @@ async def simulated_node(
     link = GrpcRollout(targets)
     lease = await etcd.grant_lease(NODE_TTL_S)
     held: dict[str, tuple[rollout_pb2.SessionAssignment, asyncio.Task[None]]] = {}
-    # Sessions whose result is being reported: decided, so no longer cancelled (as services/gateway/node/attempt.py);
+    # Sessions whose result is being reported: decided, so no longer cancelled (as lodestar_gateway/node/attempt.py);
     # acquire names such an attempt as cancelled when its result lands during the call.
     reporting: set[str] = set()
 
@@ -218,7 +218,7 @@ async def simulated_node(
 
 
 async def read_groups(targets: list[str], run_id: str, ledger: Ledger) -> None:
-    """The trainer's own group reader (`services.trainer.rollout_client`, in a thread as the trainer runs it),
+    """The trainer's own group reader (`lodestar_trainer.rollout_client`, in a thread as the trainer runs it),
     given both hosts' addresses: when the stream breaks it goes where a follower points, else to the next
     address, and resumes after the groups it has."""
     client = RolloutClient(",".join(targets), run_id)

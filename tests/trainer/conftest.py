@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from services.inference.tiny_model import TinyModelSpec, build
+from lodestar_inference.tiny_model import TinyModelSpec, build
 
 
 @pytest.fixture(scope="session")

@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from services.trainer.distributed import Parallel
-from services.trainer.loop import Trainer
-from services.trainer.settings import TrainerSettings
-from services.trainer.wiring import create_trainer
+from lodestar_trainer.loop import Trainer
+from lodestar_trainer.parallel.distributed import Parallel
+from lodestar_trainer.settings import TrainerSettings
+from lodestar_trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN, FeedSource, make_group
 
 GROUPS = [make_group(seed) for seed in range(4)]

@@ -11,7 +11,7 @@ from typing import Any
 
 from lodestar.grpc.server import GrpcServer, service_name
 from lodestar.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from services.trainer.synthetic import SMALL_SHAPE, synthetic_group
+from lodestar_trainer.data.synthetic import SMALL_SHAPE, synthetic_group
 
 RUN = "run-test"
 SHAPE = replace(SMALL_SHAPE, logprob_range=(-8.8, -7.8), subagent_probability=0.0)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.trainer.batch import MicroBatch
-from services.trainer.loop import Trainer
-from services.trainer.settings import TrainerSettings
-from services.trainer.wiring import create_trainer
+from lodestar_trainer.data.batch import MicroBatch
+from lodestar_trainer.loop import Trainer
+from lodestar_trainer.settings import TrainerSettings
+from lodestar_trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN, FeedSource
 
 

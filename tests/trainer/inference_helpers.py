@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 import grpc
 
 from lodestar.v1 import common_pb2, inference_pb2, inference_pb2_grpc
-from services.inference.server import build_server
-from services.inference.service import InferenceService
-from services.inference.settings import InferenceSettings
+from lodestar_inference.server import build_server
+from lodestar_inference.service import InferenceService
+from lodestar_inference.settings import InferenceSettings
 
 T = TypeVar("T")
 

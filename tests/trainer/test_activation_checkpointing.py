@@ -1,5 +1,5 @@
-"""Activation checkpointing (services/trainer/model.py) and where collectives put their tensors
-(services/trainer/distributed.py): checkpointed decoder layers recompute in the backward and give the same
+"""Activation checkpointing (services/trainer/lodestar_trainer/model.py) and where collectives put their tensors
+(lodestar_trainer/parallel/distributed.py): checkpointed decoder layers recompute in the backward and give the same
 gradients on the tree layout; `Parallel` builds its reduction tensors on its collective device (NCCL refuses
 CPU tensors)."""
 
@@ -10,14 +10,14 @@ from typing import Any
 
 import torch
 
-from services.trainer.builders import BuilderKind, build_sequences
-from services.trainer.distributed import Parallel
-from services.trainer.forward import target_logprobs
-from services.trainer.model import enable_activation_checkpointing, load_model
-from services.trainer.pack import pack
-from services.trainer.settings import TrainerSettings
-from services.trainer.synthetic import SMALL_SHAPE, synthetic_samples
-from services.trainer.wiring import create_trainer
+from lodestar_trainer.builders import BuilderKind, build_sequences
+from lodestar_trainer.data.pack import pack
+from lodestar_trainer.data.synthetic import SMALL_SHAPE, synthetic_samples
+from lodestar_trainer.model import enable_activation_checkpointing, load_model
+from lodestar_trainer.parallel.distributed import Parallel
+from lodestar_trainer.settings import TrainerSettings
+from lodestar_trainer.step.forward import target_logprobs
+from lodestar_trainer.wiring import create_trainer
 
 
 def _gradients(model: Any) -> tuple[dict[str, torch.Tensor], int]:

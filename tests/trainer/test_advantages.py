@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from services.trainer.advantages import AdvantageKind, group_advantages, has_signal
+from lodestar_trainer.step.advantages import AdvantageKind, group_advantages, has_signal
 
 
 def test_zscore_is_mean_zero_unit_std() -> None:

@@ -1,4 +1,4 @@
-"""Pushes that overlap the next step (services/trainer/pushing.py, `async_push`): one version in flight, rollout
+"""Pushes that overlap the next step (lodestar_trainer/weights/pushing.py, `async_push`): one version in flight, rollout
 told only once inference serves it, a push's error raised in the trainer; and a real trainer over a real
 inference service (transformers backend, tiny model) ends with inference serving its last version."""
 
@@ -15,11 +15,11 @@ import torch
 from safetensors.torch import load
 
 from lodestar.errors import UnavailableError
-from services.trainer.publish import PublishResult, WeightPublisher, serialize
-from services.trainer.pushing import BackgroundPush, Snapshot, shares_memory
-from services.trainer.settings import TrainerSettings
-from services.trainer.status import Phase
-from services.trainer.wiring import create_trainer
+from lodestar_trainer.settings import TrainerSettings
+from lodestar_trainer.status import Phase
+from lodestar_trainer.weights.publish import PublishResult, WeightPublisher, serialize
+from lodestar_trainer.weights.pushing import BackgroundPush, Snapshot, shares_memory
+from lodestar_trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN, FeedSource, make_group
 from tests.trainer.inference_helpers import InferenceThread, served_version
 

@@ -14,14 +14,14 @@ import torch
 import torch.nn.functional as F
 
 from lodestar.errors import InvalidArgumentError
-from services.trainer.attention import TreeLayout, tree_attention
-from services.trainer.builders import BuilderKind, build_sequences
-from services.trainer.flex import TILE, FlexLayout, padded_length, tile_kinds
-from services.trainer.forward import target_logprobs
-from services.trainer.pack import pack
-from services.trainer.settings import TrainerSettings
-from services.trainer.synthetic import SMALL_SHAPE, synthetic_samples
-from services.trainer.wiring import loop_config
+from lodestar_trainer.builders import BuilderKind, build_sequences
+from lodestar_trainer.data.pack import pack
+from lodestar_trainer.data.synthetic import SMALL_SHAPE, synthetic_samples
+from lodestar_trainer.settings import TrainerSettings
+from lodestar_trainer.step.attention import TreeLayout, tree_attention
+from lodestar_trainer.step.flex import TILE, FlexLayout, padded_length, tile_kinds
+from lodestar_trainer.step.forward import target_logprobs
+from lodestar_trainer.wiring import loop_config
 from tests.trainer.attention_support import dense_mask, random_forest
 
 CUDA = pytest.mark.skipif(

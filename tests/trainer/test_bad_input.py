@@ -12,13 +12,13 @@ import grpc.aio
 import pytest
 
 from lodestar.v1 import rollout_pb2, trainer_pb2, trainer_pb2_grpc
-from services.trainer.model import load_model
-from services.trainer.publish import WeightPublisher
-from services.trainer.runner import TrainerRunner
-from services.trainer.server import build_server
-from services.trainer.settings import TrainerSettings
-from services.trainer.status import Phase
-from services.trainer.wiring import create_trainer
+from lodestar_trainer.model import load_model
+from lodestar_trainer.runner import TrainerRunner
+from lodestar_trainer.server import build_server
+from lodestar_trainer.settings import TrainerSettings
+from lodestar_trainer.status import Phase
+from lodestar_trainer.weights.publish import WeightPublisher
+from lodestar_trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN, FeedSource, make_group
 from tests.trainer.helpers import trainer_for
 from tests.trainer.inference_helpers import InferenceThread, served_version

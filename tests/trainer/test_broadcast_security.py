@@ -27,12 +27,12 @@ import torch
 import torch.distributed
 
 from lodestar.errors import UnavailableError
-from lodestar.local import free_port
 from lodestar.v1 import inference_pb2
-from services.inference.broadcast import receive_broadcast
-from services.trainer.broadcast import BroadcastPublisher, bucket_sizes
-from services.trainer.model import dedupe_tied, load_model
-from services.trainer.publish import serialize
+from lodestar_app.local import free_port
+from lodestar_inference.broadcast import receive_broadcast
+from lodestar_trainer.model import dedupe_tied, load_model
+from lodestar_trainer.weights.broadcast import BroadcastPublisher, bucket_sizes
+from lodestar_trainer.weights.publish import serialize
 from tests.trainer.inference_helpers import InferenceThread, greedy, served_version, trainer_logprobs
 
 pytestmark = pytest.mark.slow

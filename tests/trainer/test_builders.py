@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 
 from lodestar.v1 import common_pb2
-from services.trainer.batch import Sample, TrainingSequence
-from services.trainer.builders import BuilderKind, build_sequences
-from services.trainer.synthetic import SMALL_SHAPE, SessionShape, synthetic_samples
+from lodestar_trainer.builders import BuilderKind, build_sequences
+from lodestar_trainer.data.batch import Sample, TrainingSequence
+from lodestar_trainer.data.synthetic import SMALL_SHAPE, SessionShape, synthetic_samples
 
 LINEAR = replace(SMALL_SHAPE, subagent_probability=0.0, compaction_probability=0.0, retry_probability=0.0)
 

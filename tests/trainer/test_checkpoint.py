@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from lodestar.errors import InvalidArgumentError
-from services.trainer.checkpoint import load_checkpoint
-from services.trainer.settings import TrainerSettings
-from services.trainer.status import Phase
-from services.trainer.wiring import create_trainer
+from lodestar_trainer.checkpoint import load_checkpoint
+from lodestar_trainer.settings import TrainerSettings
+from lodestar_trainer.status import Phase
+from lodestar_trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN, make_group
 from tests.trainer.helpers import trainer_for
 

@@ -1,4 +1,4 @@
-"""Every collective of services/trainer/distributed.py gets its tensors on the rank's collective device (NCCL
+"""Every collective of lodestar_trainer/parallel/distributed.py gets its tensors on the rank's collective device (NCCL
 refuses CPU tensors; a CPU tensor that reaches gloo on a GPU machine silently copies through the host), and
 the TF32 choice of precision.py. A stand-in for torch.distributed records what each collective receives; the
 collective device is `meta` for the ones that build tensors (so a tensor left on the CPU shows) and `cuda:1`
@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from services.trainer import distributed
-from services.trainer.distributed import Parallel
-from services.trainer.precision import fp32_matmul_precision
+from lodestar_trainer.parallel import distributed
+from lodestar_trainer.parallel.distributed import Parallel
+from lodestar_trainer.step.precision import fp32_matmul_precision
 
 COLLECTIVES = {"all_reduce", "broadcast", "broadcast_object_list", "barrier", "all_gather", "all_gather_object",
                "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "reduce",
@@ -103,7 +103,7 @@ def test_tf32_only_where_it_is_lossless() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (TF32 tensor cores)")
 def test_tf32_lm_head_matmul_equals_fp32_on_bf16_operands() -> None:
-    from services.trainer.forward import chunked_target_logprobs
+    from lodestar_trainer.step.forward import chunked_target_logprobs
 
     torch.manual_seed(0)
     hidden = torch.randn(512, 1024, device="cuda").bfloat16()

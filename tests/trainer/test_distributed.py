@@ -24,9 +24,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lodestar.local import free_port
-from services.trainer.settings import TrainerSettings
-from services.trainer.wiring import create_trainer
+from lodestar_app.local import free_port
+from lodestar_trainer.settings import TrainerSettings
+from lodestar_trainer.wiring import create_trainer
 from tests.trainer.distributed_worker import GRADIENTS_FILE, GROUPS, SETTINGS, capture_first_gradients
 from tests.trainer.groups_helpers import FeedSource
 

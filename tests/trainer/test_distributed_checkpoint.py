@@ -25,11 +25,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from lodestar.local import free_port
 from lodestar.v1 import trainer_pb2, trainer_pb2_grpc
-from services.trainer.checkpoint import SHARDED_DIR, load_checkpoint
-from services.trainer.settings import TrainerSettings
-from services.trainer.wiring import create_trainer
+from lodestar_app.local import free_port
+from lodestar_trainer.checkpoint import SHARDED_DIR, load_checkpoint
+from lodestar_trainer.settings import TrainerSettings
+from lodestar_trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN, FeedSource, RolloutStandIn, make_group, start_rollout
 from tests.waiting import eventually
 
@@ -54,7 +54,7 @@ class ServedRanks:
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false", "LODESTAR_CONFIG": str(config)}  # fmt: skip
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
-                   "127.0.0.1", "--master-port", str(free_port()), "-m", "lodestar.cli.main", "trainer",
+                   "127.0.0.1", "--master-port", str(free_port()), "-m", "lodestar_app.cli.main", "trainer",
                    "serve"]  # fmt: skip
         log = tmp_path / f"{name}.log"
         with log.open("wb") as output:

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import torch
 
-from services.trainer.builders import BuilderKind, build_sequences
-from services.trainer.forward import target_logprobs
-from services.trainer.loss import Aggregation, LossConfig, LossNormalizer, LossOutput, policy_loss
-from services.trainer.pack import pack
-from services.trainer.synthetic import SMALL_SHAPE, synthetic_samples
+from lodestar_trainer.builders import BuilderKind, build_sequences
+from lodestar_trainer.data.pack import pack
+from lodestar_trainer.data.synthetic import SMALL_SHAPE, synthetic_samples
+from lodestar_trainer.step.forward import target_logprobs
+from lodestar_trainer.step.loss import Aggregation, LossConfig, LossNormalizer, LossOutput, policy_loss
 
 SHAPE = replace(SMALL_SHAPE, logprob_range=(-8.8, -7.8))
 """Branchy short sessions; the random tiny model gives ~-8.3 per token, so ratios straddle the clip bounds."""

@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from services.trainer.attention import TreeLayout, tree_attention
-from services.trainer.builders import BuilderKind, build_sequences
-from services.trainer.forward import chunked_target_logprobs, target_logprobs
-from services.trainer.pack import pack
-from services.trainer.synthetic import SMALL_SHAPE, synthetic_samples
+from lodestar_trainer.builders import BuilderKind, build_sequences
+from lodestar_trainer.data.pack import pack
+from lodestar_trainer.data.synthetic import SMALL_SHAPE, synthetic_samples
+from lodestar_trainer.step.attention import TreeLayout, tree_attention
+from lodestar_trainer.step.forward import chunked_target_logprobs, target_logprobs
 from tests.trainer.attention_support import dense_mask, random_forest
 from tests.trainer.helpers import target_path
 
@@ -67,7 +67,7 @@ def test_chunked_log_softmax_equals_the_full_one(rows: int, vocab: int) -> None:
 
 
 def test_chunked_log_softmax_never_computes_more_than_a_chunk_of_logits(monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.trainer import forward
+    from lodestar_trainer.step import forward
 
     shapes: list[tuple[int, ...]] = []
     real = forward._chunk_logits
@@ -126,9 +126,9 @@ import ctypes, sys
 from pathlib import Path
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
-from services.trainer.batch import TrainingSequence
-from services.trainer.forward import target_logprobs
-from services.trainer.pack import pack
+from lodestar_trainer.data.batch import TrainingSequence
+from lodestar_trainer.step.forward import target_logprobs
+from lodestar_trainer.data.pack import pack
 
 def rss(field):
     for line in Path("/proc/self/status").read_text().splitlines():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lodestar.v1 import rollout_pb2
-from services.trainer.advantages import AdvantageKind
-from services.trainer.groups import BadGroupError, group_samples
+from lodestar_trainer.data.groups import BadGroupError, group_samples
+from lodestar_trainer.step.advantages import AdvantageKind
 from tests.trainer.groups_helpers import RUN, make_group
 
 

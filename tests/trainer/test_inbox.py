@@ -1,4 +1,4 @@
-"""Rank 0's wait between steps (services/trainer/inbox.py): a request is served while a group read blocks, groups
+"""Rank 0's wait between steps (lodestar_trainer/inbox.py): a request is served while a group read blocks, groups
 are read only when asked for, a quiet wait ends after its timeout or at `wake()`; and on a real Trainer (one
 process) SaveCheckpoint is written by the training thread while it waits for groups, and once it has stopped."""
 
@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from lodestar.v1 import rollout_pb2
-from services.trainer import loop as loop_module
-from services.trainer.checkpoint import load_checkpoint
-from services.trainer.inbox import IDLE, Idle, Inbox, SaveRequest
-from services.trainer.status import Phase
+from lodestar_trainer import loop as loop_module
+from lodestar_trainer.checkpoint import load_checkpoint
+from lodestar_trainer.inbox import IDLE, Idle, Inbox, SaveRequest
+from lodestar_trainer.status import Phase
 from tests.trainer.groups_helpers import make_group
 from tests.trainer.helpers import trainer_for
 from tests.waiting import wait_until

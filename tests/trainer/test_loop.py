@@ -11,10 +11,10 @@ import torch
 
 from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import trainer_pb2
-from services.trainer.servicer import status_response
-from services.trainer.settings import TrainerSettings
-from services.trainer.status import Phase
-from services.trainer.wiring import loop_config
+from lodestar_trainer.servicer import status_response
+from lodestar_trainer.settings import TrainerSettings
+from lodestar_trainer.status import Phase
+from lodestar_trainer.wiring import loop_config
 from tests.trainer.groups_helpers import RUN, make_group
 from tests.trainer.helpers import trainer_for
 

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from services.trainer.batch import MicroBatch, TrainingSequence
-from services.trainer.loss import Aggregation, LossConfig, LossNormalizer, policy_loss
-from services.trainer.pack import pack
+from lodestar_trainer.data.batch import MicroBatch, TrainingSequence
+from lodestar_trainer.data.pack import pack
+from lodestar_trainer.step.loss import Aggregation, LossConfig, LossNormalizer, policy_loss
 
 
 def _batch(samples: list[int], behaviour: list[float], advantages: list[float]) -> MicroBatch:

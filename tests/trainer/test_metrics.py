@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lodestar.cli.main import main
-from services.trainer.metrics import TENSORBOARD_DIR, MetricsWriter, StepRecord, read_metrics
+from lodestar_app.cli.main import main
+from lodestar_trainer.metrics import TENSORBOARD_DIR, MetricsWriter, StepRecord, read_metrics
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

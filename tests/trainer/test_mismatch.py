@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.trainer.batch import MicroBatch
-from services.trainer.mismatch import MismatchTally
+from lodestar_trainer.data.batch import MicroBatch
+from lodestar_trainer.step.mismatch import MismatchTally
 
 
 def _batch(behaviour: list[float], versions: list[int], samples: list[int]) -> MicroBatch:

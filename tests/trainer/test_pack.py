@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from services.trainer.attention import TreeLayout
-from services.trainer.batch import TrainingSequence
-from services.trainer.builders import BuilderKind, build_sequences
-from services.trainer.pack import pack
-from services.trainer.synthetic import SMALL_SHAPE, synthetic_samples
+from lodestar_trainer.builders import BuilderKind, build_sequences
+from lodestar_trainer.data.batch import TrainingSequence
+from lodestar_trainer.data.pack import pack
+from lodestar_trainer.data.synthetic import SMALL_SHAPE, synthetic_samples
+from lodestar_trainer.step.attention import TreeLayout
 
 
 def _linear(size: int, marker: int) -> TrainingSequence:

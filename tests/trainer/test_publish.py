@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from lodestar.errors import UnavailableError
-from lodestar.local import free_port
 from lodestar.v1 import common_pb2, inference_pb2
-from services.inference.weights import default_spool_dir, in_memory
-from services.trainer.model import dedupe_tied, load_model
-from services.trainer.publish import WeightPublisher, WeightsRefusedError
+from lodestar_app.local import free_port
+from lodestar_inference.weights import default_spool_dir, in_memory
+from lodestar_trainer.model import dedupe_tied, load_model
+from lodestar_trainer.weights.publish import WeightPublisher, WeightsRefusedError
 from tests.trainer.inference_helpers import InferenceThread, generate, served_version, text_message, trainer_logprobs
 
 

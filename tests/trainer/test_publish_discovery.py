@@ -1,6 +1,6 @@
 """Weight pushes to the inference replicas registered in etcd (`--inference-discovery etcd`): real inference
 services (transformers backend, tiny model) registered as `inference serve --etcd` registers them
-(services/inference/registration.py), a real etcd, the trainer's publisher as `create_trainer` builds it.
+(lodestar_inference/registration.py), a real etcd, the trainer's publisher as `create_trainer` builds it.
 One push reaches every registered replica and each rewrites its record with the version; a replica that
 dies is skipped at once (the push does not wait for it) and leaves the publisher's targets when its lease
 expires (and no longer holds up `lodestar train`'s wait for the final version before its [eval]); a replica
@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from lodestar.cli.train_eval import wait_for_version
 from lodestar.errors import DeadlineExceededError, UnavailableError
 from lodestar.etcd import EtcdClient
 from lodestar.inference_registry import ReplicaRegistration, list_replicas
-from services.inference.registration import registration
-from services.trainer.model import dedupe_tied, load_model
-from services.trainer.publish import FanoutPublisher
-from services.trainer.settings import TrainerSettings
-from services.trainer.wiring import publisher_of
+from lodestar_app.cli.train_eval import wait_for_version
+from lodestar_inference.registration import registration
+from lodestar_trainer.model import dedupe_tied, load_model
+from lodestar_trainer.settings import TrainerSettings
+from lodestar_trainer.weights.publish import FanoutPublisher
+from lodestar_trainer.wiring import publisher_of
 from tests.trainer.inference_helpers import InferenceThread, served_version
 from tests.waiting import wait_until
 

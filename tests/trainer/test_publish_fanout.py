@@ -1,4 +1,4 @@
-"""Weights to several inference replicas (services/trainer/publish.py FanoutPublisher), two real inference
+"""Weights to several inference replicas (lodestar_trainer/weights/publish.py FanoutPublisher), two real inference
 services (transformers backend, tiny model): one push makes both serve the version; a dead replica is
 skipped while another takes it; a refusal stops the push."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from lodestar.errors import UnavailableError
-from lodestar.local import free_port
-from services.trainer.model import dedupe_tied, load_model
-from services.trainer.publish import FanoutPublisher, WeightPublisher, WeightsRefusedError, publisher_for
+from lodestar_app.local import free_port
+from lodestar_trainer.model import dedupe_tied, load_model
+from lodestar_trainer.weights.publish import FanoutPublisher, WeightPublisher, WeightsRefusedError, publisher_for
 from tests.trainer.inference_helpers import InferenceThread, served_version
 
 pytestmark = pytest.mark.slow

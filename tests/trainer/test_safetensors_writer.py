@@ -1,4 +1,4 @@
-"""`write_safetensors` (services/trainer/shared_fs.py) writes a version's file straight from the tensors: the
+"""`write_safetensors` (lodestar_trainer/weights/shared_fs.py) writes a version's file straight from the tensors: the
 safetensors library and inference's header reader read it back exactly, cast to the payload dtype."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from services.inference.weights import read_safetensors_meta
-from services.trainer.publish import serialize
-from services.trainer.shared_fs import write_safetensors
+from lodestar_inference.weights import read_safetensors_meta
+from lodestar_trainer.weights.publish import serialize
+from lodestar_trainer.weights.shared_fs import write_safetensors
 
 
 def _state() -> dict[str, torch.Tensor]:

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from lodestar.v1 import common_pb2, rollout_pb2
-from services.trainer.advantages import AdvantageKind
-from services.trainer.builders import BuilderKind, build_sequences
-from services.trainer.forward import chunked_target_logprobs, target_logprobs
-from services.trainer.groups import BadGroupError, group_samples
-from services.trainer.pack import pack
-from services.trainer.status import Phase
-from services.trainer.synthetic import SMALL_SHAPE, synthetic_samples
+from lodestar_trainer.builders import BuilderKind, build_sequences
+from lodestar_trainer.data.groups import BadGroupError, group_samples
+from lodestar_trainer.data.pack import pack
+from lodestar_trainer.data.synthetic import SMALL_SHAPE, synthetic_samples
+from lodestar_trainer.status import Phase
+from lodestar_trainer.step.advantages import AdvantageKind
+from lodestar_trainer.step.forward import chunked_target_logprobs, target_logprobs
 from tests.trainer.groups_helpers import RUN, make_group
 from tests.trainer.helpers import target_path, trainer_for
 

@@ -13,10 +13,10 @@ import pytest
 
 from lodestar.errors import InvalidArgumentError, PermissionDeniedError
 from lodestar.v1 import trainer_pb2, trainer_pb2_grpc
-from services.trainer.runner import TrainerRunner, checkpoint_target
-from services.trainer.server import build_server
-from services.trainer.settings import TrainerSettings
-from services.trainer.wiring import create_trainer
+from lodestar_trainer.runner import TrainerRunner, checkpoint_target
+from lodestar_trainer.server import build_server
+from lodestar_trainer.settings import TrainerSettings
+from lodestar_trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN
 
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import grpc.aio
 import pytest
 
-from lodestar.local import free_port
 from lodestar.v1 import common_pb2, inference_pb2, trainer_pb2, trainer_pb2_grpc
-from services.trainer.runner import TrainerRunner
-from services.trainer.server import build_server
-from services.trainer.settings import TrainerSettings
-from services.trainer.wiring import create_trainer
+from lodestar_app.local import free_port
+from lodestar_trainer.runner import TrainerRunner
+from lodestar_trainer.server import build_server
+from lodestar_trainer.settings import TrainerSettings
+from lodestar_trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN, RolloutStandIn, group_from_calls, make_group, start_rollout
 from tests.trainer.inference_helpers import InferenceThread, generate, served_version, session_calls, text_message
 from tests.waiting import eventually
@@ -154,7 +154,7 @@ async def test_cli_serve_trains_from_a_config_table_and_drains_on_sigterm(
         f'rollout = "{rollout_address}"\nrun_dir = "{tmp_path / "run"}"\n'
     )
     port = free_port()
-    command = [sys.executable, "-m", "lodestar.cli.main", "trainer", "serve", "--config", str(config),
+    command = [sys.executable, "-m", "lodestar_app.cli.main", "trainer", "serve", "--config", str(config),
                "--model", str(trainer_model_dir), "--port", str(port), "--log-json"]  # fmt: skip
     log = tmp_path / "trainer.log"
     with log.open("wb") as output:

@@ -13,11 +13,11 @@ from lodestar.etcd import EtcdClient
 from lodestar.grpc.client import LEADER_METADATA_KEY
 from lodestar.grpc.server import GrpcServer, service_name
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
-from services.trainer.rollout_client import RolloutClient
-from services.trainer.settings import TrainerSettings
-from services.trainer.status import Phase
-from services.trainer.synthetic import synthetic_group
-from services.trainer.wiring import create_trainer
+from lodestar_trainer.data.synthetic import synthetic_group
+from lodestar_trainer.rollout_client import RolloutClient
+from lodestar_trainer.settings import TrainerSettings
+from lodestar_trainer.status import Phase
+from lodestar_trainer.wiring import create_trainer
 from tests.rollout.helpers import make_spec, settings, sim_node, start_rollout
 from tests.trainer.groups_helpers import RUN, SHAPE, RolloutStandIn, make_group
 from tests.trainer.groups_helpers import start_rollout as start_rollout_standin

@@ -1,4 +1,4 @@
-"""Splitting sequences longer than the micro-batch budget (services/trainer/split.py): every target exactly once
+"""Splitting sequences longer than the micro-batch budget (lodestar_trainer/data/split.py): every target exactly once
 with its whole path, parts within the budget, and the same loss and gradients as the unsplit computation on
 the tiny model (fp32, to 1e-5) for every builder, up to a 32K-token session under an 8K budget."""
 
@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 import torch
 
-from services.trainer.attention import TreeLayout
-from services.trainer.batch import MicroBatch, Sample, TrainingSequence
-from services.trainer.builders import BuilderKind, build_sequences
-from services.trainer.forward import target_logprobs
-from services.trainer.loss import Aggregation, LossConfig, LossNormalizer, LossOutput, policy_loss
-from services.trainer.pack import pack, pack_step
-from services.trainer.split import split_sequence, split_to_budget
-from services.trainer.synthetic import SMALL_SHAPE, SessionShape, synthetic_group, synthetic_samples
+from lodestar_trainer.builders import BuilderKind, build_sequences
+from lodestar_trainer.data.batch import MicroBatch, Sample, TrainingSequence
+from lodestar_trainer.data.pack import pack, pack_step
+from lodestar_trainer.data.split import split_sequence, split_to_budget
+from lodestar_trainer.data.synthetic import SMALL_SHAPE, SessionShape, synthetic_group, synthetic_samples
+from lodestar_trainer.step.attention import TreeLayout
+from lodestar_trainer.step.forward import target_logprobs
+from lodestar_trainer.step.loss import Aggregation, LossConfig, LossNormalizer, LossOutput, policy_loss
 from tests.trainer.groups_helpers import group_from_calls
 from tests.trainer.helpers import trainer_for
 

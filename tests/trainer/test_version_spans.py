@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from lodestar.v1 import common_pb2
-from services.trainer.batch import MicroBatch, Sample, TrainingSequence
-from services.trainer.builders import BuilderKind, build_sequences
-from services.trainer.mismatch import MismatchTally
-from services.trainer.synthetic import SMALL_SHAPE, synthetic_samples
+from lodestar_trainer.builders import BuilderKind, build_sequences
+from lodestar_trainer.data.batch import MicroBatch, Sample, TrainingSequence
+from lodestar_trainer.data.synthetic import SMALL_SHAPE, synthetic_samples
+from lodestar_trainer.step.mismatch import MismatchTally
 
 OLD, NEW = 6, 7
 

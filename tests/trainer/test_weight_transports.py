@@ -1,4 +1,4 @@
-"""Weight transports other than the gRPC stream (services/trainer/broadcast.py, shared_fs.py) against real
+"""Weight transports other than the gRPC stream (lodestar_trainer/weights/broadcast.py, shared_fs.py) against real
 inference servers (transformers backend, tiny model): a gloo broadcast to two replicas, whose logprobs then
 equal the trainer's; a version written once to a shared directory and loaded by path; a replica killed
 after joining the broadcast group, which must cost the push a bounded wait while the live replica still
@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import torch
 
-from services.trainer.broadcast import BroadcastPublisher, bucket_sizes
-from services.trainer.model import dedupe_tied, load_model
-from services.trainer.publish import WeightsRefusedError, serialize
-from services.trainer.shared_fs import SharedFsPublisher
+from lodestar_trainer.model import dedupe_tied, load_model
+from lodestar_trainer.weights.broadcast import BroadcastPublisher, bucket_sizes
+from lodestar_trainer.weights.publish import WeightsRefusedError, serialize
+from lodestar_trainer.weights.shared_fs import SharedFsPublisher
 from tests.inference.conftest import serve_inference
 from tests.trainer.inference_helpers import InferenceThread, greedy, served_version, trainer_logprobs
 

@@ -9,11 +9,11 @@ from typing import Any
 from google.protobuf import json_format
 
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.harnesses import Launcher
-from services.gateway.node.harnesses.sandbox import Sandbox
-from services.gateway.node.repository import prepare_repository
-from services.gateway.node.runtimes import HostBackend, HostRuntime
-from services.gateway.node.verifiers import VerifierInput, make_verifier
+from lodestar_gateway.node.harnesses import Launcher
+from lodestar_gateway.node.harnesses.sandbox import Sandbox
+from lodestar_gateway.node.repository import prepare_repository
+from lodestar_gateway.node.runtimes import HostBackend, HostRuntime
+from lodestar_gateway.node.verifiers import VerifierInput, make_verifier
 
 SWE_MINI = Path(__file__).resolve().parents[3] / "examples" / "swe-mini"
 

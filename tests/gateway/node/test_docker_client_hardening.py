@@ -22,11 +22,11 @@ from google.protobuf import struct_pb2
 from lodestar.docker_refs import check_image
 from lodestar.errors import InvalidArgumentError, LodestarError
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.harnesses import RunDirs
-from services.gateway.node.runtimes import DockerBackend
-from services.gateway.node.runtimes.docker import DockerRuntime
-from services.gateway.node.runtimes.docker_cli import DockerCli
-from services.rollout.spec import validate_spec
+from lodestar_gateway.node.harnesses import RunDirs
+from lodestar_gateway.node.runtimes import DockerBackend
+from lodestar_gateway.node.runtimes.docker import DockerRuntime
+from lodestar_gateway.node.runtimes.docker_cli import DockerCli
+from lodestar_rollout.spec import validate_spec
 from tests.gateway.node.docker_recorder import DockerRecorder
 
 needs_cli = pytest.mark.skipif(shutil.which("docker") is None, reason="needs the docker CLI (no daemon)")

@@ -19,9 +19,9 @@ from google.protobuf import struct_pb2
 
 from lodestar.errors import PermissionDeniedError
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.runtimes import DockerBackend
-from services.gateway.node.runtimes.docker_cli import DockerCli
-from services.gateway.node.runtimes.docker_spec import allowed_mounts
+from lodestar_gateway.node.runtimes import DockerBackend
+from lodestar_gateway.node.runtimes.docker_cli import DockerCli
+from lodestar_gateway.node.runtimes.docker_spec import allowed_mounts
 from tests.gateway.node.conftest import AGENT, NodeFactory, sessions_dir
 from tests.gateway.node.standin import RolloutStandIn, assignment
 

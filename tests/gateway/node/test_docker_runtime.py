@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.harnesses import Command, GatewayEndpoint
-from services.gateway.node.runtimes import DockerBackend, DockerRuntime
-from services.gateway.node.runtimes.base import mounts_under
+from lodestar_gateway.node.harnesses import Command, GatewayEndpoint
+from lodestar_gateway.node.runtimes import DockerBackend, DockerRuntime
+from lodestar_gateway.node.runtimes.base import mounts_under
 from tests.docker_support import SESSION_IMAGE, containers, docker_backend, inspect, remove, skip_reason
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -179,7 +179,7 @@ def test_a_node_killed_with_sigkill_loses_its_containers(tmp_path: Path):
         "import asyncio, sys\n"
         "from pathlib import Path\n"
         "from lodestar.v1 import rollout_pb2\n"
-        "from services.gateway.node.runtimes import DockerBackend\n"
+        "from lodestar_gateway.node.runtimes import DockerBackend\n"
         "async def main():\n"
         f"    backend = DockerBackend(Path({str(sessions)!r}), node_id='doomed')\n"
         f"    spec = rollout_pb2.RuntimeSpec(kind='docker', image={SESSION_IMAGE!r})\n"

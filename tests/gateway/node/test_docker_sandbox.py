@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.harnesses import Command, GatewayEndpoint
-from services.gateway.node.runtimes import DockerBackend, DockerRuntime
-from services.gateway.node.runtimes.docker_spec import SESSION_UID
-from services.gateway.node.verifiers import VerifierInput, make_verifier
+from lodestar_gateway.node.harnesses import Command, GatewayEndpoint
+from lodestar_gateway.node.runtimes import DockerBackend, DockerRuntime
+from lodestar_gateway.node.runtimes.docker_spec import SESSION_UID
+from lodestar_gateway.node.verifiers import VerifierInput, make_verifier
 from tests.docker_support import SESSION_IMAGE, docker_backend
 from tests.gateway.node.evil_agent import ESCAPES, EVIL, gateway_port, other_port
 

@@ -108,7 +108,7 @@ def test_sigterm_of_a_node_hands_back_kills_and_removes_its_containers(
     inference = gateway_stack_factory({"replies": [{"text": "first"}]}).inference_address
     data_dir = tmp_path / "node"
     argv = [
-        sys.executable, "-m", "lodestar.cli.main", "gateway", "serve", "--port", "0", "--http-port", "0",
+        sys.executable, "-m", "lodestar_app.cli.main", "gateway", "serve", "--port", "0", "--http-port", "0",
         "--inference", inference, "--rollout", standin.address, "--etcd", etcd_endpoint,
         "--etcd-prefix", etcd_prefix, "--data-dir", str(data_dir), "--poll-interval-s", "0.2", "--log-json",
         "--docker-mounts-allowed", str(TESTS),  # the hanging harness is mounted from here (options.mounts)

@@ -10,12 +10,12 @@ import pytest
 from lodestar.errors import InvalidArgumentError
 from lodestar.kinds import COMMAND, HARNESS_KINDS, PI_APIS, RUNTIME_KINDS, VERIFIER_KINDS, harness_kinds
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.attempt import Attempt
-from services.gateway.node.harnesses import Launcher, Pi
-from services.gateway.node.kinds import LAUNCHER_NAMES, harness_for
-from services.gateway.node.runtimes import DockerBackend, HostBackend
-from services.gateway.node.stages import SessionStages
-from services.gateway.node.verifiers import VERIFIERS
+from lodestar_gateway.node.attempt import Attempt
+from lodestar_gateway.node.harnesses import Launcher, Pi
+from lodestar_gateway.node.kinds import LAUNCHER_NAMES, harness_for
+from lodestar_gateway.node.runtimes import DockerBackend, HostBackend
+from lodestar_gateway.node.stages import SessionStages
+from lodestar_gateway.node.verifiers import VERIFIERS
 
 
 def test_every_kernel_kind_has_its_adapter_verifier_and_runtime():

@@ -13,9 +13,9 @@ import structlog.testing
 
 from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import gateway_pb2, rollout_pb2
-from services.gateway.node.lifecycle import LOG_TAIL_CHARS
-from services.gateway.server import GatewayNode
-from services.gateway.settings import GatewaySettings
+from lodestar_gateway.node.lifecycle import LOG_TAIL_CHARS
+from lodestar_gateway.server import GatewayNode
+from lodestar_gateway.settings import GatewaySettings
 from tests.gateway.node.conftest import (
     AGENT,
     HANG_AGENT,

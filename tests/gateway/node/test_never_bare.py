@@ -12,8 +12,8 @@ import pytest
 
 from lodestar.settings import load_settings
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.harnesses.base import REPO_ROOT
-from services.gateway.settings import GatewaySettings
+from lodestar_gateway.node.harnesses.base import REPO_ROOT
+from lodestar_gateway.settings import GatewaySettings
 from tests.gateway.node.conftest import NodeFactory
 from tests.gateway.node.standin import RolloutStandIn, assignment
 

@@ -29,7 +29,7 @@ def _node(stack: StackFactory, standin: RolloutStandIn, etcd: tuple[str, str], t
     harness process of tmp_path/pids when the block ends."""
     inference = stack({"replies": [{"text": "first"}]}).inference_address
     argv = [
-        sys.executable, "-m", "lodestar.cli.main", "gateway", "serve", "--port", "0", "--http-port", "0",
+        sys.executable, "-m", "lodestar_app.cli.main", "gateway", "serve", "--port", "0", "--http-port", "0",
         "--inference", inference, "--rollout", standin.address, "--etcd", etcd[0], "--etcd-prefix", etcd[1],
         "--data-dir", str(tmp_path / "node"), "--poll-interval-s", "0.2", "--log-json",
         "--host-sandbox", "namespaces",  # its harnesses write the host's PIDFILE (the sandbox would hide it)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from lodestar.errors import InvalidArgumentError
-from services.gateway.node.harnesses import Command, GatewayEndpoint, Launcher, Pi
-from services.gateway.node.runtimes import HostBackend
+from lodestar_gateway.node.harnesses import Command, GatewayEndpoint, Launcher, Pi
+from lodestar_gateway.node.runtimes import HostBackend
 from tests.waiting import eventually
 
 PROBE = (

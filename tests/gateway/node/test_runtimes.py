@@ -15,9 +15,9 @@ from google.protobuf import struct_pb2
 
 from lodestar.errors import FailedPreconditionError, InvalidArgumentError
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.harnesses import Command, GatewayEndpoint, Launcher, RunDirs
-from services.gateway.node.harnesses.base import DEFAULT_BIN_DIR, REPO_ROOT
-from services.gateway.node.runtimes import (
+from lodestar_gateway.node.harnesses import Command, GatewayEndpoint, Launcher, RunDirs
+from lodestar_gateway.node.harnesses.base import DEFAULT_BIN_DIR, REPO_ROOT
+from lodestar_gateway.node.runtimes import (
     DockerBackend,
     DockerRuntime,
     HostBackend,
@@ -25,9 +25,9 @@ from services.gateway.node.runtimes import (
     Runtimes,
     resolved_spec,
 )
-from services.gateway.node.runtimes.base import mounts_under, remove_dir, stage_dirs
-from services.gateway.node.runtimes.docker_cli import DockerCli
-from services.gateway.node.runtimes.docker_spec import (
+from lodestar_gateway.node.runtimes.base import mounts_under, remove_dir, stage_dirs
+from lodestar_gateway.node.runtimes.docker_cli import DockerCli
+from lodestar_gateway.node.runtimes.docker_spec import (
     NODE_BIN,
     SESSION_UID,
     cgroup_counters,

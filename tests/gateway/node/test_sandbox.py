@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from services.gateway.node.harnesses import Invocation, Launcher
-from services.gateway.node.harnesses.base import clean_env
-from services.gateway.node.harnesses.sandbox import Sandbox
-from services.gateway.node.runtimes import HostBackend
+from lodestar_gateway.node.harnesses import Invocation, Launcher
+from lodestar_gateway.node.harnesses.base import clean_env
+from lodestar_gateway.node.harnesses.sandbox import Sandbox
+from lodestar_gateway.node.runtimes import HostBackend
 from tests.gateway.node.evil_agent import ESCAPES, EVIL, gateway_port, other_port
 
 __all__ = ["gateway_port", "other_port"]  # fixtures

@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.harnesses import Command, GatewayEndpoint, Invocation, Launcher
-from services.gateway.node.harnesses.base import REPO_ROOT, clean_env
-from services.gateway.node.harnesses.sandbox import Sandbox
-from services.gateway.node.runtimes import HostBackend
+from lodestar_gateway.node.harnesses import Command, GatewayEndpoint, Invocation, Launcher
+from lodestar_gateway.node.harnesses.base import REPO_ROOT, clean_env
+from lodestar_gateway.node.harnesses.sandbox import Sandbox
+from lodestar_gateway.node.runtimes import HostBackend
 from tests.gateway.node.snoop_agent import PROBE, WALK
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")

@@ -16,10 +16,10 @@ import pytest
 
 from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.harnesses import Launcher
-from services.gateway.node.repository import prepare_repository
-from services.gateway.node.runtimes import HostBackend, HostRuntime
-from services.gateway.node.verifiers import VerifierError, make_verifier
+from lodestar_gateway.node.harnesses import Launcher
+from lodestar_gateway.node.repository import prepare_repository
+from lodestar_gateway.node.runtimes import HostBackend, HostRuntime
+from lodestar_gateway.node.verifiers import VerifierError, make_verifier
 from tests.gateway.node.swe_helpers import SWE_MINI, swe_mini_tasks, swe_score, swe_session
 
 

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from google.protobuf import json_format
 
-from lodestar.cli.images import build_task_image
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.repository import prepare_repository
-from services.gateway.node.runtimes import DockerBackend, DockerRuntime
-from services.gateway.node.verifiers import VerifierInput, make_verifier
+from lodestar_app.cli.images import build_task_image
+from lodestar_gateway.node.repository import prepare_repository
+from lodestar_gateway.node.runtimes import DockerBackend, DockerRuntime
+from lodestar_gateway.node.verifiers import VerifierInput, make_verifier
 from tests.docker_support import SESSION_IMAGE, containers, remove, skip_reason
 from tests.gateway.node.swe_plants import FAKE_PASSES, FORCE_PASS_PLUGIN, LIBRARY, PATCH_REPORTS, UNDER_PYTEST
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.runtimes import HostRuntime
+from lodestar_gateway.node.runtimes import HostRuntime
 from tests.gateway.node.swe_helpers import swe_mini_tasks, swe_score, swe_session
 from tests.gateway.node.swe_plants import FAKE_PASSES, FORCE_PASS_PLUGIN, LIBRARY, PATCH_REPORTS, UNDER_PYTEST
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from services.gateway.node.verifiers.swe_report import PytestRun, bootstrap_argv, find_config, pytest_run, read_report
-from services.gateway.node.verifiers.swe_tree import carry_changes
+from lodestar_gateway.node.verifiers.swe_report import PytestRun, bootstrap_argv, find_config, pytest_run, read_report
+from lodestar_gateway.node.verifiers.swe_tree import carry_changes
 
 NONCE = "n0"
 

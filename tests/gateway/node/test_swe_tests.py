@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lodestar.patches import patch_files, unsafe_paths
-from services.gateway.node.verifiers.swe_tests import command_argv, parse_outcomes, report
+from lodestar_gateway.node.verifiers.swe_tests import command_argv, parse_outcomes, report
 
 PYTEST_RA = """\
 ============================= test session starts ==============================

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.harnesses import Launcher
-from services.gateway.node.harnesses.sandbox import Sandbox
-from services.gateway.node.runtimes import HostBackend, HostRuntime
-from services.gateway.node.verifiers import VerifierError, make_verifier
+from lodestar_gateway.node.harnesses import Launcher
+from lodestar_gateway.node.harnesses.sandbox import Sandbox
+from lodestar_gateway.node.runtimes import HostBackend, HostRuntime
+from lodestar_gateway.node.verifiers import VerifierError, make_verifier
 from tests.gateway.node.swe_helpers import runtime_input
 
 FUNCTIONS = "tests.gateway.node.verifier_functions"

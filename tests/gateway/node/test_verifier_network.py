@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.harnesses import Launcher
-from services.gateway.node.harnesses.sandbox import Sandbox
-from services.gateway.node.runtimes import HostBackend
-from services.gateway.node.verifiers import VerifierInput, make_verifier
+from lodestar_gateway.node.harnesses import Launcher
+from lodestar_gateway.node.harnesses.sandbox import Sandbox
+from lodestar_gateway.node.runtimes import HostBackend
+from lodestar_gateway.node.verifiers import VerifierInput, make_verifier
 from tests.gateway.node.evil_agent import gateway_port, other_port
 
 __all__ = ["gateway_port", "other_port"]  # fixtures

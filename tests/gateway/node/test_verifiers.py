@@ -10,10 +10,10 @@ import pytest
 
 from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import rollout_pb2
-from services.gateway.node.harnesses import Launcher
-from services.gateway.node.runtimes import HostBackend, HostRuntime
-from services.gateway.node.verifiers import VERIFIERS, VerifierError, VerifierInput, make_verifier
-from services.gateway.node.verifiers.exact_match import normalize
+from lodestar_gateway.node.harnesses import Launcher
+from lodestar_gateway.node.runtimes import HostBackend, HostRuntime
+from lodestar_gateway.node.verifiers import VERIFIERS, VerifierError, VerifierInput, make_verifier
+from lodestar_gateway.node.verifiers.exact_match import normalize
 
 FUNCTIONS = "tests.gateway.node.verifier_functions"
 

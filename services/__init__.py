@@ -1,1 +1,0 @@
-"""The four lodestar services: inference, gateway, rollout and trainer (one subpackage each)."""

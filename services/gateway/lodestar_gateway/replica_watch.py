@@ -1,0 +1,101 @@
+"""Inference replicas discovered in etcd (`--inference-discovery etcd`): the gateway's ReplicaSet follows them.
+
+Replicas register under `<prefix>inference/` (`lodestar.inference_registry`); `ReplicaDiscovery` watches that
+prefix and adds a replica to the ReplicaSet when it is admitted and removes it when its key goes (it drained,
+or died and its lease expired). The router then places new sessions on the ring that includes the newcomer;
+running sessions stay where they are unless their replica left (services/gateway/lodestar_gateway/routing.py).
+
+Admission (`Admission`, pure): a replica is routed to once it serves the fleet's policy version — the
+newest version an admitted replica serves (before any is admitted: the newest any live replica serves).
+A replica that joins mid-run comes up with its starting weights; it waits, registered but unrouted, until
+the trainer's next push (the trainer pushes every version to every registered replica) brings it to the
+fleet's version, so no session samples from a policy the run left behind. Once admitted it stays while its
+key lives, also while it lags a version during a push (every replica does, briefly); one that falls further
+behind (it missed pushes: the trainer could not reach it) stops being routed to until it catches up. A key
+rewritten under a new lease is a restarted process: it is admitted again only once it has caught up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from lodestar.etcd import EtcdTls
+from lodestar.inference_registry import RegisteredReplica, ReplicaWatch
+from lodestar.logging import get_logger
+from lodestar.presence import DEFAULT_PREFIX
+from lodestar_gateway.replicas import ReplicaSet
+
+_log = get_logger("gateway.discovery")
+MAX_LAG = 1
+"""Versions a routed replica may lag behind the fleet: one while a push is under way (the trainer pushes the
+next version only once the last one landed everywhere it could), more only when it missed pushes."""
+
+
+@dataclass(frozen=True)
+class _Admitted:
+    lease_id: int
+    address: str
+
+
+class Admission:
+    """Which registered replicas are routed to (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._admitted: dict[str, _Admitted] = {}
+        self.waiting: dict[str, int] = {}
+        """Registered replicas not admitted yet: address -> the version they serve."""
+
+    def update(self, replicas: Mapping[str, RegisteredReplica]) -> set[str]:
+        """The addresses to route to, given every live replica by key."""
+        live = {key: replica for key, replica in replicas.items() if replica.record.address}
+        for key, admitted in list(self._admitted.items()):
+            replica = live.get(key)
+            if replica is None or (replica.lease_id, replica.record.address) != (admitted.lease_id, admitted.address):
+                del self._admitted[key]  # gone, or a new process under the same key: it must catch up again
+        versions = [live[key].record.policy_version for key in self._admitted] or [
+            replica.record.policy_version for replica in live.values()
+        ]
+        fleet = max(versions, default=0)
+        for key in [key for key in self._admitted if live[key].record.policy_version < fleet - MAX_LAG]:
+            del self._admitted[key]  # it missed pushes (the trainer cannot reach it): not routed until it catches up
+        self.waiting = {}
+        for key, replica in live.items():
+            if key in self._admitted:
+                continue
+            if replica.record.policy_version >= fleet:
+                self._admitted[key] = _Admitted(replica.lease_id, replica.record.address)
+            else:
+                self.waiting[replica.record.address] = replica.record.policy_version
+        return {admitted.address for admitted in self._admitted.values()}
+
+
+class ReplicaDiscovery:
+    """Keeps a ReplicaSet equal to the admitted replicas in etcd (see the module docstring)."""
+
+    def __init__(
+        self, replicas: ReplicaSet, endpoint: str, *, prefix: str = DEFAULT_PREFIX, tls: EtcdTls | None = None
+    ) -> None:
+        self.replicas = replicas
+        self.admission = Admission()
+        self.watch = ReplicaWatch(endpoint, self._apply, prefix=prefix, tls=tls)
+        self._logged_waiting: set[str] = set()
+
+    def start(self) -> None:
+        self.watch.start()
+
+    async def stop(self) -> None:
+        await self.watch.stop()
+
+    async def _apply(self, registered: Mapping[str, RegisteredReplica]) -> None:
+        routed = self.admission.update(registered)
+        current = set(self.replicas.clients)
+        for address in sorted(routed - current):
+            self.replicas.add(address)
+        for address in sorted(current - routed):
+            await self.replicas.remove(address)
+        waiting = set(self.admission.waiting)
+        if waiting - self._logged_waiting:
+            _log.info("inference replicas wait for the fleet's policy version before they are routed to",
+                      waiting=self.admission.waiting)  # fmt: skip
+        self._logged_waiting = waiting
