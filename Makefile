@@ -14,7 +14,7 @@ BUF := node_modules/.bin/buf
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 
-.PHONY: help check pytest-fast config-reference run up test test-training test-docker setup system-deps node-deps test-deps venv node-tools vllm-venv harnesses node-client dashboard-assets proto proto-check lint typecheck pytest bench bench-learning clean docker-deps images session-image compose-test
+.PHONY: help check pytest-fast config-reference run up test test-training test-docker setup system-deps node-deps test-deps venv node-tools vllm-venv harnesses node-client dashboard-assets proto proto-check lint sizes typecheck pytest bench bench-learning clean docker-deps images session-image compose-test
 
 ## run: set up, then train the bundled quickstart (examples/quickstart: local etcd + the four services, the tiny
 ## model, a live view) and exit with its summary (reward rise, plot, checkpoint). See docs/quickstart.md.
@@ -32,12 +32,12 @@ up: setup
 ## check and the test suite. Disk on top of `make run`'s: .venv-vllm 3.5 GB, .harnesses 2.3 GB, node_modules 94 MB,
 ## PostgreSQL and Chromium from apt. Time: tens of minutes on 2 cores (the whole-training e2e tests alone took
 ## 13 min at load 10-20, commit e205f8d); `make vllm-venv` 124 s from nothing (docs/benchmarks.md).
-test: setup test-deps node-tools vllm-venv harnesses node-client proto-check lint typecheck pytest
+test: setup test-deps node-tools vllm-venv harnesses node-client proto-check lint sizes typecheck pytest
 
 ## check: the fast loop before every commit (CONTRIBUTING.md): lint, typecheck and the fast unit tests
 ## (FAST_TESTS: no slow, harness, vllm, docker or training_e2e marker; not tests/e2e or tests/deploy).
 ## 2 min 31 s here (2 cores, load 3-4, mypy cache warm; a cold mypy adds ~90 s), 2026-12-03.
-check: lint typecheck pytest-fast
+check: lint sizes typecheck pytest-fast
 
 ## help: list the targets and what each does (the `## target:` comments of this Makefile).
 help:
@@ -150,6 +150,10 @@ proto-check: proto
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+## sizes: the size limits (files <= 600 lines, functions <= 80) over our Python code: scripts/size_check.py.
+sizes: venv
+	$(VENV)/bin/python scripts/size_check.py
 
 ## typecheck: mypy, strict (configuration in pyproject.toml).
 typecheck: venv
