@@ -15,8 +15,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from lodestar.settings import ENV_PREFIX
+from lodestar.settings import ENV_PREFIX, load_settings
 from lodestar_app.cli.services import REGISTRY
+from lodestar_trainer.metrics import METRICS_FILE, TENSORBOARD_DIR
+from lodestar_trainer.settings import TrainerSettings
+from tests.deploy.test_images import DEPLOY, env_of, parse
 
 SETTINGS = {service.name: service.settings for service in REGISTRY}
 REPO = Path(__file__).resolve().parents[2]
@@ -119,6 +122,36 @@ def test_the_gpu_overlay_asks_for_gpus_and_the_local_one_for_none() -> None:
     assert not shared  # a PostgreSQL store: leader and standby share no volume (only their Secrets)
     for workload in local.values():
         assert workload["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] == "Never"
+
+
+def trainer_outputs(docs: list[dict[str, Any]]) -> tuple[list[Path], list[Path]]:
+    """(where the trainer writes: TensorBoard's event files, metrics.jsonl, checkpoints; the mount paths of the
+    PVC `checkpoints` in its pod), with the settings its image, the ConfigMap and its container give it."""
+    pod = _workloads(docs)["trainer"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = env_of(parse(DEPLOY / "Dockerfile.trainer")[1][-1]) | _config_env(docs)
+    env |= {item["name"]: item["value"] for item in container.get("env", []) if "value" in item}
+    settings = load_settings(TrainerSettings, env=env)
+    run_dir = settings.run_dir
+    outputs = [run_dir / TENSORBOARD_DIR, run_dir / METRICS_FILE, settings.checkpoint_dir or run_dir / "checkpoints"]
+    claims = {v["name"] for v in pod["volumes"] if v.get("persistentVolumeClaim", {}).get("claimName") == "checkpoints"}
+    return outputs, [Path(m["mountPath"]) for m in container["volumeMounts"] if m["name"] in claims]
+
+
+@pytest.mark.parametrize("overlay", ["cpu-local", "gpu"])
+def test_the_trainer_writes_tensorboard_and_checkpoints_on_its_volume(overlay: str) -> None:
+    """TensorBoard's event files (<run_dir>/tensorboard), metrics.jsonl and the checkpoints lie on the PVC
+    `checkpoints`, so they outlive the pod and TensorBoard reads them there (docs/deploy.md); an image whose
+    run directory is its working directory (the settings' default) would write them into the container."""
+    docs = render(overlay)
+    outputs, (mount,) = trainer_outputs(docs)
+    assert mount == Path("/checkpoints")
+    for path in outputs:
+        assert path.is_relative_to(mount), f"{overlay}: {path} is not on {mount}"
+    trainer = _workloads(docs)["trainer"]["spec"]["template"]["spec"]["containers"][0]
+    trainer["env"].append({"name": "LODESTAR_TRAINER_RUN_DIR", "value": ".lodestar/trainer"})
+    moved, _ = trainer_outputs(docs)
+    assert not moved[0].is_relative_to(mount)  # the check can fail
 
 
 ROLE_TOKENS = {"rollout": None, "inference": None, "gateway": "node", "trainer": "trainer"}
