@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from lodestar.v1 import rollout_pb2
-from lodestar_trainer import loop as loop_module
+from lodestar_trainer import planner as planner_module
 from lodestar_trainer.checkpoint import load_checkpoint
 from lodestar_trainer.inbox import IDLE, Idle, Inbox, SaveRequest
 from lodestar_trainer.status import Phase
@@ -127,19 +127,19 @@ def test_keepalives_while_waiting_keep_the_groups_read_so_far(
 ) -> None:
     """A quiet wait ends every KEEPALIVE_S with a no-op plan (under torchrun: the other ranks' collective
     ends in time); the group read before it still joins the step."""
-    monkeypatch.setattr(loop_module, "KEEPALIVE_S", 0.02)
+    monkeypatch.setattr(planner_module, "KEEPALIVE_S", 0.02)
     trainer, _ = trainer_for(trainer_model_dir, tmp_path, [], groups_per_step=2, steps=1)
     gate = Gate([make_group(0), make_group(1)])
     trainer.source = GateSource(gate)
     keepalives = 0
-    between = trainer._between_steps
+    between = trainer.control.between_steps
 
     def counting(request: SaveRequest | Idle) -> Any:
         nonlocal keepalives
         keepalives += request is IDLE
         return between(request)
 
-    monkeypatch.setattr(trainer, "_between_steps", counting)
+    monkeypatch.setattr(trainer.control, "between_steps", counting)
     loop = threading.Thread(target=trainer.run, daemon=True)
     loop.start()
     gate.release.release()

@@ -25,11 +25,13 @@ from lodestar_trainer.metrics import MetricsWriter
 from lodestar_trainer.model import DTYPES, enable_activation_checkpointing, load_model, model_files
 from lodestar_trainer.parallel.distributed import Parallel
 from lodestar_trainer.parallel.sharded import load_sharded
+from lodestar_trainer.planner import BatchConfig
 from lodestar_trainer.rollout_client import RolloutClient
 from lodestar_trainer.settings import TrainerSettings
 from lodestar_trainer.status import Status, StatusBoard
 from lodestar_trainer.step.advantages import AdvantageKind
 from lodestar_trainer.step.loss import Aggregation, LossConfig
+from lodestar_trainer.step.optimizer_step import StepConfig
 from lodestar_trainer.step.precision import ComputeCopy, set_matmul_precision
 from lodestar_trainer.weights.publish import FanoutPublisher, publisher_for
 from lodestar_trainer.weights.replica_discovery import DiscoveredReplicas
@@ -56,24 +58,31 @@ def loop_config(settings: TrainerSettings) -> LoopConfig:
     attention = settings.attention if settings.attention != "auto" else ("flex" if cuda else "explicit")
     if attention == "flex" and not cuda:
         raise InvalidArgumentError("--attention flex needs a CUDA device: flex attention has no backward on CPU")
-    return LoopConfig(
+    batch = BatchConfig(
         run_id=settings.run,
         builder=BuilderKind(settings.builder),
         advantage=AdvantageKind(settings.advantage),
-        loss=loss,
-        behaviour_correction=settings.behaviour_correction,
         micro_batch_tokens=settings.micro_batch_tokens,
         groups_per_step=settings.groups_per_step,
         max_staleness=settings.max_staleness,
-        steps=settings.steps,
+        stop_after_no_signal_groups=settings.stop_after_no_signal_groups,
+    )
+    step = StepConfig(
+        loss=loss,
+        behaviour_correction=settings.behaviour_correction,
         max_grad_norm=settings.max_grad_norm,
+        attention=attention,
+        pass_threshold=settings.pass_threshold,
+        mismatch_warn_nats=settings.mismatch_warn_nats,
+    )
+    return LoopConfig(
+        run_id=settings.run,
+        batch=batch,
+        step=step,
+        steps=settings.steps,
         checkpoint_every=settings.checkpoint_every,
         checkpoint_dir=settings.checkpoint_dir or settings.run_dir / "checkpoints",
-        pass_threshold=settings.pass_threshold,
-        stop_after_no_signal_groups=settings.stop_after_no_signal_groups,
-        mismatch_warn_nats=settings.mismatch_warn_nats,
         async_push=settings.async_push,
-        attention=attention,
     )
 
 
@@ -119,7 +128,8 @@ def create_trainer(settings: TrainerSettings, parallel: Parallel | None = None, 
         enable_activation_checkpointing(loaded)  # before the compute copy, which keeps it
     model = parallel.wrap(loaded, compute_dtype)
     compute = None if compute_dtype == torch.float32 or parallel.shards else ComputeCopy(model, compute_dtype)
-    config = dataclasses.replace(config, vocab_size=int(model.config.vocab_size))
+    batch = dataclasses.replace(config.batch, vocab_size=int(model.config.vocab_size))
+    config = dataclasses.replace(config, batch=batch)
     reference: Any = None
     if settings.kl_coef:
         reference = load_model(settings.model or start, device=settings.device, dtype=settings.dtype).eval()
