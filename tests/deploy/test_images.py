@@ -137,7 +137,7 @@ def test_compose_stack() -> None:
     assert all(services[name]["image"] == "lodestar/rollout:dev" for name in one_shots)
     ports = {name: IMAGES[name][2] for name in ("rollout", "inference", "gateway")} | {"etcd": 2379}
     for name, spec in ((name, spec) for name, spec in services.items() if name not in one_shots):
-        assert spec["image"] == f"lodestar/{name}:dev"
+        assert re.sub(r"\$\{LODESTAR_GATEWAY_IMAGE:-([^}]*)\}", r"\1", spec["image"]) == f"lodestar/{name}:dev"
         assert spec["init"] is (name != "etcd")  # SIGTERM reaches the service, which drains (etcd: its own tini)
         for published in spec["ports"]:
             assert published.startswith("127.0.0.1:"), f"{name} publishes {published} beyond loopback"
@@ -152,6 +152,23 @@ def test_compose_stack() -> None:
                     assert host in services, f"{name}: {key}={value}"
                     assert int(port) == ports[host], f"{name}: {key}={value}"
     assert "../build/compose/tiny-model:/models/policy:ro" in services["inference"]["volumes"]
+
+
+def test_the_custom_gateway_image_adds_files_and_packages_to_the_node() -> None:
+    """deploy/Dockerfile.gateway-custom: FROM the gateway image (a build ARG), the context at /opt/lodestar-user
+    (the path docs/deploy.md names), its packages into the node's environment from its own wheels (no index),
+    not writable by the sessions' user, and the image's own user again at the end."""
+    global_args, (stage,) = parse(DEPLOY / "Dockerfile.gateway-custom")
+    assert global_args == ["GATEWAY=lodestar/gateway:dev"]
+    assert stage.base == "${GATEWAY}"
+    assert stage.all("COPY") == [". /opt/lodestar-user"]
+    (run,) = stage.all("RUN")
+    assert "/opt/lodestar/bin/pip install --no-index --find-links /opt/lodestar-user/wheels" in run
+    assert "chmod -R a+rX,go-w /opt/lodestar-user" in run
+    assert stage.all("USER") == ["root", "lodestar"]
+    guide = (DEPLOY.parent / "docs" / "deploy.md").read_text()
+    assert '"/opt/lodestar-user/agent.py"' in guide
+    assert 'pythonpath: ["/opt/lodestar-user"]' in guide
 
 
 def test_a_wrong_setting_is_caught() -> None:
