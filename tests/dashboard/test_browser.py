@@ -1,7 +1,8 @@
-"""The dashboard in a real browser: Debian's Chromium driven by Playwright for Python (its own browser
-download is never used). Opens the finished run of `stack`, checks the runs table, a training curve with one
-point per step, a session's calls and a call's token view, and writes screenshots as test artifacts
-(`<tmp>/screenshots/`, or $LODESTAR_SCREENSHOT_DIR when set: docs/dashboard.md's images come from there)."""
+"""The dashboard in a real browser: a Chromium driven by Playwright for Python: $LODESTAR_CHROMIUM, else
+Debian's (/usr/bin/chromium), else Playwright's own build (Ubuntu: scripts/install-chromium.sh). Opens the
+finished run of `stack`, checks the runs table, a training curve with one point per step, a session's calls
+and a call's token view, and writes screenshots as test artifacts (`<tmp>/screenshots/`, or
+$LODESTAR_SCREENSHOT_DIR when set: docs/dashboard.md's images come from there)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from tests.dashboard.stack import LARGE_CALLS, STEPS, DashboardStack
 
-CHROMIUM = Path("/usr/bin/chromium")
+SYSTEM_CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -31,18 +32,25 @@ TIMEOUT_MS = 15_000
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if not CHROMIUM.exists():
-        pytest.fail("Chromium missing: `apt-get install -y chromium` (make system-deps)", pytrace=False)
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
         pytest.fail("Playwright for Python missing: pip install playwright (the dev extra)", pytrace=False)
     with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        chromium = _chromium(Path(playwright.chromium.executable_path))
+        launched = playwright.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS, headless=True)
         try:
             yield launched
         finally:
             launched.close()
+
+
+def _chromium(playwright_own: Path) -> Path:
+    """$LODESTAR_CHROMIUM, else Debian's Chromium, else Playwright's own build; fails when none exists."""
+    for candidate in (os.environ.get("LODESTAR_CHROMIUM"), SYSTEM_CHROMIUM, playwright_own):
+        if candidate and Path(candidate).exists():
+            return Path(candidate)
+    pytest.fail("Chromium missing: `make test-deps` (scripts/install-chromium.sh)", pytrace=False)
 
 
 @pytest.fixture(scope="module")
