@@ -195,13 +195,21 @@ async def soak(args: argparse.Namespace, inference: str, repo: Path, work: Path)
     child.send_signal(signal.SIGTERM)
     await asyncio.to_thread(child.wait, 60)
     checkpoints = json.loads((data_dir / "checkpoints.json").read_text())
-    summary = summarize(samples, load_latency, added, args)
-    if checkpoints:
-        stalls = sorted(c["writer_s"] * 1e3 for c in checkpoints)
-        skipped = sum(not c["restarted"] for c in checkpoints)
-        summary |= {"rewind_ms_p50": statistics.median(stalls), "rewind_ms_max": stalls[-1],
-                    "rewinds_skipped": skipped, "rewinds_seen": len(stalls)}  # fmt: skip
+    summary = summarize(samples, load_latency, added, args) | rewinds(checkpoints)
     return {"repo": str(repo), "capture_module": module, "samples": samples, "lost": lost, "summary": summary}
+
+
+def rewinds(checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
+    """The WAL checkpoints the node recorded: the writer's stall per rewind (median, largest), how many skipped."""
+    if not checkpoints:
+        return {}
+    stalls = sorted(c["writer_s"] * 1e3 for c in checkpoints)
+    return {
+        "rewind_ms_p50": statistics.median(stalls),
+        "rewind_ms_max": stalls[-1],
+        "rewinds_skipped": sum(not c["restarted"] for c in checkpoints),
+        "rewinds_seen": len(stalls),
+    }
 
 
 async def check_kept(gateway: Any, closed: list[tuple[float, str, int]], gone_after_s: float) -> dict[str, int]:

@@ -36,6 +36,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -52,64 +53,73 @@ ROUNDS = {16: 6, 64: 3}
 KV_CACHE_BYTES = 512 * 1024**2
 
 
-async def measure(model_dir: Path, repeats: int) -> dict[tuple[int, bool, str], list[float]]:
-    """CPU microseconds per sampled token, per (C, streaming, layer), one value per repeat."""
-    from lodestar.v1 import common_pb2, inference_pb2
-    from lodestar_inference.engine import EngineRequest, SamplingOptions
-    from lodestar_inference.multiplex import Multiplexer
-    from lodestar_inference.service import InferenceService
-    from lodestar_inference.settings import InferenceSettings
+async def closed_loop(c: int, rounds: int, one: Callable[[int, int], Awaitable[int]]) -> int:
+    """`c` workers, each `rounds` calls of `one(worker, seed)` back to back; the tokens they sampled."""
 
-    settings = InferenceSettings(backend="vllm", model=model_dir, kv_cache_bytes=KV_CACHE_BYTES, max_new_tokens=4096)
-    service = InferenceService.create(settings)
-    await service.start()
-    engine, generation = service._engine, service._generation  # the layers themselves, driven one by one
-    llm, info = engine._llm, engine.info()
-    prompts = [list(service.template.prompt([_user(PROMPT.format(i))]).ids) for i in range(max(CONCURRENCY))]
+    async def worker(index: int) -> int:
+        return sum([await one(index, 1000 * round_ + index) for round_ in range(rounds)])
 
-    def request(worker: int, seed: int, stream: bool) -> inference_pb2.GenerateRequest:
+    return sum(await asyncio.gather(*(worker(i) for i in range(c))))
+
+
+class Layers:
+    """One closed-loop phase through each layer of a started vLLM inference service, driven one by one: the raw
+    AsyncLLM under it, its engine adapter, its Generation, and the Multiplexer of GenerateMany over that."""
+
+    def __init__(self, service: Any) -> None:
+        self.engine, self.generation = service._engine, service._generation  # the layers themselves
+        self.llm, self.info = self.engine._llm, self.engine.info()
+        self.prompts = [list(service.template.prompt([_user(PROMPT.format(i))]).ids) for i in range(max(CONCURRENCY))]
+
+    def runs(self) -> dict[str, Callable[[int, bool, int], Awaitable[int]]]:
+        """Layer name (`LAYERS`) -> its phase (c, stream, repeat) -> tokens sampled."""
+        return dict(zip(LAYERS, (self.raw, self.engine_adapter, self.generation_run, self.multiplexer), strict=True))
+
+    @staticmethod
+    def request(worker: int, seed: int, stream: bool) -> Any:
+        from lodestar.v1 import common_pb2, inference_pb2
+
         sampling = common_pb2.SamplingParams(seed=seed, max_tokens=NEW_TOKENS)
         return inference_pb2.GenerateRequest(messages=[_user(PROMPT.format(worker))], stream=stream, sampling=sampling)
 
-    async def closed_loop(c: int, one: Callable[[int, int], Awaitable[int]]) -> int:
-        async def worker(index: int) -> int:
-            return sum([await one(index, 1000 * round_ + index) for round_ in range(ROUNDS[c])])
+    async def raw(self, c: int, stream: bool, repeat: int) -> int:
+        phase = {"c": c, "rounds": ROUNDS[c], "stream": stream, "repeat": repeat, "prompts": self.prompts}
+        return int((await _raw_phase(self.llm, self.info, phase))["tokens"])
 
-        return sum(await asyncio.gather(*(worker(i) for i in range(c))))
+    async def engine_adapter(self, c: int, stream: bool, repeat: int) -> int:
+        from lodestar_inference.engine import EngineRequest, SamplingOptions
 
-    async def run_raw(c: int, stream: bool, repeat: int) -> int:
-        phase = {"c": c, "rounds": ROUNDS[c], "stream": stream, "repeat": repeat, "prompts": prompts}
-        return int((await _raw_phase(llm, info, phase))["tokens"])
-
-    async def run_engine(c: int, stream: bool, repeat: int) -> int:
-        hold = generation.stream_interval(running=c - 1) if stream else 0.0  # Generation's pace with c streams
+        hold = self.generation.stream_interval(running=c - 1) if stream else 0.0  # Generation's pace, c streams
 
         async def one(worker: int, seed: int) -> int:
             options = SamplingOptions(max_tokens=NEW_TOKENS, seed=seed)
-            engine_request = EngineRequest(f"e{seed}", tuple(prompts[worker]), options, final_only=not stream,
-                                           hold_s=hold)  # fmt: skip
-            return sum([len(step.token_ids) async for step in engine.generate(engine_request)])
+            request = EngineRequest(
+                f"e{seed}", tuple(self.prompts[worker]), options, final_only=not stream, hold_s=hold
+            )
+            return sum([len(step.token_ids) async for step in self.engine.generate(request)])
 
-        return await closed_loop(c, one)
+        return await closed_loop(c, ROUNDS[c], one)
 
-    async def run_generation(c: int, stream: bool, repeat: int) -> int:
+    async def generation_run(self, c: int, stream: bool, repeat: int) -> int:
         async def one(worker: int, seed: int) -> int:
-            async for response in generation.run(request(worker, seed, stream)):
+            async for response in self.generation.run(self.request(worker, seed, stream)):
                 if response.HasField("final"):
                     return len(response.final.completion_token_ids)
             raise AssertionError("a generation ended without its final response")
 
-        return await closed_loop(c, one)
+        return await closed_loop(c, ROUNDS[c], one)
 
-    async def run_multiplexer(c: int, stream: bool, repeat: int) -> int:
-        multiplexer = Multiplexer(generation.run)
+    async def multiplexer(self, c: int, stream: bool, repeat: int) -> int:
+        from lodestar_inference.multiplex import Multiplexer
+
+        multiplexer = Multiplexer(self.generation.run)
         finals: dict[int, asyncio.Future[int]] = {}
         loop = asyncio.get_running_loop()
 
         async def one(worker: int, seed: int) -> int:
             tag = len(finals) + 1
             finals[tag] = loop.create_future()
-            multiplexer.start(tag, request(worker, seed, stream))
+            multiplexer.start(tag, self.request(worker, seed, stream))
             return await finals[tag]
 
         async def read() -> None:
@@ -121,14 +131,21 @@ async def measure(model_dir: Path, repeats: int) -> dict[tuple[int, bool, str], 
                         finals[tag].set_result(len(outcome.final.completion_token_ids))
 
         reader = asyncio.create_task(read())
-        tokens = await closed_loop(c, one)
+        tokens = await closed_loop(c, ROUNDS[c], one)
         multiplexer.end_input()
         await reader
         return tokens
 
-    runs: dict[str, Callable[[int, bool, int], Awaitable[int]]] = dict(
-        zip(LAYERS, (run_raw, run_engine, run_generation, run_multiplexer), strict=True)
-    )
+
+async def measure(model_dir: Path, repeats: int) -> dict[tuple[int, bool, str], list[float]]:
+    """CPU microseconds per sampled token, per (C, streaming, layer), one value per repeat."""
+    from lodestar_inference.service import InferenceService
+    from lodestar_inference.settings import InferenceSettings
+
+    settings = InferenceSettings(backend="vllm", model=model_dir, kv_cache_bytes=KV_CACHE_BYTES, max_new_tokens=4096)
+    service = InferenceService.create(settings)
+    await service.start()
+    runs = Layers(service).runs()
     results: dict[tuple[int, bool, str], list[float]] = {}
     try:
         for run in runs.values():  # warm every path once

@@ -75,36 +75,39 @@ def filler(words: int, seed: int) -> str:
     return " ".join(WORDS[(seed * 7 + i * 13 + i // 5) % len(WORDS)] for i in range(words))
 
 
-def claude_code_body(stream: bool) -> dict[str, Any]:
-    """An Anthropic Messages request shaped like Claude Code's (~80 KB)."""
-    names = [
-        "Task",
-        "Bash",
-        "Glob",
-        "Grep",
-        "LS",
-        "ExitPlanMode",
-        "Read",
-        "Edit",
-        "MultiEdit",
-        "Write",
-        "NotebookEdit",
-        "WebFetch",
-        "TodoWrite",
-        "WebSearch",
-        "BashOutput",
-        "KillShell",
-        "SlashCommand",
-        "Skill",
-        "AskUserQuestion",
-        "EnterPlanMode",
-        "ListMcpResources",
-        "ReadMcpResource",
-        "Monitor",
-        "Agent",
-    ]
+CLAUDE_CODE_TOOLS = (
+    "Task",
+    "Bash",
+    "Glob",
+    "Grep",
+    "LS",
+    "ExitPlanMode",
+    "Read",
+    "Edit",
+    "MultiEdit",
+    "Write",
+    "NotebookEdit",
+    "WebFetch",
+    "TodoWrite",
+    "WebSearch",
+    "BashOutput",
+    "KillShell",
+    "SlashCommand",
+    "Skill",
+    "AskUserQuestion",
+    "EnterPlanMode",
+    "ListMcpResources",
+    "ReadMcpResource",
+    "Monitor",
+    "Agent",
+)
+"""The tools a Claude Code request offers, by name."""
+
+
+def claude_code_tools() -> list[dict[str, Any]]:
+    """Tool definitions shaped like Claude Code's: a long description and five described parameters each."""
     tools = []
-    for index, name in enumerate(names):
+    for index, name in enumerate(CLAUDE_CODE_TOOLS):
         properties = {
             f"param_{k}": {"type": "string" if k % 3 else "integer", "description": filler(40, index * 10 + k)}
             for k in range(5)
@@ -122,6 +125,12 @@ def claude_code_body(stream: bool) -> dict[str, Any]:
                 },
             }
         )
+    return tools
+
+
+def claude_code_body(stream: bool) -> dict[str, Any]:
+    """An Anthropic Messages request shaped like Claude Code's (~80 KB)."""
+    tools = claude_code_tools()
     system = [
         {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3; cc_entrypoint=cli; cch=0;"},
         {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."},

@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,16 +50,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 
+from bench.gpu_check_attention import attention_vs_dense  # noqa: E402
+from bench.gpu_check_report import Check, guarded, table  # noqa: E402
 from lodestar_trainer.builders import BuilderKind, build_sequences  # noqa: E402
 from lodestar_trainer.data.pack import pack  # noqa: E402
 from lodestar_trainer.data.synthetic import SMALL_SHAPE, SessionShape, synthetic_samples  # noqa: E402
 from lodestar_trainer.model import enable_activation_checkpointing  # noqa: E402
-from lodestar_trainer.step.attention import TreeLayout  # noqa: E402
-from lodestar_trainer.step.flex import FlexLayout, padded_length  # noqa: E402
+from lodestar_trainer.step.flex import padded_length  # noqa: E402
 from lodestar_trainer.step.forward import AttentionBackend, target_logprobs  # noqa: E402
 from lodestar_trainer.step.loss import LossConfig, LossNormalizer, LossOutput, policy_loss  # noqa: E402
 from lodestar_trainer.step.precision import ComputeCopy  # noqa: E402
@@ -79,69 +79,6 @@ SESSION_32K = replace(FULL_SHAPE, prefix_tokens=7_000)
 """The same 19 calls on a shorter prefix: one session that ends near 32K tokens."""
 PEAKS = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}
 """Dense bf16 peak FLOP/s by device-name substring (SXM parts)."""
-
-
-@dataclass
-class Row:
-    section: int
-    check: str
-    result: str
-    """pass, FAIL, measured, skipped or error."""
-    detail: str
-
-
-@dataclass
-class Check:
-    """The run: device, budget, the rows so far (written out after each one), where progress lines go."""
-
-    device: torch.device
-    budget_s: float
-    out: Path | None
-    console: Console
-    workdir: Path
-    group_size: int
-    sample: int
-    peak_tflops: float | None
-    started: float = field(default_factory=time.perf_counter)
-    rows: list[Row] = field(default_factory=list)
-
-    @property
-    def cuda(self) -> bool:
-        return self.device.type == "cuda"
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.started
-
-    def add(self, section: int, check: str, result: str, detail: str) -> None:
-        self.rows.append(Row(section, check, result, detail))
-        style = {"pass": "green", "measured": "cyan", "skipped": "yellow"}.get(result, "bold red")
-        self.console.log(f"[{self.elapsed():5.0f}s] {section}. {check}: [{style}]{result}[/] {detail}")
-        if self.out is not None:
-            self.out.write_text(table(self.rows))
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-
-
-def table(rows: list[Row]) -> str:
-    lines = ["| # | check | result | detail |", "|---|---|---|---|"]
-    for row in sorted(rows, key=lambda row: row.section):
-        detail = row.detail.replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| {row.section} | {row.check} | {row.result} | {detail} |")
-    return "\n".join(lines) + "\n"
-
-
-def guarded(check: Check, section: int, name: str, run: Callable[[], None]) -> None:
-    """Run one section; an exception becomes an `error` row (the rest of the run goes on)."""
-    try:
-        run()
-    except Exception as error:  # the one run on a GPU must bring back every other row
-        check.add(section, name, "error", f"{type(error).__name__}: {str(error)[:300]}")
-        check.console.print_exception(max_frames=4)
-    finally:
-        if check.cuda:
-            torch.cuda.empty_cache()
 
 
 # -- 1. versions --------------------------------------------------------------------------------------
@@ -282,107 +219,6 @@ def builders_equal(check: Check) -> None:
         f"vs bf16 per_request: {between}; bf16 per_request vs fp32: |loss diff| {abs(base_loss - ref_loss):.1e}, "
         f"grad rel. diff {relative(base_grads, ref_grads):.1e} (largest per-tensor ||diff|| / ||grad||)",
     )
-
-
-# -- 3. attention vs the dense reference ----------------------------------------------------------------
-
-
-def random_forest(size: int, seed: int) -> list[int]:
-    """Parents of a random pre-order forest shaped like merged sessions: long chains that now and then (every
-    ~300 tokens) branch off a uniformly drawn earlier token of the current path; a new root rarely."""
-    rng = random.Random(seed)
-    parents: list[int] = []
-    path: list[int] = []
-    for token in range(size):
-        if path and rng.random() < 0.998:
-            if rng.random() < 1 / 300:
-                del path[rng.randrange(len(path)) + 1 :]
-            parents.append(path[-1])
-        else:
-            path = []
-            parents.append(-1)
-        path.append(token)
-    return parents
-
-
-def packed_documents(lengths: list[int]) -> list[int]:
-    parents: list[int] = []
-    for length in lengths:
-        start = len(parents)
-        parents += [-1, *range(start, start + length - 1)]
-    return parents
-
-
-def dense_mask(parents: list[int], device: torch.device) -> torch.Tensor:
-    """[T, T] bool: q sees k iff k is q or an ancestor of q, from `parents` alone (not from the code under test):
-    the reflexive-transitive closure of the parent relation by repeated squaring, on the device."""
-    size = len(parents)
-    reach = torch.eye(size, device=device)
-    children = torch.tensor([q for q, p in enumerate(parents) if p >= 0], dtype=torch.int64, device=device)
-    reach[children, torch.tensor([p for p in parents if p >= 0], dtype=torch.int64, device=device)] = 1.0
-    for _ in range(max(1, (size - 1).bit_length())):
-        reach = (reach @ reach > 0).float()  # 0/1 entries and sums <= T: exact in fp32
-    return reach > 0
-
-
-def attention_case(
-    check: Check, parents: list[int], name: str, heads: tuple[int, int, int], backend: AttentionBackend, dtype: Any
-) -> None:
-    size, (hq, hkv, dim) = len(parents), heads
-    torch.manual_seed(0)
-    magnitude = 3.0 if dtype == torch.bfloat16 else 1.0  # bf16: peaky softmaxes, where bf16 statistics would show
-    inputs = [
-        (scale * torch.randn(1, h, size, dim, device=check.device)).to(dtype)
-        for h, scale in ((hq, magnitude), (hkv, magnitude), (hkv, 1.0))
-    ]
-    grad_out = torch.randn(1, hq, size, dim, device=check.device).to(dtype)
-    leaves = [tensor.double().requires_grad_() for tensor in inputs]
-    want = F.scaled_dot_product_attention(*leaves, attn_mask=dense_mask(parents, check.device), enable_gqa=True)
-    want_grads = torch.autograd.grad(want, leaves, grad_out.double())
-    backward = check.cuda or backend == "explicit"
-    tensors = [tensor.clone().requires_grad_(backward) for tensor in inputs]
-    with torch.set_grad_enabled(backward):
-        layout = (
-            FlexLayout.of(parents, device=check.device)
-            if backend == "flex"
-            else TreeLayout.of(parents, device=check.device)
-        )
-        out = layout.attend(*tensors, None)
-        grads = torch.autograd.grad(out, tensors, grad_out) if backward else ()
-    names = ["out", "dq", "dk", "dv"][: 1 + len(grads)]
-    errors = {}
-    ok = True
-    for label, got, expected in zip(names, (out, *grads), (want, *want_grads), strict=False):
-        got, expected = got.detach().double(), expected.detach()
-        errors[label] = float((got - expected).norm() / expected.norm())
-        if dtype == torch.float32:
-            ok &= bool(torch.allclose(got, expected, rtol=1e-4, atol=1e-5 * float(expected.abs().max())))
-        elif backend == "explicit":  # fp32 block math: only the final cast to bf16 rounds
-            ok &= bool(torch.allclose(got, expected, rtol=2**-8, atol=1e-5 * float(expected.abs().max())))
-        else:  # flex casts the probability tile to bf16 for the PV product, as FlashAttention does
-            ok &= errors[label] < 1e-2
-    bound = "1e-4 rel." if dtype == torch.float32 else ("bf16 rounding" if backend == "explicit" else "1e-2 norm-rel.")
-    note = "" if backward else " (forward only: no flex backward on CPU)"
-    check.add(
-        3,
-        f"{backend} vs dense, {str(dtype).removeprefix('torch.')}, {name}",
-        "pass" if ok else "FAIL",
-        ", ".join(f"{label} {error:.1e}" for label, error in errors.items())
-        + f" (||diff|| / ||ref||; bound {bound}){note}",
-    )
-
-
-def attention_vs_dense(check: Check) -> None:
-    size = 4096 if check.cuda else 300
-    heads = (16, 8, 128) if check.cuda else (4, 2, 64)
-    layouts = {
-        f"random tree of {size}": random_forest(size, seed=1),
-        f"packed documents of {size}": packed_documents([size // 2 + 77, size // 4, size - size // 2 - 77 - size // 4]),
-    }
-    for backend in ("flex", "explicit"):
-        for dtype in (torch.float32, torch.bfloat16):
-            for name, parents in layouts.items():
-                attention_case(check, parents, name, heads, backend, dtype)  # type: ignore[arg-type]
 
 
 # -- 5. the transformers inference engine --------------------------------------------------------------

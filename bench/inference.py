@@ -299,7 +299,8 @@ def write_raw_docs(
     replace_section(RAW_SECTION, section.rstrip() + "\n\n", RAW_VLLM_LOG)  # a blank line before the next section
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line: which backends, how many repeats, and the raw-vLLM comparison's variants and cells."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--backends", nargs="*", default=None, help="default: transformers, and vllm when .venv-vllm exists"
@@ -340,15 +341,11 @@ def main() -> None:
         help="also serve bench/grpc_floor.py (gRPC and the vLLM engine, none of lodestar's layers; Generate calls)",
     )
     parser.add_argument("--write-docs", action="store_true")
-    args = parser.parse_args()
-    if args.engine_only:
-        print(json.dumps(asyncio.run(engine_figures(args.engine_only, args.model, args.repeats))))
-        return
-    from tests.inference.conftest import PYTHONS
+    return parser
 
-    backends = [] if args.compare_raw else args.backends
-    if backends is None:
-        backends = ["transformers", *(["vllm"] if PYTHONS["vllm"].exists() else [])]
+
+def variants_of(args: argparse.Namespace) -> dict[str, tuple[Path, list[str]]]:
+    """The lodestar servers the raw-vLLM comparison serves: label -> (checkout, server flags)."""
     variants: dict[str, tuple[Path, list[str]]] = {}
     if args.baseline_repo is not None:
         variants[f"before ({_commit(args.baseline_repo)})"] = (args.baseline_repo.resolve(), [])
@@ -358,9 +355,59 @@ def main() -> None:
     for spec in args.variant:
         label, _, flags = spec.partition("=")
         variants[f"{_commit(REPO)}, {label}"] = (REPO, flags.split())
+    return variants
+
+
+def raw_runs(args: argparse.Namespace, model_dir: Path) -> dict[str, dict[str, dict[str, float]]]:
+    """The raw-vLLM comparison's cells, one run per start order (`--raw-start`)."""
+    concurrency = tuple(args.concurrency) if args.concurrency else None
+    variants = variants_of(args)
+    return {
+        order: measure_raw(
+            model_dir,
+            args.repeats,
+            variants,
+            args.scale,
+            concurrency,
+            not args.no_many,
+            args.spread_lengths,
+            raw_first=order == "before",
+            floor=args.floor,
+        )
+        for order in (("after", "before") if args.raw_start == "both" else (args.raw_start,))
+    }
+
+
+def report_raw(
+    args: argparse.Namespace, runs: dict[str, dict[str, dict[str, float]]], load: tuple[float, float]
+) -> None:
+    """Print the raw-vLLM tables (each order's, then the combined one) and write the docs when asked."""
+    from bench.raw_vllm import both_orders
+    from bench.raw_vllm import sides as raw_sides
+    from bench.raw_vllm import table as raw_table
+
+    raw_cells = both_orders(runs["after"], runs["before"]) if len(runs) == 2 else runs[args.raw_start]
+    text = raw_table(raw_cells, raw_sides(raw_cells))
+    if len(runs) == 2:  # each order's own table (per-repeat ranges) before the combined one
+        for order, cells in runs.items():
+            print(f"raw vLLM started {order} the lodestar servers:\n{raw_table(cells, raw_sides(cells))}")
+    print(f"load average {load[0]:.1f} before, {load[1]:.1f} after\n{text}")
+    if args.write_docs:
+        write_raw_docs(text, args.repeats, load, args.scale, args.spread_lengths, args.raw_start)
+
+
+def main() -> None:
+    args = parser().parse_args()
+    if args.engine_only:
+        print(json.dumps(asyncio.run(engine_figures(args.engine_only, args.model, args.repeats))))
+        return
+    from tests.inference.conftest import PYTHONS
+
+    backends = [] if args.compare_raw else args.backends
+    if backends is None:
+        backends = ["transformers", *(["vllm"] if PYTHONS["vllm"].exists() else [])]
     load_before = os.getloadavg()[0]
     results: dict[str, dict[str, float]] = {}
-    raw_cells: dict[str, dict[str, float]] = {}
     runs: dict[str, dict[str, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = args.model
@@ -376,39 +423,15 @@ def main() -> None:
             else:
                 print(backend, json.dumps(results[backend]), file=sys.stderr)
         if (args.compare_raw or "vllm" in backends) and PYTHONS["vllm"].exists():
-            concurrency = tuple(args.concurrency) if args.concurrency else None
-            from bench.raw_vllm import both_orders
-
-            for order in ("after", "before") if args.raw_start == "both" else (args.raw_start,):
-                runs[order] = measure_raw(
-                    model_dir,
-                    args.repeats,
-                    variants,
-                    args.scale,
-                    concurrency,
-                    not args.no_many,
-                    args.spread_lengths,
-                    raw_first=order == "before",
-                    floor=args.floor,
-                )
-            raw_cells = both_orders(runs["after"], runs["before"]) if len(runs) == 2 else runs[args.raw_start]
+            runs = raw_runs(args, model_dir)
     load = (load_before, os.getloadavg()[0])
     if results:
         text = table(results)
         print(text)
         if args.write_docs:
             write_docs(text, args.repeats)
-    if raw_cells:
-        from bench.raw_vllm import sides as raw_sides
-        from bench.raw_vllm import table as raw_table
-
-        text = raw_table(raw_cells, raw_sides(raw_cells))
-        if len(runs) == 2:  # each order's own table (per-repeat ranges) before the combined one
-            for order, cells in runs.items():
-                print(f"raw vLLM started {order} the lodestar servers:\n{raw_table(cells, raw_sides(cells))}")
-        print(f"load average {load[0]:.1f} before, {load[1]:.1f} after\n{text}")
-        if args.write_docs:
-            write_raw_docs(text, args.repeats, load, args.scale, args.spread_lengths, args.raw_start)
+    if runs:
+        report_raw(args, runs, load)
 
 
 def _commit(repo: Path) -> str:

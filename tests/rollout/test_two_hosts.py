@@ -288,15 +288,7 @@ async def test_killing_the_leader_host_mid_run_loses_nothing_and_counts_nothing_
             await eventually(lambda: _names_leader(b), 60, what="the standby on host B to name the leader")
             assert await _names_leader(b) == a
 
-            creator = LeaderChannel(b)  # created through the standby's redirect
-            run_id = (
-                await creator.call(
-                    lambda ch: rollout_pb2_grpc.RolloutServiceStub(ch).CreateRun(
-                        rollout_pb2.CreateRunRequest(spec=make_spec(tasks=TASKS, group_size=GROUP_SIZE))
-                    )
-                )
-            ).run.run_id
-            await creator.close()
+            run_id = await _create_run(b)  # through the standby's redirect
 
             ledger, finished, client = Ledger(), asyncio.Event(), pki.identities["client"]
             async with (
@@ -328,16 +320,7 @@ async def test_killing_the_leader_host_mid_run_loses_nothing_and_counts_nothing_
                 async with asyncio.timeout(30):
                     await asyncio.gather(*nodes)
 
-                # A result counted by the dead leader whose reply was lost: the node reports it again to the
-                # new leader, which answers as the first time and counts nothing more.
-                session_id, attempt, node_id = ledger.counted()[0]
-                again = rollout_pb2.SessionResult(
-                    session_id=session_id, attempt=attempt, node_id=node_id, outcome=rollout_pb2.SESSION_OUTCOME_SCORED
-                )
-                async with connect(b) as channel:
-                    stub = rollout_pb2_grpc.RolloutServiceStub(channel)
-                    reply = await stub.CompleteSession(rollout_pb2.CompleteSessionRequest(result=again))
-                    run = (await stub.GetRun(rollout_pb2.GetRunRequest(run_id=run_id))).run
+                reply, run = await _report_again(b, ledger, run_id)
             assert standby.poll() is None, _tail(logs["b"])
 
     # The kill came mid-run: sessions counted and groups read on both sides of it.
@@ -351,8 +334,39 @@ async def test_killing_the_leader_host_mid_run_loses_nothing_and_counts_nothing_
     assert run.policy_version == 1  # the report sent across the failover
     assert (run.sessions_succeeded, run.groups_complete) == (SESSIONS, TASKS)
     assert reply.counted  # the repeated report gets the first answer...
+    _assert_counted_once(ledger, store)  # ... and nothing counted twice
 
-    # ... and nothing counted twice: one counted answer per session, one counted row per session.
+
+async def _create_run(address: str) -> str:
+    """A run of TASKS tasks by GROUP_SIZE, created through `address` (a standby redirects to its leader)."""
+    creator = LeaderChannel(address)
+    try:
+        spec = make_spec(tasks=TASKS, group_size=GROUP_SIZE)
+        created = await creator.call(
+            lambda ch: rollout_pb2_grpc.RolloutServiceStub(ch).CreateRun(rollout_pb2.CreateRunRequest(spec=spec))
+        )
+    finally:
+        await creator.close()
+    return str(created.run.run_id)
+
+
+async def _report_again(address: str, ledger: Ledger, run_id: str) -> tuple[Any, Any]:
+    """A result counted by the dead leader whose reply was lost: the node reports it again to the new leader
+    (at `address`), which must answer as the first time and count nothing more. The reply, and the run after."""
+    session_id, attempt, node_id = ledger.counted()[0]
+    again = rollout_pb2.SessionResult(
+        session_id=session_id, attempt=attempt, node_id=node_id, outcome=rollout_pb2.SESSION_OUTCOME_SCORED
+    )
+    async with connect(address) as channel:
+        stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+        reply = await stub.CompleteSession(rollout_pb2.CompleteSessionRequest(result=again))
+        run = (await stub.GetRun(rollout_pb2.GetRunRequest(run_id=run_id))).run
+    return reply, run
+
+
+def _assert_counted_once(ledger: Ledger, store: str) -> None:
+    """Nothing counted twice: one counted answer per session, one counted row per session, each group read once
+    with the counted attempt of its sessions."""
     counted = ledger.counted()
     assert len(counted) == len({sid for sid, _, _ in counted}) == SESSIONS
     assert Counter(what for *_, what in ledger.answers) == {"counted": SESSIONS}  # nothing fenced or refused

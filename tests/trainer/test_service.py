@@ -64,24 +64,7 @@ async def test_real_run_pushes_checkpoints_stops_and_resumes(
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = trainer_pb2_grpc.TrainerServiceStub(channel)
-            stream = stub.StreamMetrics(trainer_pb2.StreamMetricsRequest(), timeout=120)
-            seen = []
-            async for reply in stream:
-                seen.append(reply.metrics)
-                if reply.metrics.step == 2:
-                    break
-            stream.cancel()
-            assert seen[-1].step == 2  # the stream starts at the latest step (1 or 2, by timing)
-            assert seen[-1].policy_version == 2
-            assert seen[-1].values["merge_ratio"] > 1.0
-            step_1 = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
-            # Step 1 trains on calls of version 0 with the weights inference sampled them with: no gap. Step 2's
-            # calls are one version stale, so the trainer's logprobs moved away from the captured ones: drift.
-            assert step_1["logprob_diff_max"] < 1e-4
-            assert step_1["staleness_max"] == 0
-            assert seen[-1].values["policy_drift_max"] > 1e-3
-            assert "logprob_diff_max" not in seen[-1].values, "a step of stale tokens has no same-version gap"
-            assert seen[-1].values["staleness_max"] == 1
+            await _check_two_steps_streamed(stub, tmp_path / "run")
             await eventually(
                 lambda: standin.reported, 60, what="steps 1 and 2 reported", until=lambda steps: steps == [1, 2]
             )
@@ -104,16 +87,7 @@ async def test_real_run_pushes_checkpoints_stops_and_resumes(
             )
             assert (await asyncio.to_thread(generate, inference.address, request)).policy_version == 2
 
-            # SaveCheckpoint writes below the checkpoint directory only (a relative path is taken under it).
-            for outside in (str(tmp_path / "manual"), "../../manual", "/etc/lodestar"):
-                with pytest.raises(grpc.aio.AioRpcError) as refused:
-                    await stub.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(path=outside), timeout=60)
-                assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, outside
-            assert not (tmp_path / "manual").exists()
-            manual = (tmp_path / "run" / "checkpoints" / "manual").resolve()
-            saved = await stub.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(path="manual"))
-            assert (saved.path, saved.step) == (str(manual), 2)
-            assert (manual / "model.safetensors").is_file()
+            await _check_save_checkpoint(stub, tmp_path)
 
             stopped = await stub.Stop(trainer_pb2.StopRequest(save_checkpoint=True), timeout=60)
             assert stopped.state == trainer_pb2.TRAINER_STATE_STOPPED
@@ -140,6 +114,42 @@ async def test_real_run_pushes_checkpoints_stops_and_resumes(
     assert served_version(inference.address) == 3
     assert standin.reported[-1] == 3
     await rollout.stop(0)
+
+
+async def _check_two_steps_streamed(stub: trainer_pb2_grpc.TrainerServiceStub, run_dir: Path) -> None:
+    """StreamMetrics reaches step 2; step 1 trained on fresh calls with no same-version gap, step 2 on calls one
+    version stale (drift, no gap)."""
+    stream = stub.StreamMetrics(trainer_pb2.StreamMetricsRequest(), timeout=120)
+    seen = []
+    async for reply in stream:
+        seen.append(reply.metrics)
+        if reply.metrics.step == 2:
+            break
+    stream.cancel()
+    assert seen[-1].step == 2  # the stream starts at the latest step (1 or 2, by timing)
+    assert seen[-1].policy_version == 2
+    assert seen[-1].values["merge_ratio"] > 1.0
+    step_1 = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    # Step 1 trains on calls of version 0 with the weights inference sampled them with: no gap. Step 2's
+    # calls are one version stale, so the trainer's logprobs moved away from the captured ones: drift.
+    assert step_1["logprob_diff_max"] < 1e-4
+    assert step_1["staleness_max"] == 0
+    assert seen[-1].values["policy_drift_max"] > 1e-3
+    assert "logprob_diff_max" not in seen[-1].values, "a step of stale tokens has no same-version gap"
+    assert seen[-1].values["staleness_max"] == 1
+
+
+async def _check_save_checkpoint(stub: trainer_pb2_grpc.TrainerServiceStub, tmp_path: Path) -> None:
+    """SaveCheckpoint writes below the checkpoint directory only (a relative path is taken under it)."""
+    for outside in (str(tmp_path / "manual"), "../../manual", "/etc/lodestar"):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(path=outside), timeout=60)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, outside
+    assert not (tmp_path / "manual").exists()
+    manual = (tmp_path / "run" / "checkpoints" / "manual").resolve()
+    saved = await stub.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(path="manual"))
+    assert (saved.path, saved.step) == (str(manual), 2)
+    assert (manual / "model.safetensors").is_file()
 
 
 @pytest.mark.slow
