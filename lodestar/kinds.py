@@ -5,7 +5,7 @@ each kind to its launcher adapter, verifier and runtime (`lodestar_gateway/node/
 what rollout accepts is exactly what a node can run.
 
 Harness kinds (`HarnessSpec.kind`): `claude_code`, `codex`, `qwen_code`, `gemini_cli`, `pi`, `opencode`,
-`continue_cli`, `mini_swe_agent`, `aider`, `open_interpreter`, `openhands`, `command` (the program in
+`continue_cli`, `cline`, `mini_swe_agent`, `aider`, `open_interpreter`, `openhands`, `command` (the program in
 `HarnessSpec.command`), and `pi:<api>`.
 
 Pi speaks one of four vendor APIs (`PI_APIS`). `pi` alone speaks OpenAI Chat (`openai-completions`) unless
@@ -33,6 +33,7 @@ HARNESS_KINDS: tuple[str, ...] = (
     PI,
     "opencode",
     "continue_cli",
+    "cline",
     "mini_swe_agent",
     "aider",
     "open_interpreter",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the real coding-agent harnesses into the git-ignored folder .harnesses/. `make harnesses` calls
 # it; `make test` runs it first.
-#   - npm: Claude Code, Codex, Qwen Code, Pi, Gemini CLI, opencode and Continue CLI (cn), pinned by harnesses/package.json +
+#   - npm: Claude Code, Codex, Qwen Code, Pi, Gemini CLI, opencode, Continue CLI (cn) and Cline, pinned by harnesses/package.json +
 #     harnesses/package-lock.json (binaries in .harnesses/node_modules/.bin);
 #   - PyPI, each in its own venv: mini-swe-agent (.harnesses/mini-swe-agent-venv, pinned with every
 #     dependency by harnesses/mini-swe-agent.txt), aider (.harnesses/aider-venv, harnesses/aider.txt) and
@@ -27,7 +27,8 @@
 #     that were never published (404), so the lock file can never hold them and `npm ci` refuses it as
 #     "out of sync". `npm install --no-save` with the lock in place installs the locked versions (with
 #     their integrity hashes) and skips the missing optional ones; the pins are then checked below.
-#   - Codex likewise resolves a per-platform package (npm:@openai/codex@<v>-linux-x64).
+#   - Codex likewise resolves a per-platform package (npm:@openai/codex@<v>-linux-x64); Cline's native
+#     binary is the optional @cline/cli-linux-x64, which its postinstall hard-links to bin/.cline (local only).
 #   - Each binary is checked with `--version` (private HOME, stdin=/dev/null) after installing, so a
 #     placeholder that never got its native binary fails the install instead of the tests.
 set -euo pipefail
@@ -36,7 +37,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEST="${HARNESSES_DIR:-$ROOT/.harnesses}"
 NPM="${NPM:-npm}"
 STAMP="$DEST/.lodestar-install-stamp"
-BINS=(claude codex qwen pi gemini opencode cn)
+BINS=(claude codex qwen pi gemini opencode cn cline)
 
 force=0
 [[ "${1:-}" == "--force" ]] && force=1

@@ -1,5 +1,5 @@
 """A 2-step GRPO training run through each real harness (Claude Code, Codex, Qwen Code, Pi, Gemini CLI,
-opencode, Continue CLI; mini-swe-agent, aider, Open Interpreter and the OpenHands SDK agent from their venvs),
+opencode, Continue CLI, Cline; mini-swe-agent, aider, Open Interpreter and the OpenHands SDK agent from their venvs),
 driven by `lodestar train CONFIG` against the transformers backend with the tiny model.
 
 One stack for the module (the session's etcd; inference on the transformers backend, a rollout service on
@@ -44,6 +44,7 @@ HARNESSES = [
     ("claude_code", "claude-code"),
     ("opencode", "opencode"),
     ("continue_cli", "continue-cli"),
+    ("cline", "cline"),
     ("mini_swe_agent", "mini-swe-agent"),
     ("aider", "aider"),
     ("open_interpreter", "open-interpreter"),

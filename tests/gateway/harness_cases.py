@@ -46,6 +46,7 @@ CASES = [
     Case("gemini-cli", common_pb2.DIALECT_GOOGLE_GENERATE_CONTENT, "run_shell_command"),
     Case("opencode", common_pb2.DIALECT_OPENAI_CHAT, "bash"),
     Case("continue-cli", common_pb2.DIALECT_OPENAI_CHAT, "Bash"),
+    Case("cline", common_pb2.DIALECT_OPENAI_CHAT, "run_commands", lambda command: {"commands": [command]}),
     Case("pi:openai-completions", common_pb2.DIALECT_OPENAI_CHAT, "bash"),
     Case("pi:openai-responses", common_pb2.DIALECT_OPENAI_RESPONSES, "bash"),
     Case("pi:anthropic-messages", common_pb2.DIALECT_ANTHROPIC_MESSAGES, "bash"),

@@ -22,6 +22,7 @@ from lodestar.kinds import PI_APIS
 from lodestar_gateway.node.harnesses import (
     Aider,
     ClaudeCode,
+    Cline,
     Codex,
     Command,
     ContinueCli,
@@ -356,6 +357,29 @@ def test_continue_cli_config(tmp_path: Path) -> None:
     assert inv.env["CONTINUE_GLOBAL_DIR"] == str(tmp_path / "home" / ".continue")
     assert inv.env["CONTINUE_CLI_ENABLE_TELEMETRY"] == "0"
     assert {"--auto", "--print"} <= set(inv.argv)
+    assert inv.argv[-2:] == ["--", "--help me"]  # a prompt that looks like an option stays the prompt
+
+
+def test_cline_settings(tmp_path: Path) -> None:
+    inv = _prepare(Cline(), tmp_path, "--help me")
+    settings = tmp_path / "home" / ".cline" / "data" / "settings"
+    providers = json.loads((settings / "providers.json").read_text())
+    assert providers["lastUsedProvider"] == "openai-compatible"
+    entry = providers["providers"]["openai-compatible"]
+    assert entry["updatedAt"]  # without it Cline drops the entry and calls api.cline.bot
+    assert entry["settings"] == {
+        "provider": "openai-compatible",
+        "apiKey": "sk-test-session",
+        "model": "tiny",
+        "baseUrl": "http://127.0.0.1:4567/v1",
+    }
+    assert json.loads((settings / "global-settings.json").read_text()) == {
+        "telemetryOptOut": True,
+        "autoUpdateEnabled": False,
+    }
+    assert inv.env["CLINE_SESSION_BACKEND_MODE"] == "local"  # no detached hub daemon
+    assert "sk-test-session" not in inv.argv
+    assert inv.argv[inv.argv.index("--provider") + 1] == "openai-compatible"
     assert inv.argv[-2:] == ["--", "--help me"]  # a prompt that looks like an option stays the prompt
 
 

@@ -1,7 +1,7 @@
 """The REAL npm harness binaries (from .harnesses/, `make harnesses`) against a running gateway.
 
-Each harness — Claude Code, Codex, Qwen Code, Gemini CLI, opencode and Pi over each of its four APIs — runs
-non-interactively through its launcher adapter (private HOME/TMPDIR/workdir, stdin=/dev/null, every
+Each harness — Claude Code, Codex, Qwen Code, Gemini CLI, opencode, Continue CLI, Cline and Pi over each of
+its four APIs — runs non-interactively through its launcher adapter (private HOME/TMPDIR/workdir, stdin=/dev/null, every
 telemetry/update switch off, a loopback-only network namespace when available) with a session key from
 GatewayService.OpenSession, against the scripted inference engine:
 

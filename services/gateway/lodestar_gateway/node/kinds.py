@@ -18,6 +18,7 @@ LAUNCHER_NAMES: dict[str, str] = {
     "pi": "pi",
     "opencode": "opencode",
     "continue_cli": "continue-cli",
+    "cline": "cline",
     "mini_swe_agent": "mini-swe-agent",
     "aider": "aider",
     "open_interpreter": "open-interpreter",

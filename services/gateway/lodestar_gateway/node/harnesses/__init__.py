@@ -2,7 +2,7 @@
 
 `make_harness(name)` returns an adapter; `Launcher.run` runs what it prepared. Harness names:
 claude-code, codex, qwen-code, gemini-cli, pi (optionally `pi:<api>`, e.g. `pi:anthropic-messages`),
-opencode, continue-cli, mini-swe-agent, aider, open-interpreter and openhands.
+opencode, continue-cli, cline, mini-swe-agent, aider, open-interpreter and openhands.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from lodestar.kinds import DEFAULT_PI_API, PI_APIS, parse_pi_api
 from lodestar_gateway.node.harnesses.aider import Aider
 from lodestar_gateway.node.harnesses.base import GatewayEndpoint, Harness, Invocation, RunDirs
 from lodestar_gateway.node.harnesses.claude_code import ClaudeCode
+from lodestar_gateway.node.harnesses.cline import Cline
 from lodestar_gateway.node.harnesses.codex import Codex
 from lodestar_gateway.node.harnesses.command import Command
 from lodestar_gateway.node.harnesses.continue_cli import ContinueCli
@@ -34,6 +35,7 @@ BUILTIN: dict[str, type[Harness]] = {
     Pi.name: Pi,
     OpenCode.name: OpenCode,
     ContinueCli.name: ContinueCli,
+    Cline.name: Cline,
     MiniSweAgent.name: MiniSweAgent,
     Aider.name: Aider,
     OpenInterpreter.name: OpenInterpreter,
@@ -56,6 +58,7 @@ __all__ = [
     "HARNESS_NAMES",
     "Aider",
     "ClaudeCode",
+    "Cline",
     "Codex",
     "Command",
     "ContinueCli",
