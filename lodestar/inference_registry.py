@@ -99,9 +99,15 @@ class ReplicaRegistration(LeasedKey):
     ) -> None:
         self.record = record
         super().__init__(
-            endpoint, replica_key(record.replica_id, prefix), lambda: self.record.to_json(),
-            what="inference replica", ttl=ttl, tls=tls, retry_initial_s=retry_initial_s, retry_max_s=retry_max_s,
-        )  # fmt: skip
+            endpoint,
+            replica_key(record.replica_id, prefix),
+            lambda: self.record.to_json(),
+            what="inference replica",
+            ttl=ttl,
+            tls=tls,
+            retry_initial_s=retry_initial_s,
+            retry_max_s=retry_max_s,
+        )
 
     def publish(self, policy_version: int) -> None:
         """The replica now serves `policy_version`: rewrite its record (in the background, same lease)."""
@@ -184,7 +190,8 @@ class ReplicaWatch:
                         await self._changed(current)
                 await asyncio.sleep(initial)  # etcd ended the watch (no error): list again, not in a tight loop
             except errors.LodestarError as error:  # keep the last map; list again once etcd answers
-                _log.warning("inference replica watch interrupted; listing again", error=error.message,
-                             retry_in_s=delay)  # fmt: skip
+                _log.warning(
+                    "inference replica watch interrupted; listing again", error=error.message, retry_in_s=delay
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, limit)

@@ -100,8 +100,12 @@ class LeasedKey:
                 await lease.revoke()
                 _log.info(f"{self._what} left etcd", key=self.key, lease=f"{lease.id:x}")
             except errors.LodestarError as error:
-                _log.warning("lease revoke failed; the key expires after its TTL", key=self.key, ttl=lease.ttl,
-                             error=error.message)  # fmt: skip
+                _log.warning(
+                    "lease revoke failed; the key expires after its TTL",
+                    key=self.key,
+                    ttl=lease.ttl,
+                    error=error.message,
+                )
         with contextlib.suppress(errors.LodestarError):
             await self._client.close()
 
@@ -146,8 +150,12 @@ class LeasedKey:
             except errors.LodestarError as error:
                 failures += 1
                 if failures == 1:
-                    _log.warning(f"etcd unreachable: {self._what} serves but is not registered; retrying in the "
-                                 "background", etcd=self.endpoint, key=self.key, error=error.message)  # fmt: skip
+                    _log.warning(
+                        f"etcd unreachable: {self._what} serves but is not registered; retrying in the background",
+                        etcd=self.endpoint,
+                        key=self.key,
+                        error=error.message,
+                    )
                 else:
                     _log.debug("etcd registration retry failed", attempt=failures, error=error.message)
                 await asyncio.sleep(delay)
@@ -155,13 +163,22 @@ class LeasedKey:
                 continue
             self.registrations += 1
             self._registered.set()
-            _log.info(f"{self._what} registered in etcd", key=self.key, lease=f"{lease.id:x}", ttl=lease.ttl,
-                      failed_attempts=failures)  # fmt: skip
+            _log.info(
+                f"{self._what} registered in etcd",
+                key=self.key,
+                lease=f"{lease.id:x}",
+                ttl=lease.ttl,
+                failed_attempts=failures,
+            )
             delay, failures = initial, 0
             reason = await self._keep(lease)
             self._registered.clear()
-            _log.error(f"{self._what} registration lost: re-registering with a new lease", key=self.key,
-                       lease=f"{lease.id:x}", reason=reason)  # fmt: skip
+            _log.error(
+                f"{self._what} registration lost: re-registering with a new lease",
+                key=self.key,
+                lease=f"{lease.id:x}",
+                reason=reason,
+            )
 
     async def _keep(self, lease: Lease) -> str:
         """Rewrite the value on every change until the lease is lost; returns why it was."""

@@ -83,17 +83,28 @@ def _server() -> ModuleType:
 
 
 def settings_for(
-    rollout: str, runs_dir: Path | None, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-    token: str | None = None, model: Path | None = None, advantage: str = "zscore",
-) -> DashboardSettings:  # fmt: skip
+    rollout: str,
+    runs_dir: Path | None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    token: str | None = None,
+    model: Path | None = None,
+    advantage: str = "zscore",
+) -> DashboardSettings:
     """The dashboard's settings."""
     from lodestar_trainer.step.advantages import AdvantageKind
 
     texts = token_texts(model) if model is not None else None
     settings: DashboardSettings = _server().DashboardSettings(
-        rollout=rollout, host=host, port=port, runs_dir=runs_dir, token=token,
-        token_texts=texts, advantage=AdvantageKind(advantage),
-    )  # fmt: skip
+        rollout=rollout,
+        host=host,
+        port=port,
+        runs_dir=runs_dir,
+        token=token,
+        token_texts=texts,
+        advantage=AdvantageKind(advantage),
+    )
     return settings
 
 
@@ -114,8 +125,15 @@ async def _serve(args: argparse.Namespace) -> int:
     from lodestar_app.local import port_or_free
 
     port = args.port if args.port is not None else port_or_free(DEFAULT_PORT)
-    settings = settings_for(args.rollout, args.runs_dir.resolve(), host=args.host, port=port, token=_token(args),
-                            model=args.model, advantage=args.advantage)  # fmt: skip
+    settings = settings_for(
+        args.rollout,
+        args.runs_dir.resolve(),
+        host=args.host,
+        port=port,
+        token=_token(args),
+        model=args.model,
+        advantage=args.advantage,
+    )
     dashboard: Dashboard = await _server().start(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

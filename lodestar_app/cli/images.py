@@ -33,8 +33,19 @@ def default_tag(directory: Path) -> str:
 
 
 def build_argv(dockerfile: Path, context: Path, base: str, tag: str) -> list[str]:
-    return ["docker", "build", "--quiet", "--pull=false", "-f", str(dockerfile), "--build-arg", f"BASE={base}",
-            "-t", tag, str(context)]  # fmt: skip
+    return [
+        "docker",
+        "build",
+        "--quiet",
+        "--pull=false",
+        "-f",
+        str(dockerfile),
+        "--build-arg",
+        f"BASE={base}",
+        "-t",
+        tag,
+        str(context),
+    ]
 
 
 def _run(argv: list[str], what: str, timeout: float) -> str:

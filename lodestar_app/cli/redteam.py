@@ -122,8 +122,9 @@ async def _sessions(channel: LeaderChannel, hack: str, run_id: str) -> list[Sess
                 error = result.error or next((a.error for a in reversed(detail.attempts) if a.error), "")
                 error = error or rollout_pb2.SessionStatus.Name(summary.status)
                 scored = summary.outcome in _SCORED
-                found.append(Session(hack, group.task_id, scored, summary.reward, summary.session_id, error,
-                                     result.stdout_tail))  # fmt: skip
+                found.append(
+                    Session(hack, group.task_id, scored, summary.reward, summary.session_id, error, result.stdout_tail)
+                )
         return found
 
     return await channel.call(read)
@@ -231,8 +232,11 @@ def table(cells: Sequence[Cell], title: str = "lodestar redteam") -> Table:
             found = row.get(task)
             reward = "-" if found is None or found.reward is None else f"{found.reward:.2f}"
             shown.append("" if found is None else f"[{_STYLE[found.verdict]}]{found.verdict}[/] {reward}")
-        evidence = "; ".join(dict.fromkeys(item for cell in row.values() if cell.failing or cell.verdict == "infra"
-                                           for item in cell.evidence))  # fmt: skip
+        evidence = "; ".join(
+            dict.fromkeys(
+                item for cell in row.values() if cell.failing or cell.verdict == "infra" for item in cell.evidence
+            )
+        )
         grid.add_row(hack, *shown, " ".join(evidence.split())[:160])
     return grid
 
@@ -281,12 +285,14 @@ async def _run(args: argparse.Namespace) -> list[Cell]:
     hacks = chosen_hacks(base.verifier.kind, args.hack)
     if args.rollout is not None:
         specs = hack_specs(base, hacks, args.tasks)
-        return await red_team(args.rollout, specs, timeout_s=args.timeout_s, pass_threshold=args.pass_threshold,
-                              console=_console)  # fmt: skip
+        return await red_team(
+            args.rollout, specs, timeout_s=args.timeout_s, pass_threshold=args.pass_threshold, console=_console
+        )
     async with own_stack(args.data_dir, slots=args.slots, start_timeout_s=args.start_timeout_s) as (target, ports):
         specs = hack_specs(base, hacks, args.tasks, ports)
-        return await red_team(target, specs, timeout_s=args.timeout_s, pass_threshold=args.pass_threshold,
-                              console=_console)  # fmt: skip
+        return await red_team(
+            target, specs, timeout_s=args.timeout_s, pass_threshold=args.pass_threshold, console=_console
+        )
 
 
 def _handle(args: argparse.Namespace) -> int:
@@ -320,9 +326,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     command.add_argument("--runtime", choices=kinds.RUNTIME_KINDS, default=None, help="runtime.kind of the runs")
     command.add_argument("--image", default="", help="runtime.image of the runs")
     command.add_argument(
-        "--rollout", default=None, metavar="HOST:PORT", help="attack through this stack's node and model "
-        "(default: a stack of its own with a scripted echo model)",
-    )  # fmt: skip
+        "--rollout",
+        default=None,
+        metavar="HOST:PORT",
+        help="attack through this stack's node and model (default: a stack of its own with a scripted echo model)",
+    )
     command.add_argument(
         "--verifier", default="exact_match", choices=kinds.VERIFIER_KINDS, help="verifier kind for a JSONL TASKS file"
     )

@@ -56,8 +56,15 @@ def _open(args: argparse.Namespace) -> int:
     reply = _call(args, lambda stub: stub.OpenSession(request, timeout=args.timeout_s))
     session = reply.session
     if args.json:
-        print(json.dumps({"session_id": session.session_id, "session_key": session.session_key,
-                          "http_base_url": reply.http_base_url}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "session_id": session.session_id,
+                    "session_key": session.session_key,
+                    "http_base_url": reply.http_base_url,
+                }
+            )
+        )
     else:
         print(session.session_key)
         print(f"session {session.session_id} open; vendor API at {reply.http_base_url}", file=sys.stderr)

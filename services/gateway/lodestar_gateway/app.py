@@ -214,8 +214,15 @@ class GatewayHttp:
                 else:
                     response, result = await self._collect(dialect, parsed, events)
         if failure is not None:  # one line: the harness got a 200 whose stream ends in the dialect's error event
-            log.warning("call failed mid-stream", status=response.status, response_id=response_id, error=failure.error,
-                        error_kind=failure.kind, events_sent=failure.events_sent, duration_ms=_ms(started))  # fmt: skip
+            log.warning(
+                "call failed mid-stream",
+                status=response.status,
+                response_id=response_id,
+                error=failure.error,
+                error_kind=failure.kind,
+                events_sent=failure.events_sent,
+                duration_ms=_ms(started),
+            )
             return response
         details = (
             {"sequence": result.sequence, **{k: round(v, 3) for k, v in result.timings_ms.items()}} if result else {}

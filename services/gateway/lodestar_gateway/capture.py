@@ -201,9 +201,12 @@ class CaptureStore:
 
     def _prune(self, now: float) -> list[str]:
         db = self._conn()
-        ids = [row[0] for row in db.execute(
-            "SELECT session_id FROM expiry WHERE expires_at <= ? ORDER BY expires_at LIMIT ?", (now, PRUNE_BATCH)
-        )]  # fmt: skip
+        ids = [
+            row[0]
+            for row in db.execute(
+                "SELECT session_id FROM expiry WHERE expires_at <= ? ORDER BY expires_at LIMIT ?", (now, PRUNE_BATCH)
+            )
+        ]
         if not ids:
             return ids
         marks = ",".join("?" * len(ids))
@@ -307,8 +310,10 @@ class CaptureStore:
                     self._wal_bytes += len(blob)
                 elif kind == "append" and isinstance(record, common_pb2.CallRecord):
                     blob = record.SerializeToString()
-                    db.execute("INSERT INTO calls (session_id, sequence, call_id, record) VALUES (?, ?, ?, ?)",
-                               (record.session_id, record.sequence, call_id, blob))  # fmt: skip
+                    db.execute(
+                        "INSERT INTO calls (session_id, sequence, call_id, record) VALUES (?, ?, ?, ?)",
+                        (record.session_id, record.sequence, call_id, blob),
+                    )
                     self._wal_bytes += len(blob)
                 elif kind == "discard":
                     db.execute("DELETE FROM requests WHERE call_id = ?", (call_id,))

@@ -228,8 +228,9 @@ class ChainIndex:
         shared = next((k for k in range(len(keys), 0, -1) if digests[k - 1] in state.prefixes), 0)
         closest = state.prefixes[digests[shared - 1]] if shared else -1
         if tools_differ is not None and len(tools_differ.keys) >= shared:
-            return ChainMatch(None, common_pb2.CHAIN_START_BRANCH, tools_differ.sequence,
-                              len(tools_differ.keys), "tools differ")  # fmt: skip
+            return ChainMatch(
+                None, common_pb2.CHAIN_START_BRANCH, tools_differ.sequence, len(tools_differ.keys), "tools differ"
+            )
         if shared < len(keys) and shared < len(roles) and roles[shared] == common_pb2.ROLE_ASSISTANT:
             return ChainMatch(None, common_pb2.CHAIN_START_DRIFT, closest, shared, "assistant message differs")
         reason = "turn re-sent" if shared >= len(keys) else "new conversation"

@@ -68,8 +68,10 @@ class GrpcInference:
                     yield response
                 return
             except NotServedError:
-                _log.warning("inference has no GenerateMany (an older server): one Generate call per generation",
-                             target=self.target)  # fmt: skip
+                _log.warning(
+                    "inference has no GenerateMany (an older server): one Generate call per generation",
+                    target=self.target,
+                )
                 self._streams.close()
                 self._streams = None
         call = self._stub.Generate(request, timeout=self._timeout)

@@ -88,6 +88,12 @@ class Membership(LeasedKey):
     ) -> None:
         self.record = record
         super().__init__(
-            endpoint, node_key(record.node_id, prefix), record.to_json, what="node", ttl=ttl, tls=tls,
-            retry_initial_s=retry_initial_s, retry_max_s=retry_max_s,
-        )  # fmt: skip
+            endpoint,
+            node_key(record.node_id, prefix),
+            record.to_json,
+            what="node",
+            ttl=ttl,
+            tls=tls,
+            retry_initial_s=retry_initial_s,
+            retry_max_s=retry_max_s,
+        )

@@ -12,19 +12,28 @@ def openai_models(info: inference_pb2.GetModelInfoResponse, model: str | None = 
     under any name, so a requested name is echoed)."""
     name = model or info.model_name
     entry = {
-        "id": name, "object": "model", "created": 0, "owned_by": "lodestar",
-        "type": "model", "display_name": name, "created_at": "1970-01-01T00:00:00Z",
-    }  # fmt: skip
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "lodestar",
+        "type": "model",
+        "display_name": name,
+        "created_at": "1970-01-01T00:00:00Z",
+    }
     return {"object": "list", "data": [entry], "has_more": False, "first_id": name, "last_id": name}
 
 
 def google_models(info: inference_pb2.GetModelInfoResponse, model: str | None = None) -> dict[str, Any]:
     name = (model or info.model_name).removeprefix("models/")
     entry = {
-        "name": f"models/{name}", "baseModelId": name, "version": str(info.policy_version.version),
-        "displayName": name, "inputTokenLimit": info.context_length, "outputTokenLimit": info.max_new_tokens,
+        "name": f"models/{name}",
+        "baseModelId": name,
+        "version": str(info.policy_version.version),
+        "displayName": name,
+        "inputTokenLimit": info.context_length,
+        "outputTokenLimit": info.max_new_tokens,
         "supportedGenerationMethods": ["generateContent", "streamGenerateContent", "countTokens"],
-    }  # fmt: skip
+    }
     return {"models": [entry]}
 
 

@@ -22,7 +22,7 @@ from lodestar.sampling import applied_sampling
 from lodestar.v1 import common_pb2, inference_pb2
 from lodestar_gateway.canonical import CallResult, CanonicalRequest, new_id, now_seconds
 from lodestar_gateway.capture import CaptureStore
-from lodestar_gateway.continuation import ChainIndex, ChainLink, context_key, message_keys
+from lodestar_gateway.continuation import ChainIndex, ChainLink, ChainMatch, MessageKey, context_key, message_keys
 from lodestar_gateway.sessions import SessionEntry, timestamp_now
 from lodestar_gateway.unknown_fields import UnknownFields
 
@@ -92,26 +92,23 @@ class Proxy:
         policy = session.session.sampling_policy if session.session.HasField("sampling_policy") else None
         generate = self._generate_request(request, response_id, policy)
         generate.session_id = session.session_id  # several replicas: every call of a session on one
-        roles = [message.role for message in request.messages]
-        match = self._chains.find(session.session_id, context, keys, roles=roles)
+        match = self._match(session.session_id, context, keys, request)
         found = match.link
         if found is not None:
             generate.continuation.CopyFrom(found.continuation)
-        elif match.start != common_pb2.CHAIN_START_FIRST:
-            drift = match.start == common_pb2.CHAIN_START_DRIFT
-            self.chain_breaks += drift
-            self.branches += not drift
-            _log.info("new chain", session_id=session.session_id, kind="drift" if drift else "branch",
-                      closest_sequence=match.closest_sequence, first_difference=match.first_difference,
-                      reason=match.reason)  # fmt: skip
         started_at = timestamp_now()
 
         def request_half() -> common_pb2.CallRecord:  # built and written on the store's thread, while generating
             return common_pb2.CallRecord(
-                session_id=session.session_id, dialect=request.dialect, messages=generate.messages,
-                original_request_json=original_body.decode("utf-8", errors="replace"), tools=generate.tools,
-                sampling=generate.sampling, requested_sampling=request.sampling, started_at=started_at,
-            )  # fmt: skip
+                session_id=session.session_id,
+                dialect=request.dialect,
+                messages=generate.messages,
+                original_request_json=original_body.decode("utf-8", errors="replace"),
+                tools=generate.tools,
+                sampling=generate.sampling,
+                requested_sampling=request.sampling,
+                started_at=started_at,
+            )
 
         begun = asyncio.ensure_future(self._store.begin(response_id, request_half))
         answered = False
@@ -132,21 +129,17 @@ class Proxy:
                 completion = _completion(final.message, call_ids)
                 continued = found.sequence if found is not None and final.continuation_used else -1
                 start = match.start if continued >= 0 or found is None else common_pb2.CHAIN_START_DRIFT
-                result_half = common_pb2.CallRecord(
-                    session_id=session.session_id, prompt_token_ids=final.prompt_token_ids,
-                    completion_token_ids=final.completion_token_ids, completion_logprobs=final.completion_logprobs,
-                    finish_reason=final.finish_reason, completion=completion, policy_version=final.policy_version,
-                    usage=final.usage, continued_from_sequence=continued, first_token_ms=first_token_ms,
-                    chain_start=start, inference_replica=final.served_by,
-                    policy_version_spans=final.policy_version_spans,
-                )  # fmt: skip
+                result_half = _result_half(session.session_id, final, completion, continued, start, first_token_ms)
                 link_keys = [*keys, *message_keys([completion])]
                 link = ChainLink(-1, context, link_keys, _continuation(result_half, len(link_keys)))
                 await begun
                 answered = True  # from here the record is completed even if this call is cancelled (shield)
                 sequence = await asyncio.shield(self._capture(session, response_id, result_half, link, found))
-                timings = {"prepare_ms": (sent - clock) * 1e3, "inference_ms": (arrived - sent) * 1e3,
-                           "capture_ms": (time.perf_counter() - arrived) * 1e3}  # fmt: skip
+                timings = {
+                    "prepare_ms": (sent - clock) * 1e3,
+                    "inference_ms": (arrived - sent) * 1e3,
+                    "capture_ms": (time.perf_counter() - arrived) * 1e3,
+                }
                 yield CallResult(final, completion, response_id, now_seconds(), sequence, timings)
                 return
             raise UnavailableError("inference ended the stream without a final result")
@@ -158,6 +151,25 @@ class Proxy:
         finally:
             if not answered:
                 self._discard(begun, response_id)
+
+    def _match(self, session_id: str, context: bytes, keys: list[MessageKey], request: CanonicalRequest) -> ChainMatch:
+        """The chain this call continues, if any; a call that starts a new chain (other than the session's first)
+        is counted (a drift or a branch) and logged."""
+        roles = [message.role for message in request.messages]
+        match = self._chains.find(session_id, context, keys, roles=roles)
+        if match.link is None and match.start != common_pb2.CHAIN_START_FIRST:
+            drift = match.start == common_pb2.CHAIN_START_DRIFT
+            self.chain_breaks += drift
+            self.branches += not drift
+            _log.info(
+                "new chain",
+                session_id=session_id,
+                kind="drift" if drift else "branch",
+                closest_sequence=match.closest_sequence,
+                first_difference=match.first_difference,
+                reason=match.reason,
+            )
+        return match
 
     async def _capture(
         self,
@@ -201,9 +213,13 @@ class Proxy:
     ) -> inference_pb2.GenerateRequest:
         """The Generate request of a call; sampling: the session's policy over the client's (lodestar/sampling.py)."""
         generate = inference_pb2.GenerateRequest(
-            request_id=response_id, model=request.model, messages=request.messages, tools=request.tools,
-            sampling=applied_sampling(request.sampling, policy), stream=request.stream,
-        )  # fmt: skip
+            request_id=response_id,
+            model=request.model,
+            messages=request.messages,
+            tools=request.tools,
+            sampling=applied_sampling(request.sampling, policy),
+            stream=request.stream,
+        )
         if request.tool_choice is not None:
             generate.tool_choice.CopyFrom(request.tool_choice)
         if request.enable_thinking is not None:
@@ -216,6 +232,32 @@ class Proxy:
 
     async def model_info(self) -> inference_pb2.GetModelInfoResponse:
         return await self._inference.model_info()
+
+
+def _result_half(
+    session_id: str,
+    final: inference_pb2.GenerateFinal,
+    completion: common_pb2.ChatMessage,
+    continued: int,
+    start: common_pb2.ChainStart.ValueType,
+    first_token_ms: float,
+) -> common_pb2.CallRecord:
+    """The half of a call's record known once inference answered (the request half was written before)."""
+    return common_pb2.CallRecord(
+        session_id=session_id,
+        prompt_token_ids=final.prompt_token_ids,
+        completion_token_ids=final.completion_token_ids,
+        completion_logprobs=final.completion_logprobs,
+        finish_reason=final.finish_reason,
+        completion=completion,
+        policy_version=final.policy_version,
+        usage=final.usage,
+        continued_from_sequence=continued,
+        first_token_ms=first_token_ms,
+        chain_start=start,
+        inference_replica=final.served_by,
+        policy_version_spans=final.policy_version_spans,
+    )
 
 
 def _completion(message: common_pb2.ChatMessage, call_ids: dict[int, str]) -> common_pb2.ChatMessage:

@@ -96,6 +96,8 @@ class ReplicaDiscovery:
             await self.replicas.remove(address)
         waiting = set(self.admission.waiting)
         if waiting - self._logged_waiting:
-            _log.info("inference replicas wait for the fleet's policy version before they are routed to",
-                      waiting=self.admission.waiting)  # fmt: skip
+            _log.info(
+                "inference replicas wait for the fleet's policy version before they are routed to",
+                waiting=self.admission.waiting,
+            )
         self._logged_waiting = waiting

@@ -116,8 +116,12 @@ class ReplicaSet:
                 if streamed:
                     raise
                 self.failovers += 1
-                _log.warning("inference replica failed a call before its first token; trying another",
-                             replica=replica, session_id=request.session_id, error=error.message)  # fmt: skip
+                _log.warning(
+                    "inference replica failed a call before its first token; trying another",
+                    replica=replica,
+                    session_id=request.session_id,
+                    error=error.message,
+                )
             finally:
                 self.router.finished(replica)
                 await self._ended(replica)

@@ -76,10 +76,15 @@ class GatewayNode:
         self.discovery: ReplicaDiscovery | None = None
         self.store = CaptureStore(settings.data_dir / CAPTURE_FILE, synchronous=settings.capture_synchronous)
         self.sessions = SessionRegistry(self.store)
-        self.retention = Retention(self.store, self.sessions, RetentionPolicy(
-            acknowledged_s=settings.capture_retention_s, unacknowledged_s=settings.capture_retention_unacknowledged_s,
-            sweep_s=settings.capture_sweep_s,
-        ))  # fmt: skip
+        self.retention = Retention(
+            self.store,
+            self.sessions,
+            RetentionPolicy(
+                acknowledged_s=settings.capture_retention_s,
+                unacknowledged_s=settings.capture_retention_unacknowledged_s,
+                sweep_s=settings.capture_sweep_s,
+            ),
+        )
         self.proxy = Proxy(self.inference, self.store, unknown_fields=UnknownFields(strict=settings.strict_fields))
         self.grpc = GrpcServer.for_settings("gateway", settings)
         self.grpc.add_service(
@@ -109,30 +114,50 @@ class GatewayNode:
         settings = self.settings
         sessions_dir = settings.sessions_dir or settings.data_dir / "sessions"
         launcher = Launcher(
-            isolate_network=settings.isolate_network, mount_namespaces=settings.mount_namespaces,
+            isolate_network=settings.isolate_network,
+            mount_namespaces=settings.mount_namespaces,
             sandbox=node_sandbox(settings.data_dir, sessions_dir, settings.sandbox_hidden)
-            if settings.host_sandbox == "bwrap" else None, relay_connections=settings.relay_max_connections,
-        )  # fmt: skip
+            if settings.host_sandbox == "bwrap"
+            else None,
+            relay_connections=settings.relay_max_connections,
+        )
         if launcher.sandbox is None:
             _log.warning("host sessions run without the sandbox (host_sandbox = namespaces): not for untrusted agents")
-        self.runtimes = Runtimes({
-            "host": HostBackend(sessions_dir, launcher, fixed_root=settings.session_root),
-            "docker": DockerBackend(sessions_dir, node_id=self.node_id, fixed_root=settings.session_root,
-                                    bin_dir=settings.harness_bin_dir, mounts_allowed=settings.docker_mounts_allowed,
-                                    relay_connections=settings.relay_max_connections),
-        })  # fmt: skip
+        self.runtimes = Runtimes(
+            {
+                "host": HostBackend(sessions_dir, launcher, fixed_root=settings.session_root),
+                "docker": DockerBackend(
+                    sessions_dir,
+                    node_id=self.node_id,
+                    fixed_root=settings.session_root,
+                    bin_dir=settings.harness_bin_dir,
+                    mounts_allowed=settings.docker_mounts_allowed,
+                    relay_connections=settings.relay_max_connections,
+                ),
+            }
+        )
         stages = SessionStages(
-            sessions=self.sessions, store=self.store, proxy=self.proxy, launcher=launcher, runtimes=self.runtimes,
-            base_url=self.http_base_url, default_model=settings.default_model, bin_dir=settings.harness_bin_dir,
-        )  # fmt: skip
+            sessions=self.sessions,
+            store=self.store,
+            proxy=self.proxy,
+            launcher=launcher,
+            runtimes=self.runtimes,
+            base_url=self.http_base_url,
+            default_model=settings.default_model,
+            bin_dir=settings.harness_bin_dir,
+        )
         config = LifecycleConfig(
-            slots=settings.slots, ready_buffer=settings.ready_buffer, init_workers=settings.init_workers,
-            post_workers=settings.post_workers, poll_interval_s=settings.poll_interval_s,
+            slots=settings.slots,
+            ready_buffer=settings.ready_buffer,
+            init_workers=settings.init_workers,
+            post_workers=settings.post_workers,
+            poll_interval_s=settings.poll_interval_s,
             default_session_timeout_s=settings.default_session_timeout_s,
             default_agent_timeout_s=settings.default_agent_timeout_s,
-            report=RetryPolicy(attempts=settings.complete_attempts), shutdown_timeout_s=settings.shutdown_timeout_s,
+            report=RetryPolicy(attempts=settings.complete_attempts),
+            shutdown_timeout_s=settings.shutdown_timeout_s,
             drain_grace_s=settings.drain_grace_s,
-        )  # fmt: skip
+        )
         membership = self.membership
 
         def lease() -> int | None:
@@ -176,9 +201,10 @@ class GatewayNode:
             await self.retention.reported(session_id, acknowledged=False)
         self.retention.start()
         quotas = QuotaLimits(
-            max_calls=self.settings.session_max_calls, max_concurrent=self.settings.session_max_concurrent_calls,
+            max_calls=self.settings.session_max_calls,
+            max_concurrent=self.settings.session_max_concurrent_calls,
             max_request_bytes=self.settings.session_max_request_bytes,
-        )  # fmt: skip
+        )
         http = GatewayHttp(self.proxy, self.sessions, max_body_bytes=self.settings.max_body_bytes, quotas=quotas)
         self._runner = web.AppRunner(http.application(), handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -191,14 +217,21 @@ class GatewayNode:
         await self.grpc.start()
         await self.grpc.set_serving(True)
         _log.info(
-            "gateway serving", node_id=self.node_id, grpc=self.grpc_address, http=self.http_base_url,
-            inference=self.inference_target, data_dir=str(self.settings.data_dir),
-        )  # fmt: skip
+            "gateway serving",
+            node_id=self.node_id,
+            grpc=self.grpc_address,
+            http=self.http_base_url,
+            inference=self.inference_target,
+            data_dir=str(self.settings.data_dir),
+        )
         if self.settings.etcd:
             self.membership = Membership(
-                self.settings.etcd, self.node_record(), ttl=self.settings.etcd_lease_ttl_s,
-                prefix=self.settings.etcd_prefix, tls=self._etcd_tls,
-            )  # fmt: skip
+                self.settings.etcd,
+                self.node_record(),
+                ttl=self.settings.etcd_lease_ttl_s,
+                prefix=self.settings.etcd_prefix,
+                tls=self._etcd_tls,
+            )
             self.membership.start()
         if self._rollout is not None:
             self.lifecycle = self._build_lifecycle(self._rollout)
@@ -207,16 +240,24 @@ class GatewayNode:
             if removed:
                 _log.warning("removed session runtimes left by an earlier process", count=removed)
             self.lifecycle.start()
-            _log.info("node lifecycle running", rollout=settings_rollout(self.settings), slots=self.settings.slots,
-                      ready_buffer=self.settings.ready_buffer)  # fmt: skip
+            _log.info(
+                "node lifecycle running",
+                rollout=settings_rollout(self.settings),
+                slots=self.settings.slots,
+                ready_buffer=self.settings.ready_buffer,
+            )
 
     def node_record(self) -> NodeRecord:
         """What this node announces in etcd (capacity 0 when it only proxies)."""
         capacity = self.settings.slots if self._rollout is not None else 0
         return NodeRecord(
-            node_id=self.node_id, grpc_address=self.grpc_address, http_base_url=self.http_base_url,
-            inference=self.inference_target, capacity=capacity, started_at=datetime.now(UTC),
-        )  # fmt: skip
+            node_id=self.node_id,
+            grpc_address=self.grpc_address,
+            http_base_url=self.http_base_url,
+            inference=self.inference_target,
+            capacity=capacity,
+            started_at=datetime.now(UTC),
+        )
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop the lifecycle (kill and report in-flight sessions, remove their workspaces), leave etcd (the

@@ -36,8 +36,9 @@ class UnknownFields:
         for name in names:
             key = (dialect, name)
             if key not in self._counts:
-                _log.warning("unknown request field accepted (ignored)", dialect=common_pb2.Dialect.Name(dialect),
-                             field=name)  # fmt: skip
+                _log.warning(
+                    "unknown request field accepted (ignored)", dialect=common_pb2.Dialect.Name(dialect), field=name
+                )
             self._counts[key] += 1
 
     def counts(self) -> list[tuple[common_pb2.Dialect.ValueType, str, int]]:

@@ -33,12 +33,18 @@ def registration(settings: InferenceSettings, service: InferenceService, port: i
     if not settings.etcd:
         return None
     record = ReplicaRecord(
-        replica_id=service.replica_id, address=advertised_address(settings, port),
-        policy_version=service.policy_version, model_name=service.model_name, started_at=datetime.now(UTC),
-    )  # fmt: skip
+        replica_id=service.replica_id,
+        address=advertised_address(settings, port),
+        policy_version=service.policy_version,
+        model_name=service.model_name,
+        started_at=datetime.now(UTC),
+    )
     keeper = ReplicaRegistration(
-        settings.etcd, record, ttl=settings.etcd_lease_ttl_s, prefix=settings.etcd_prefix,
+        settings.etcd,
+        record,
+        ttl=settings.etcd_lease_ttl_s,
+        prefix=settings.etcd_prefix,
         tls=tls_from_settings(settings.etcd, settings),
-    )  # fmt: skip
+    )
     service.on_published.append(keeper.publish)
     return keeper

@@ -124,9 +124,14 @@ def next_group(scheduler: Scheduler, run: Run, start_after: int) -> tuple[Group 
         if is_stale(group, run, scheduler.policy_version):
             group.dropped = True
             run.groups_dropped += 1
-            _log.warning("group dropped as stale", run=run.run_id, group=group.group_id,
-                         min_policy_version=group.min_policy_version, policy_version=scheduler.policy_version,
-                         max_staleness=run.spec.max_staleness)  # fmt: skip
+            _log.warning(
+                "group dropped as stale",
+                run=run.run_id,
+                group=group.group_id,
+                min_policy_version=group.min_policy_version,
+                policy_version=scheduler.policy_version,
+                max_staleness=run.spec.max_staleness,
+            )
             continue
         run.groups_delivered += 1
         group.delivery_seq = run.groups_delivered

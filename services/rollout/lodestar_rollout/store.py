@@ -408,6 +408,7 @@ class SqliteStore(SqlReads):
 
 def session_from_row(r: Sequence[Any]) -> Session:
     """A `sessions` row (columns in schema order) as a Session."""
+    # Kept as laid out (the skip below): the columns in schema order read as one row (missed_polls, 0, is not stored).
     return Session(
         r[0], r[1], r[2], r[3], r[4], SessionStatus(r[5]), r[6], r[7], r[8], r[9], r[10], 0, r[11], r[12],
         bool(r[13]), r[14], r[15], r[16],

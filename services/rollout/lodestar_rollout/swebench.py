@@ -94,9 +94,15 @@ def task_from_record(
     command = commands.get(repo_name, options.get("test_command", DEFAULT_TEST_COMMAND))
     path = str(options.get("path", ""))
     location = path if path.startswith("/") else f"your working directory{f' under {path}' if path else ''}"
-    values = {"instance_id": record["instance_id"], "repo": repo_name, "owner": owner, "name": name,
-              "version": str(record.get("version", "")), "problem_statement": record["problem_statement"],
-              "location": location}  # fmt: skip
+    values = {
+        "instance_id": record["instance_id"],
+        "repo": repo_name,
+        "owner": owner,
+        "name": name,
+        "version": str(record.get("version", "")),
+        "problem_statement": record["problem_statement"],
+        "location": location,
+    }
     try:
         prompt = str(options.get("prompt_template", DEFAULT_PROMPT_TEMPLATE)).format_map(values)
         image = str(options.get("image", "")).format_map(values)

@@ -34,17 +34,38 @@ _COMMON_FIELDS = frozenset(
     {"model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers", "context_management"}
 )
 MESSAGES_FIELDS = _COMMON_FIELDS | {
-    "max_tokens", "metadata", "stop_sequences", "stream", "temperature", "top_p", "top_k", "output_config",
-    "output_format", "container", "service_tier", "betas", "inference_geo", "speed", "cache_control",
-}  # fmt: skip
+    "max_tokens",
+    "metadata",
+    "stop_sequences",
+    "stream",
+    "temperature",
+    "top_p",
+    "top_k",
+    "output_config",
+    "output_format",
+    "container",
+    "service_tier",
+    "betas",
+    "inference_geo",
+    "speed",
+    "cache_control",
+}
 COUNT_FIELDS = _COMMON_FIELDS | {"output_config", "output_format", "betas", "cache_control"}
 _ROLES = {"user": common_pb2.ROLE_USER, "assistant": common_pb2.ROLE_ASSISTANT, "system": common_pb2.ROLE_SYSTEM}
 _SERVER_TOOL_PREFIXES = ("web_search", "web_fetch", "code_execution", "computer", "bash_", "text_editor", "memory")
 _ERROR_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-    405: "invalid_request_error", 413: "request_too_large", 415: "invalid_request_error",
-    429: "rate_limit_error", 501: "api_error", 503: "overloaded_error", 504: "timeout_error",
-}  # fmt: skip
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    501: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
 
 
 class AnthropicMessages:
@@ -251,8 +272,12 @@ def _tool_choice(raw: Any) -> common_pb2.ToolChoice | None:
         return None
     raw = f.expect_object(raw, "tool_choice")
     kind = f.string(raw, "type", "tool_choice", required=True)
-    modes = {"auto": common_pb2.TOOL_CHOICE_MODE_AUTO, "any": common_pb2.TOOL_CHOICE_MODE_REQUIRED,
-             "none": common_pb2.TOOL_CHOICE_MODE_NONE, "tool": common_pb2.TOOL_CHOICE_MODE_NAMED}  # fmt: skip
+    modes = {
+        "auto": common_pb2.TOOL_CHOICE_MODE_AUTO,
+        "any": common_pb2.TOOL_CHOICE_MODE_REQUIRED,
+        "none": common_pb2.TOOL_CHOICE_MODE_NONE,
+        "tool": common_pb2.TOOL_CHOICE_MODE_NAMED,
+    }
     if kind not in modes:
         raise f.fail("tool_choice.type", f"must be one of auto, any, tool, none; got {kind!r}")
     name = f.string(raw, "name", "tool_choice", required=kind == "tool") or ""

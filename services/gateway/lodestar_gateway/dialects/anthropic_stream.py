@@ -52,11 +52,20 @@ class AnthropicStream:
 
     def start(self, response_id: str, created: int) -> bytes:
         message: JsonObject = {
-            "id": response_id, "type": "message", "role": "assistant", "model": self._model,
-            "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0,
-                      "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
-        }  # fmt: skip
+            "id": response_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self._model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": 0,
+                "output_tokens": 0,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
+        }
         return sse.event("message_start", {"type": "message_start", "message": message})
 
     def delta(self, delta: inference_pb2.GenerateDelta) -> bytes:

@@ -31,14 +31,34 @@ from lodestar_gateway.dialects.common import (
 from lodestar_gateway.dialects.sampling import GOOGLE, read_sampling
 from lodestar_gateway.errors import http_status
 
-FIELDS = frozenset({"contents", "systemInstruction", "tools", "toolConfig", "generationConfig", "safetySettings",
-                    "cachedContent", "labels", "model", "generateContentRequest"})  # fmt: skip
+FIELDS = frozenset(
+    {
+        "contents",
+        "systemInstruction",
+        "tools",
+        "toolConfig",
+        "generationConfig",
+        "safetySettings",
+        "cachedContent",
+        "labels",
+        "model",
+        "generateContentRequest",
+    }
+)
 _FINISH = {common_pb2.FINISH_REASON_LENGTH: "MAX_TOKENS", common_pb2.FINISH_REASON_CANCELLED: "OTHER"}
 _STATUS_NAMES = {
-    400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
-    405: "INVALID_ARGUMENT", 413: "INVALID_ARGUMENT", 415: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED",
-    501: "UNIMPLEMENTED", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED",
-}  # fmt: skip
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    405: "INVALID_ARGUMENT",
+    413: "INVALID_ARGUMENT",
+    415: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    501: "UNIMPLEMENTED",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
 
 
 def camel(obj: JsonObject) -> JsonObject:
@@ -77,8 +97,9 @@ class GoogleGenerateContent:
         cn.check_not_empty(messages, "contents")
         cn.check_tool_results(messages)
         context = GoogleContext(sse=route.sse)
-        request = CanonicalRequest(dialect=self.dialect, model=model, messages=messages, stream=route.stream,
-                                   render=context)  # fmt: skip
+        request = CanonicalRequest(
+            dialect=self.dialect, model=model, messages=messages, stream=route.stream, render=context
+        )
         request.tools = _tools(f.array(body, "tools") or [])
         request.tool_choice = _tool_choice(body.get("toolConfig"))
         _generation_config(f.obj(body, "generationConfig") or {}, request, context)
@@ -119,8 +140,10 @@ def response_parts(message: common_pb2.ChatMessage, include_thoughts: bool) -> l
 
 
 def _call_part(call_id: str, name: str, arguments: str) -> JsonObject:
-    return {"functionCall": {"id": call_id, "name": name, "args": arguments_object(arguments)},
-            "thoughtSignature": base64.b64encode(call_id.encode()).decode()}  # fmt: skip
+    return {
+        "functionCall": {"id": call_id, "name": name, "args": arguments_object(arguments)},
+        "thoughtSignature": base64.b64encode(call_id.encode()).decode(),
+    }
 
 
 def _usage(final: inference_pb2.GenerateFinal) -> JsonObject:
@@ -259,8 +282,11 @@ def _part(part: JsonObject, path: str, role: int) -> common_pb2.ContentPart:
 def _function_call(raw: Any, path: str, fallback_id: str) -> common_pb2.ToolCall:
     call = f.expect_object(raw, path)
     name = f.string(call, "name", path, required=True) or ""
-    return common_pb2.ToolCall(id=f.string(call, "id", path) or fallback_id, name=name,
-                               arguments_json=arguments_text(call.get("args"), f"{path}.args"))  # fmt: skip
+    return common_pb2.ToolCall(
+        id=f.string(call, "id", path) or fallback_id,
+        name=name,
+        arguments_json=arguments_text(call.get("args"), f"{path}.args"),
+    )
 
 
 def _function_response(raw: Any, path: str, pending: list[tuple[str, str]]) -> common_pb2.ChatMessage:
@@ -297,9 +323,13 @@ def _tool_choice(raw: Any) -> common_pb2.ToolChoice | None:
         return None
     config = camel(f.obj(camel(f.expect_object(raw, "toolConfig")), "functionCallingConfig", "toolConfig") or {})
     mode = f.string(config, "mode", "toolConfig.functionCallingConfig") or "AUTO"
-    modes = {"AUTO": common_pb2.TOOL_CHOICE_MODE_AUTO, "ANY": common_pb2.TOOL_CHOICE_MODE_REQUIRED,
-             "NONE": common_pb2.TOOL_CHOICE_MODE_NONE, "VALIDATED": common_pb2.TOOL_CHOICE_MODE_AUTO,
-             "MODE_UNSPECIFIED": common_pb2.TOOL_CHOICE_MODE_AUTO}  # fmt: skip
+    modes = {
+        "AUTO": common_pb2.TOOL_CHOICE_MODE_AUTO,
+        "ANY": common_pb2.TOOL_CHOICE_MODE_REQUIRED,
+        "NONE": common_pb2.TOOL_CHOICE_MODE_NONE,
+        "VALIDATED": common_pb2.TOOL_CHOICE_MODE_AUTO,
+        "MODE_UNSPECIFIED": common_pb2.TOOL_CHOICE_MODE_AUTO,
+    }
     if mode not in modes:
         raise f.fail("toolConfig.functionCallingConfig.mode", f"unknown mode {mode!r}")
     return common_pb2.ToolChoice(mode=modes[mode])

@@ -21,27 +21,84 @@ from lodestar_gateway.dialects.common import arguments_string, image_from_url, t
 from lodestar_gateway.dialects.sampling import OPENAI_CHAT, read_sampling
 from lodestar_gateway.errors import http_status
 
-FIELDS = frozenset({
-    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n", "stop",
-    "stream", "stream_options", "tools", "tool_choice", "parallel_tool_calls", "seed", "user", "logprobs",
-    "top_logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "response_format",
-    "reasoning_effort", "metadata", "store", "service_tier", "modalities", "prediction", "verbosity",
-    "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "web_search_options", "min_p",
-    "repetition_penalty", "chat_template_kwargs", "enable_thinking", "thinking", "skip_special_tokens",
-    "include_stop_str_in_output", "extra_body", "vl_high_resolution_images",
-})  # fmt: skip
-_ROLES = {"system": common_pb2.ROLE_SYSTEM, "developer": common_pb2.ROLE_DEVELOPER, "user": common_pb2.ROLE_USER,
-          "assistant": common_pb2.ROLE_ASSISTANT, "tool": common_pb2.ROLE_TOOL}  # fmt: skip
+FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "n",
+        "stop",
+        "stream",
+        "stream_options",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "seed",
+        "user",
+        "logprobs",
+        "top_logprobs",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "response_format",
+        "reasoning_effort",
+        "metadata",
+        "store",
+        "service_tier",
+        "modalities",
+        "prediction",
+        "verbosity",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "safety_identifier",
+        "web_search_options",
+        "min_p",
+        "repetition_penalty",
+        "chat_template_kwargs",
+        "enable_thinking",
+        "thinking",
+        "skip_special_tokens",
+        "include_stop_str_in_output",
+        "extra_body",
+        "vl_high_resolution_images",
+    }
+)
+_ROLES = {
+    "system": common_pb2.ROLE_SYSTEM,
+    "developer": common_pb2.ROLE_DEVELOPER,
+    "user": common_pb2.ROLE_USER,
+    "assistant": common_pb2.ROLE_ASSISTANT,
+    "tool": common_pb2.ROLE_TOOL,
+}
 FINISH = {
-    common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_STOP_SEQUENCE: "stop",
-    common_pb2.FINISH_REASON_LENGTH: "length", common_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
+    common_pb2.FINISH_REASON_STOP: "stop",
+    common_pb2.FINISH_REASON_STOP_SEQUENCE: "stop",
+    common_pb2.FINISH_REASON_LENGTH: "length",
+    common_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
     common_pb2.FINISH_REASON_CANCELLED: "stop",
-}  # fmt: skip
-_ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-                405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
-                429: "rate_limit_exceeded"}  # fmt: skip
-_ERROR_CODES = {401: "invalid_api_key", 404: "not_found", 413: "request_too_large", 415: "unsupported_media_type",
-                429: "rate_limit_exceeded", 503: "service_unavailable", 504: "timeout"}  # fmt: skip
+}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_exceeded",
+}
+_ERROR_CODES = {
+    401: "invalid_api_key",
+    404: "not_found",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+    429: "rate_limit_exceeded",
+    503: "service_unavailable",
+    504: "timeout",
+}
 
 
 class OpenAIChat:
@@ -81,9 +138,13 @@ class OpenAIChat:
             ]
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": FINISH[result.final.finish_reason]}
         return {
-            "id": result.response_id, "object": "chat.completion", "created": result.created,
-            "model": request.model, "choices": [choice], "usage": usage(result.final),
-        }  # fmt: skip
+            "id": result.response_id,
+            "object": "chat.completion",
+            "created": result.created,
+            "model": request.model,
+            "choices": [choice],
+            "usage": usage(result.final),
+        }
 
     def stream(self, request: CanonicalRequest) -> OpenAIChatStream:
         return OpenAIChatStream(request)
@@ -233,8 +294,11 @@ def _tools(raw_tools: list[Any]) -> list[common_pb2.ToolDefinition]:
 def _tool_choice(raw: Any) -> common_pb2.ToolChoice | None:
     if raw is None:
         return None
-    modes = {"auto": common_pb2.TOOL_CHOICE_MODE_AUTO, "none": common_pb2.TOOL_CHOICE_MODE_NONE,
-             "required": common_pb2.TOOL_CHOICE_MODE_REQUIRED}  # fmt: skip
+    modes = {
+        "auto": common_pb2.TOOL_CHOICE_MODE_AUTO,
+        "none": common_pb2.TOOL_CHOICE_MODE_NONE,
+        "required": common_pb2.TOOL_CHOICE_MODE_REQUIRED,
+    }
     if isinstance(raw, str):
         if raw not in modes:
             raise f.fail("tool_choice", f"must be auto, none, required or a function; got {raw!r}")

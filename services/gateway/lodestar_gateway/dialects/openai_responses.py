@@ -37,15 +37,48 @@ from lodestar_gateway.dialects.openai_responses_stream import (
 from lodestar_gateway.dialects.sampling import OPENAI_RESPONSES, read_sampling
 from lodestar_gateway.sse import dumps
 
-FIELDS = frozenset({
-    "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "reasoning", "include",
-    "store", "stream", "stream_options", "temperature", "top_p", "top_k", "max_output_tokens", "max_tool_calls",
-    "metadata", "previous_response_id", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
-    "service_tier", "text", "truncation", "user", "background", "conversation", "prompt", "top_logprobs",
-    "client_metadata", "context_management", "seed",
-})  # fmt: skip
-_ROLES = {"system": common_pb2.ROLE_SYSTEM, "developer": common_pb2.ROLE_DEVELOPER, "user": common_pb2.ROLE_USER,
-          "assistant": common_pb2.ROLE_ASSISTANT}  # fmt: skip
+FIELDS = frozenset(
+    {
+        "model",
+        "input",
+        "instructions",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "reasoning",
+        "include",
+        "store",
+        "stream",
+        "stream_options",
+        "temperature",
+        "top_p",
+        "top_k",
+        "max_output_tokens",
+        "max_tool_calls",
+        "metadata",
+        "previous_response_id",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "safety_identifier",
+        "service_tier",
+        "text",
+        "truncation",
+        "user",
+        "background",
+        "conversation",
+        "prompt",
+        "top_logprobs",
+        "client_metadata",
+        "context_management",
+        "seed",
+    }
+)
+_ROLES = {
+    "system": common_pb2.ROLE_SYSTEM,
+    "developer": common_pb2.ROLE_DEVELOPER,
+    "user": common_pb2.ROLE_USER,
+    "assistant": common_pb2.ROLE_ASSISTANT,
+}
 CUSTOM_SCHEMA = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
 
 
@@ -88,8 +121,19 @@ class OpenAIResponses:
         effort = f.string(reasoning, "effort", "reasoning")
         if effort is not None:
             request.enable_thinking = effort not in ("none", "minimal")
-        for key in ("tool_choice", "temperature", "top_p", "parallel_tool_calls", "max_output_tokens", "metadata",
-                    "store", "truncation", "text", "reasoning", "prompt_cache_key"):  # fmt: skip
+        for key in (
+            "tool_choice",
+            "temperature",
+            "top_p",
+            "parallel_tool_calls",
+            "max_output_tokens",
+            "metadata",
+            "store",
+            "truncation",
+            "text",
+            "reasoning",
+            "prompt_cache_key",
+        ):
             if key in body:
                 context.echo[key] = body[key]
         return request
@@ -261,8 +305,11 @@ def _function_tool(tool: JsonObject, path: str, context: ResponsesContext) -> co
 def _tool_choice(raw: Any, context: ResponsesContext) -> common_pb2.ToolChoice | None:
     if raw is None:
         return None
-    modes = {"auto": common_pb2.TOOL_CHOICE_MODE_AUTO, "none": common_pb2.TOOL_CHOICE_MODE_NONE,
-             "required": common_pb2.TOOL_CHOICE_MODE_REQUIRED}  # fmt: skip
+    modes = {
+        "auto": common_pb2.TOOL_CHOICE_MODE_AUTO,
+        "none": common_pb2.TOOL_CHOICE_MODE_NONE,
+        "required": common_pb2.TOOL_CHOICE_MODE_REQUIRED,
+    }
     if isinstance(raw, str):
         if raw not in modes:
             raise f.fail("tool_choice", f"must be auto, none, required or an object; got {raw!r}")

@@ -53,15 +53,28 @@ def message_item(item_id: str, text: str, status: str = "completed") -> JsonObje
     return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
 
 
-def call_item(item_id: str, call_id: str, name: str, arguments: str, context: ResponsesContext,
-              status: str = "completed") -> JsonObject:  # fmt: skip
+def call_item(
+    item_id: str, call_id: str, name: str, arguments: str, context: ResponsesContext, status: str = "completed"
+) -> JsonObject:
     namespace, inner = context.namespaces.get(name, ("", name))
     if name in context.custom:
-        item: JsonObject = {"id": item_id, "type": "custom_tool_call", "status": status, "call_id": call_id,
-                            "name": inner, "input": str(arguments_object(arguments).get("input", ""))}  # fmt: skip
+        item: JsonObject = {
+            "id": item_id,
+            "type": "custom_tool_call",
+            "status": status,
+            "call_id": call_id,
+            "name": inner,
+            "input": str(arguments_object(arguments).get("input", "")),
+        }
     else:
-        item = {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": inner,
-                "arguments": arguments}  # fmt: skip
+        item = {
+            "id": item_id,
+            "type": "function_call",
+            "status": status,
+            "call_id": call_id,
+            "name": inner,
+            "arguments": arguments,
+        }
     if namespace:
         item["namespace"] = namespace
     return item
@@ -98,16 +111,31 @@ def response_object(
             status, incomplete = "incomplete", {"reason": "max_output_tokens"}
         prompt, completion = final.usage.prompt_tokens, final.usage.completion_tokens
         usage = {
-            "input_tokens": prompt, "input_tokens_details": {"cached_tokens": final.usage.continued_prompt_tokens},
-            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+            "input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": final.usage.continued_prompt_tokens},
+            "output_tokens": completion,
+            "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt + completion,
-        }  # fmt: skip
+        }
     body: JsonObject = {
-        "id": response_id, "object": "response", "created_at": created, "status": status, "error": None,
-        "incomplete_details": incomplete, "instructions": None, "model": request.model, "output": output,
-        "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "usage": usage, "metadata": {},
-        "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": False,
-    }  # fmt: skip
+        "id": response_id,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "error": None,
+        "incomplete_details": incomplete,
+        "instructions": None,
+        "model": request.model,
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": usage,
+        "metadata": {},
+        "text": {"format": {"type": "text"}},
+        "truncation": "disabled",
+        "store": False,
+    }
     body.update(context.echo)
     return body
 
@@ -142,34 +170,46 @@ class ResponsesStream:
             if self._open != "reasoning":
                 out += self._close()
                 out += self._added({"id": f"rs_{self._suffix}", "type": "reasoning", "summary": []}, "reasoning")
-                out += self._event("response.reasoning_summary_part.added", **self._where(), summary_index=0,
-                                   part={"type": "summary_text", "text": ""})  # fmt: skip
+                out += self._event(
+                    "response.reasoning_summary_part.added",
+                    **self._where(),
+                    summary_index=0,
+                    part={"type": "summary_text", "text": ""},
+                )
             self._buffer.append(delta.reasoning_text)
-            out += self._event("response.reasoning_summary_text.delta", **self._where(), summary_index=0,
-                               delta=delta.reasoning_text)  # fmt: skip
+            out += self._event(
+                "response.reasoning_summary_text.delta", **self._where(), summary_index=0, delta=delta.reasoning_text
+            )
         if delta.text:
             if self._open != "text":
                 out += self._close()
                 out += self._added(message_item(f"msg_{self._suffix}", "", "in_progress"), "text")
-                out += self._event("response.content_part.added", **self._where(), content_index=0,
-                                   part={"type": "output_text", "text": "", "annotations": []})  # fmt: skip
+                out += self._event(
+                    "response.content_part.added",
+                    **self._where(),
+                    content_index=0,
+                    part={"type": "output_text", "text": "", "annotations": []},
+                )
             self._buffer.append(delta.text)
-            out += self._event("response.output_text.delta", **self._where(), content_index=0, delta=delta.text,
-                               logprobs=[])  # fmt: skip
+            out += self._event(
+                "response.output_text.delta", **self._where(), content_index=0, delta=delta.text, logprobs=[]
+            )
         for call in delta.tool_calls:
             if self._open != "call" or call.index != self._tool_index:
                 out += self._close()
                 self._tool_index = call.index
                 self._call = common_pb2.ToolCall(id=call.id, name=call.name)
-                item = call_item(f"fc_{self._suffix}_{call.index}", call.id, call.name, "", self._context,
-                                 "in_progress")  # fmt: skip
+                item = call_item(
+                    f"fc_{self._suffix}_{call.index}", call.id, call.name, "", self._context, "in_progress"
+                )
                 out += self._added(item, "call")
             if call.arguments_delta and self._call is not None:
                 self._buffer.append(call.arguments_delta)
                 custom = self._call.name in self._context.custom
                 if not custom:
-                    out += self._event("response.function_call_arguments.delta", **self._where(),
-                                       delta=call.arguments_delta)  # fmt: skip
+                    out += self._event(
+                        "response.function_call_arguments.delta", **self._where(), delta=call.arguments_delta
+                    )
         return out
 
     def finish(self, result: CallResult) -> bytes:
@@ -224,8 +264,7 @@ class ResponsesStream:
                 out += self._event("response.custom_tool_call_input.delta", **where, delta=item["input"])
                 out += self._event("response.custom_tool_call_input.done", **where, input=item["input"])
             else:
-                out += self._event("response.function_call_arguments.done", **where, arguments=text,
-                                   name=item["name"])  # fmt: skip
+                out += self._event("response.function_call_arguments.done", **where, arguments=text, name=item["name"])
         self._items[-1] = item
         self._open = None
         self._buffer = []

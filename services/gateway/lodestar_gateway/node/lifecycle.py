@@ -162,8 +162,13 @@ class NodeLifecycle:
             return 0
         self._attempts[attempt.key] = attempt
         self._tasks[attempt.key] = asyncio.create_task(self._drive(attempt), name=f"attempt-{attempt.name}")
-        _log.info("session acquired", session_id=assignment.session_id, attempt=assignment.attempt,
-                  run_id=assignment.run_id, task_id=assignment.task.task_id)  # fmt: skip
+        _log.info(
+            "session acquired",
+            session_id=assignment.session_id,
+            attempt=assignment.attempt,
+            run_id=assignment.run_id,
+            task_id=assignment.task.task_id,
+        )
         return 1
 
     def cancel(
@@ -267,9 +272,18 @@ class NodeLifecycle:
                 "stdout_tail": result.stdout_tail[-LOG_TAIL_CHARS:],
                 "stderr_tail": result.stderr_tail[-LOG_TAIL_CHARS:],
             }
-        _log.info("session finished", session_id=result.session_id, attempt=result.attempt, outcome=name,
-                  reward=result.reward, calls=len(result.calls), error=result.error or None, report=status,
-                  seconds={k: round(v, 3) for k, v in attempt.seconds.items()}, **said)  # fmt: skip
+        _log.info(
+            "session finished",
+            session_id=result.session_id,
+            attempt=result.attempt,
+            outcome=name,
+            reward=result.reward,
+            calls=len(result.calls),
+            error=result.error or None,
+            report=status,
+            seconds={k: round(v, 3) for k, v in attempt.seconds.items()},
+            **said,
+        )
         return status
 
     # Shutdown ------------------------------------------------------------------------------------------

@@ -127,20 +127,37 @@ async def complete_with_retries(link: RolloutLink, result: rollout_pb2.SessionRe
         try:
             counted = await link.complete(result, policy.rpc_timeout_s)
         except FailedPreconditionError as error:
-            _log.warning("result fenced: the attempt was superseded; dropped", session_id=result.session_id,
-                         attempt=result.attempt, error=error.message)  # fmt: skip
+            _log.warning(
+                "result fenced: the attempt was superseded; dropped",
+                session_id=result.session_id,
+                attempt=result.attempt,
+                error=error.message,
+            )
             return "fenced"
         except (InvalidArgumentError, NotFoundError) as error:
-            _log.error("result refused by rollout; dropped", session_id=result.session_id, attempt=result.attempt,
-                       error=error.message)  # fmt: skip
+            _log.error(
+                "result refused by rollout; dropped",
+                session_id=result.session_id,
+                attempt=result.attempt,
+                error=error.message,
+            )
             return "refused"
         except LodestarError as error:
             if attempt == policy.attempts:
-                _log.error("CompleteSession failed; giving up", session_id=result.session_id, attempts=attempt,
-                           error=error.message)  # fmt: skip
+                _log.error(
+                    "CompleteSession failed; giving up",
+                    session_id=result.session_id,
+                    attempts=attempt,
+                    error=error.message,
+                )
                 return "gave_up"
-            _log.warning("CompleteSession failed; retrying", session_id=result.session_id, attempt=attempt,
-                         retry_in_s=delay, error=error.message)  # fmt: skip
+            _log.warning(
+                "CompleteSession failed; retrying",
+                session_id=result.session_id,
+                attempt=attempt,
+                retry_in_s=delay,
+                error=error.message,
+            )
             await asyncio.sleep(delay)
             delay = min(delay * 2, policy.max_s)
             continue

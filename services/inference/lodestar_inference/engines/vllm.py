@@ -192,18 +192,9 @@ class VllmEngine:
         from vllm.outputs import RequestOutput
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        info = self.info()
         if self._closed or self._llm is None:
             raise UnavailableError("the vllm engine is closed")
-        prompt = list(request.prompt_ids)
-        if len(prompt) >= info.context_length:
-            raise InvalidArgumentError(f"prompt has {len(prompt)} tokens; the context length is {info.context_length}")
-        if not prompt:
-            raise InvalidArgumentError("the prompt is empty")
-        try:
-            params = self.sampling_params(request, info)
-        except ValueError as error:  # vLLM's own validation (VLLMValidationError is a ValueError)
-            raise InvalidArgumentError(f"bad sampling parameters: {error}") from error
+        prompt, params = self._checked(request)
         while not self._gate.is_set():  # a weight swap is in progress: start on the new version
             await self._gate.wait()
         if self._closed:
@@ -257,13 +248,31 @@ class VllmEngine:
                     if now < due:
                         continue
                     due = next_delivery(now, hold)
-                yield EngineStep(token_ids=tuple(ids), logprobs=tuple(logprobs), policy_version=labels.first,
-                                 finish_reason=reason, version_spans=labels.spans)  # fmt: skip
+                yield EngineStep(
+                    token_ids=tuple(ids),
+                    logprobs=tuple(logprobs),
+                    policy_version=labels.first,
+                    finish_reason=reason,
+                    version_spans=labels.spans,
+                )
                 ids, logprobs = [], []
         finally:
             self._running.discard(rid)
             if not finished and self._llm is not None and not self._closed:
                 await asyncio.shield(self._llm.abort(rid))
+
+    def _checked(self, request: EngineRequest) -> tuple[list[int], Any]:
+        """The request's prompt and vLLM sampling parameters; InvalidArgumentError for what vLLM would refuse."""
+        info = self.info()
+        prompt = list(request.prompt_ids)
+        if len(prompt) >= info.context_length:
+            raise InvalidArgumentError(f"prompt has {len(prompt)} tokens; the context length is {info.context_length}")
+        if not prompt:
+            raise InvalidArgumentError("the prompt is empty")
+        try:
+            return prompt, self.sampling_params(request, info)
+        except ValueError as error:  # vLLM's own validation (VLLMValidationError is a ValueError)
+            raise InvalidArgumentError(f"bad sampling parameters: {error}") from error
 
     @staticmethod
     def sampling_params(request: EngineRequest, info: EngineInfo) -> Any:

@@ -204,10 +204,18 @@ class Parallel:
 
         grads = [param.grad for param in model.parameters() if param.grad is not None]
         local = [grad.to_local() if isinstance(grad, DTensor) else grad for grad in grads]
-        sharded = sum((float(g.float().pow(2).sum()) for g, grad in zip(local, grads, strict=True)
-                       if isinstance(grad, DTensor)), 0.0)  # fmt: skip
-        replicated = sum((float(g.float().pow(2).sum()) for g, grad in zip(local, grads, strict=True)
-                          if not isinstance(grad, DTensor)), 0.0)  # fmt: skip
+        sharded = sum(
+            (float(g.float().pow(2).sum()) for g, grad in zip(local, grads, strict=True) if isinstance(grad, DTensor)),
+            0.0,
+        )
+        replicated = sum(
+            (
+                float(g.float().pow(2).sum())
+                for g, grad in zip(local, grads, strict=True)
+                if not isinstance(grad, DTensor)
+            ),
+            0.0,
+        )
         (sharded,) = self.sum([sharded])
         total = math.sqrt(sharded + replicated)
         if max_norm > 0 and total > max_norm:

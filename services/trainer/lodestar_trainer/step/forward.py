@@ -189,6 +189,11 @@ def target_logprobs(
             raise ValueError(f"{len(batch.temperatures)} temperatures for {len(batch.target_tokens)} targets")
         temperatures = torch.tensor(batch.temperatures, dtype=torch.float32, device=device)
     return chunked_target_logprobs(
-        hidden, head.weight, token_ids, bias=head.bias, temperatures=temperatures, vocab_chunk=vocab_chunk,
+        hidden,
+        head.weight,
+        token_ids,
+        bias=head.bias,
+        temperatures=temperatures,
+        vocab_chunk=vocab_chunk,
         row_chunk=row_chunk,
-    )  # fmt: skip
+    )

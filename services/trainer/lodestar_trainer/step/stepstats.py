@@ -85,11 +85,24 @@ def loss_over_ranks(parallel: Parallel, totals: LossOutput | None) -> LossOutput
     if not parallel.distributed or totals is None:
         return totals
     summed = parallel.sum(
-        [float(totals.loss.detach()), totals.targets, totals.clipped, totals.ratio_sum, totals.kl_sum,
-         totals.mismatch_abs_sum, totals.tis_clipped]
-    )  # fmt: skip
+        [
+            float(totals.loss.detach()),
+            totals.targets,
+            totals.clipped,
+            totals.ratio_sum,
+            totals.kl_sum,
+            totals.mismatch_abs_sum,
+            totals.tis_clipped,
+        ]
+    )
     (largest,) = parallel.max([totals.mismatch_abs_max])
     return LossOutput(
-        loss=torch.tensor(summed[0]), targets=int(summed[1]), clipped=int(summed[2]), ratio_sum=summed[3],
-        kl_sum=summed[4], mismatch_abs_sum=summed[5], mismatch_abs_max=largest, tis_clipped=int(summed[6]),
-    )  # fmt: skip
+        loss=torch.tensor(summed[0]),
+        targets=int(summed[1]),
+        clipped=int(summed[2]),
+        ratio_sum=summed[3],
+        kl_sum=summed[4],
+        mismatch_abs_sum=summed[5],
+        mismatch_abs_max=largest,
+        tis_clipped=int(summed[6]),
+    )

@@ -143,8 +143,11 @@ class BroadcastPublisher(ReplicaSetPublisher, PayloadPublisher):
         missed = [target for target in targets if not isinstance(outcomes.get(target), PublishResult)]
         if missed:
             if any(not isinstance(outcomes.get(target), PublishResult) for target in live):
-                _log.warning("weight broadcast missed replicas; streaming the version to them over gRPC",
-                             policy_version=version, replicas=missed)  # fmt: skip
+                _log.warning(
+                    "weight broadcast missed replicas; streaming the version to them over gRPC",
+                    policy_version=version,
+                    replicas=missed,
+                )
             answering = self.replicas.live(missed) if live else missed  # none answered: wait for them as today
             futures = self.replicas.submit(self._stream, answering, payload, tensors, version, started)
             outcomes.update(collect(futures))
@@ -200,8 +203,11 @@ class BroadcastPublisher(ReplicaSetPublisher, PayloadPublisher):
         try:
             nonces = self._handshake(group, push.secret, name)
             if nonces is None:
-                _log.warning("a peer without the push's secret took a replica's rank: no weights sent to it",
-                             replica=target, group=name)  # fmt: skip
+                _log.warning(
+                    "a peer without the push's secret took a replica's rank: no weights sent to it",
+                    replica=target,
+                    group=name,
+                )
                 return
             mac = broadcast_auth.data_mac(push.secret, name, nonces)
             self._send(group, push, mac)
@@ -274,8 +280,9 @@ def _await_group(target: str, joined: Future[Any], call: Future[Outcome]) -> Any
         except (RuntimeError, ValueError) as error:
             _log.warning("weight broadcast group did not form", replica=target, error=str(error))
             return None
-    _log.warning("a replica ended its call before joining the weight broadcast", replica=target,
-                 error=str(call.result()))  # fmt: skip
+    _log.warning(
+        "a replica ended its call before joining the weight broadcast", replica=target, error=str(call.result())
+    )
     return None
 
 

@@ -292,8 +292,12 @@ class FanoutPublisher(PayloadPublisher):
         if not results:
             raise UnavailableError(f"no inference replica took policy version {version}: {unreachable}")
         for target, why in unreachable.items():
-            _log.error("a replica missed a policy version (unreachable); the next push retries it",
-                       replica=target, policy_version=version, error=why)  # fmt: skip
+            _log.error(
+                "a replica missed a policy version (unreachable); the next push retries it",
+                replica=target,
+                policy_version=version,
+                error=why,
+            )
         return PublishResult(
             version, tensors, len(payload), time.perf_counter() - started, max(r.attempts for r in results)
         )

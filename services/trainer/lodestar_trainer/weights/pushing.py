@@ -118,6 +118,10 @@ class BackgroundPush:
     def _push(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
         result = self._publisher.publish(state, version)
         self._on_served(version)
-        _log.info("weights pushed", policy_version=version, seconds=round(result.seconds, 3),
-                  payload_bytes=result.payload_bytes)  # fmt: skip
+        _log.info(
+            "weights pushed",
+            policy_version=version,
+            seconds=round(result.seconds, 3),
+            payload_bytes=result.payload_bytes,
+        )
         return result

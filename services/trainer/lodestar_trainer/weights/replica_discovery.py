@@ -47,8 +47,11 @@ class DiscoveredReplicas:
         try:
             waiting.result()
         except DeadlineExceededError as error:
-            _log.warning("inference replicas not listed from etcd yet; pushes find them once it answers",
-                         etcd=endpoint, error=error.message)  # fmt: skip
+            _log.warning(
+                "inference replicas not listed from etcd yet; pushes find them once it answers",
+                etcd=endpoint,
+                error=error.message,
+            )
 
     async def _start(self, endpoint: str, prefix: str, tls: EtcdTls | None) -> ReplicaWatch:
         watch = ReplicaWatch(endpoint, self._changed, prefix=prefix, tls=tls)

@@ -183,8 +183,12 @@ class ReplicaSet:
         if not took:
             raise UnavailableError(f"no inference replica took policy version {version}: {missed}")
         for target, why in missed.items():
-            _log.error("a replica missed a policy version (unreachable); the next push retries it",
-                       replica=target, policy_version=version, error=why)  # fmt: skip
+            _log.error(
+                "a replica missed a policy version (unreachable); the next push retries it",
+                replica=target,
+                policy_version=version,
+                error=why,
+            )
         attempts = max(result.attempts for result in took)
         return PublishResult(version, tensors, nbytes, time.perf_counter() - started, attempts)
 

@@ -76,10 +76,17 @@ class SharedFsPublisher(ReplicaSetPublisher):
 
 
 SAFETENSORS_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
     torch.bool: "BOOL",
-}  # fmt: skip
+}
 
 
 def write_safetensors(state: Mapping[str, torch.Tensor], path: Path, dtype: torch.dtype | None = None) -> int:
@@ -96,8 +103,11 @@ def write_safetensors(state: Mapping[str, torch.Tensor], path: Path, dtype: torc
             tensor = tensor.to(dtype)
         tensor = tensor.to("cpu").contiguous()
         size = tensor.numel() * tensor.element_size()
-        header[name] = {"dtype": SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + size]}  # fmt: skip
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
         tensors[name] = tensor
         offset += size
     encoded = json.dumps(header, separators=(",", ":")).encode()

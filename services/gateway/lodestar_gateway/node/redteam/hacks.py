@@ -36,6 +36,7 @@ class Hack:
         return verifier_kind in self.verifiers
 
 
+# Kept as laid out (the skip below): a table, one hack a row (name, family, does, verifiers, defence).
 HACKS: tuple[Hack, ...] = (
     Hack("runner-shadow", "shadowing", "pytest.py at the root and in tests/ fakes a passing run", TESTS,
          "swe: only the agent's changes to code are carried onto a pristine tree; pytest resolved first"),

@@ -128,9 +128,16 @@ class DockerRuntime:
             result = await self._exec(invocation, timeout_s, stop_after=True)
         finally:
             await relay.close()
-        _log.info("harness run finished", harness=invocation.harness, container=self.container,
-                  returncode=result.returncode, timed_out=result.timed_out, duration_s=round(result.duration_s, 3),
-                  relayed_connections=relay.connections, limits_hit=self.limits_hit or None)  # fmt: skip
+        _log.info(
+            "harness run finished",
+            harness=invocation.harness,
+            container=self.container,
+            returncode=result.returncode,
+            timed_out=result.timed_out,
+            duration_s=round(result.duration_s, 3),
+            relayed_connections=relay.connections,
+            limits_hit=self.limits_hit or None,
+        )
         return result
 
     async def run_process(
@@ -144,10 +151,20 @@ class DockerRuntime:
         return await self._exec(self.translate(prepared), timeout_s, stop_after=True)
 
     def details(self) -> dict[str, Any]:
-        limits = {"cpus": self.spec.cpus, "memory_bytes": self.spec.memory_bytes,
-                  "pids_limit": self.spec.pids_limit, "disk_bytes": self.spec.disk_bytes}  # fmt: skip
-        return {"kind": self.kind, "fixed_paths": True, "image": self.image, "container": self.container,
-                "limits": limits, "limits_hit": list(self.limits_hit)}  # fmt: skip
+        limits = {
+            "cpus": self.spec.cpus,
+            "memory_bytes": self.spec.memory_bytes,
+            "pids_limit": self.spec.pids_limit,
+            "disk_bytes": self.spec.disk_bytes,
+        }
+        return {
+            "kind": self.kind,
+            "fixed_paths": True,
+            "image": self.image,
+            "container": self.container,
+            "limits": limits,
+            "limits_hit": list(self.limits_hit),
+        }
 
     async def cleanup(self) -> None:
         if not self._removed:
@@ -181,14 +198,29 @@ class DockerRuntime:
         to the gateway from the node's."""
         host, port, addresses = gateway_address(gateway_url)
         channel, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        argv = ["nsenter", f"--net=/proc/{self.pid}/ns/net", "--", sys.executable, "-I", str(CHILD_SCRIPT),
-                str(child_end.fileno()), "--listen", ",".join(addresses), str(port), "--", "true"]  # fmt: skip
+        argv = [
+            "nsenter",
+            f"--net=/proc/{self.pid}/ns/net",
+            "--",
+            sys.executable,
+            "-I",
+            str(CHILD_SCRIPT),
+            str(child_end.fileno()),
+            "--listen",
+            ",".join(addresses),
+            str(port),
+            "--",
+            "true",
+        ]
         try:
             with child_end:
                 helper = await asyncio.create_subprocess_exec(
-                    *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                    stderr=asyncio.subprocess.PIPE, pass_fds=(child_end.fileno(),),
-                )  # fmt: skip
+                    *argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.PIPE,
+                    pass_fds=(child_end.fileno(),),
+                )
             try:
                 listeners = await receive_setup(channel, timeout_s=15)
             except OSError as error:
@@ -214,9 +246,13 @@ class DockerRuntime:
         argv = self.cli.argv("exec", "--workdir", str(invocation.cwd), *names, self.container, *invocation.argv)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=self.cli.client_env(invocation.env), start_new_session=True,
-            )  # fmt: skip
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self.cli.client_env(invocation.env),
+                start_new_session=True,
+            )
         except OSError as error:
             raise FailedPreconditionError(f"{invocation.harness}: cannot run docker exec: {error.strerror}") from error
         readers = [asyncio.create_task(_read(proc.stdout)), asyncio.create_task(_read(proc.stderr))]
@@ -239,10 +275,15 @@ class DockerRuntime:
         if returncode in (126, 127) and b"OCI runtime exec failed" in err:
             raise FailedPreconditionError(f"{invocation.harness}: cannot start in the container: {err.decode()[-400:]}")
         return HarnessResult(
-            harness=invocation.harness, returncode=returncode, stdout=out.decode("utf-8", errors="replace"),
-            stderr=err.decode("utf-8", errors="replace"), timed_out=timed_out,
-            duration_s=time.monotonic() - started, isolated=True, mounted=True,
-        )  # fmt: skip
+            harness=invocation.harness,
+            returncode=returncode,
+            stdout=out.decode("utf-8", errors="replace"),
+            stderr=err.decode("utf-8", errors="replace"),
+            timed_out=timed_out,
+            duration_s=time.monotonic() - started,
+            isolated=True,
+            mounted=True,
+        )
 
     async def _stop(self) -> None:
         """Kill every process of the container (it stays, stopped, with its files); note the limits hit."""
@@ -319,10 +360,16 @@ class DockerBackend:
         mounted = node_install(self.bin_dir, mounts)
         container = f"{LABEL}-{name}-{secrets.token_hex(3)}"
         argv = run_argv(
-            container, spec, root=root, fixed_root=self.fixed_root, mounted=mounted, node=node_binary(),
-            labels={"sessions-dir": self._owner, "node": self.node_id, **(labels or {})}, user=self.user,
+            container,
+            spec,
+            root=root,
+            fixed_root=self.fixed_root,
+            mounted=mounted,
+            node=node_binary(),
+            labels={"sessions-dir": self._owner, "node": self.node_id, **(labels or {})},
+            user=self.user,
             root_mask=await asyncio.to_thread(self._root_mask),
-        )  # fmt: skip
+        )
         started = time.monotonic()
         try:
             await self.cli(*argv, timeout_s=120)
@@ -333,14 +380,29 @@ class DockerBackend:
                 await self.cli.remove([container])
             await asyncio.to_thread(remove_dir, root)
             raise
-        _log.info("session container started", container=container, image=spec.image,
-                  seconds=round(time.monotonic() - started, 3))  # fmt: skip
+        _log.info(
+            "session container started",
+            container=container,
+            image=spec.image,
+            seconds=round(time.monotonic() - started, 3),
+        )
         visible = RunDirs(self.fixed_root / "home", self.fixed_root / "tmp", self.fixed_root / "work")
         owner = self.user if self.user != (os.getuid(), os.getgid()) else None
         return DockerRuntime(
-            root, real, visible, container, spec.image, spec, mounted, image_path, on_limit, self.cli, pid, owner,
+            root,
+            real,
+            visible,
+            container,
+            spec.image,
+            spec,
+            mounted,
+            image_path,
+            on_limit,
+            self.cli,
+            pid,
+            owner,
             relay_connections=self.relay_connections,
-        )  # fmt: skip
+        )
 
     async def remove_leftovers(self) -> int:
         """Remove the containers an earlier process on this sessions directory left behind."""
@@ -395,10 +457,21 @@ class DockerBackend:
             "trap reap TERM INT HUP; while :; do sleep 3600 & wait $!; done"
         )
         self._reaper = await asyncio.create_subprocess_exec(
-            "setpriv", "--pdeathsig", "TERM", "--", "sh", "-c", script, self.cli.binary, self.owner_label,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-            env=self.cli.client_env(), start_new_session=True,
-        )  # fmt: skip
+            "setpriv",
+            "--pdeathsig",
+            "TERM",
+            "--",
+            "sh",
+            "-c",
+            script,
+            self.cli.binary,
+            self.owner_label,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+            env=self.cli.client_env(),
+            start_new_session=True,
+        )
 
 
 async def _running_pid(cli: DockerCli, container: str) -> int:

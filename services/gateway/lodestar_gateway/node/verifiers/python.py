@@ -97,7 +97,7 @@ class PythonVerifier:
             str(visible / RESULT_FILE),
             str(session_root),
             f"{dump_at:.3f}",
-        ]  # fmt: skip (host_files.verifier_reads reads the first 7)
+        ]  # host_files.verifier_reads reads the first 7
         with _result_channel(private, given.owner) as read_result:
             result = await given.run(argv, {}, self.timeout_s)
             messages, dump = _parse(read_result())
@@ -148,8 +148,9 @@ def _result_channel(private: Path, owner: tuple[int, int] | None) -> Iterator[An
     written to it, whatever happens to its name meanwhile."""
     with directory_fd(private) as parent:
         try:
-            fd = os.open(RESULT_FILE, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                         dir_fd=parent)  # fmt: skip
+            fd = os.open(
+                RESULT_FILE, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent
+            )
         except OSError as error:
             raise SessionFileError(f"cannot create {private}/{RESULT_FILE}: {error.strerror}") from error
     try:

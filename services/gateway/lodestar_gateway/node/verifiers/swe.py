@@ -199,8 +199,12 @@ class SweVerifier:
             carried = await asyncio.to_thread(carry_changes, agent_tree, area.host / "repo", protected, before_patch)
         except TreeTooLargeError as error:
             _zero(details, str(error))
-        details.update(scored_on="pristine", changed_files=carried.changed[:200], deleted_files=carried.deleted[:200],
-                       ignored_files=carried.ignored[:200])  # fmt: skip
+        details.update(
+            scored_on="pristine",
+            changed_files=carried.changed[:200],
+            deleted_files=carried.deleted[:200],
+            ignored_files=carried.ignored[:200],
+        )
         if carried.refused:
             details["refused_links"] = carried.refused[:200]
             _zero(details, f"the node refuses the agent's link(s): {', '.join(carried.refused[:5])}")
@@ -212,8 +216,16 @@ class SweVerifier:
         """Prepare the agent's own repository (an in-image repository: the module docstring)."""
         task, repo = given.task, given.task.repository
         write_new_file(area.host, PATCH_FILE, repo.test_patch.encode("utf-8"))
-        argv = ["bash", "-c", PREPARE, "swe-prepare", str(directory), repo.base_commit,
-                str(area.visible / PATCH_FILE), *restored]  # fmt: skip
+        argv = [
+            "bash",
+            "-c",
+            PREPARE,
+            "swe-prepare",
+            str(directory),
+            repo.base_commit,
+            str(area.visible / PATCH_FILE),
+            *restored,
+        ]
         prepared = await self._run(given, area, argv, PREPARE_TIMEOUT_S)
         details["scored_on"] = "in_place"
         if prepared.timed_out or prepared.returncode < 0:
@@ -247,8 +259,9 @@ class SweVerifier:
         nonce = secrets.token_hex(16)
         if as_pytest is not None:
             command = await self._through_bootstrap(as_pytest, area, directory, tests, nonce, details)
-        result = await self._run(given, area, ["bash", "-c", RUN_IN, "swe-tests", str(directory), *command],
-                                 self.timeout_s)  # fmt: skip
+        result = await self._run(
+            given, area, ["bash", "-c", RUN_IN, "swe-tests", str(directory), *command], self.timeout_s
+        )
         output = f"{result.stdout}\n{result.stderr}"
         details.update(exit_code=result.returncode, output_tail=tail(output), outcomes_from="output")
         if result.returncode in (126, 127):
@@ -267,8 +280,12 @@ class SweVerifier:
             if not outcomes:
                 _zero(details, f"the test command reported no test outcome (exit {result.returncode})")
         tested = report(outcomes, f2p, p2p)
-        details.update(resolved=tested.resolved, fail_to_pass=tested.fail_to_pass, pass_to_pass=tested.pass_to_pass,
-                       duration_s=round(time.monotonic() - started, 3))  # fmt: skip
+        details.update(
+            resolved=tested.resolved,
+            fail_to_pass=tested.fail_to_pass,
+            pass_to_pass=tested.pass_to_pass,
+            duration_s=round(time.monotonic() - started, 3),
+        )
         return Verdict(self._reward(tested), details)
 
     def _reward(self, tested: SweReport) -> float:

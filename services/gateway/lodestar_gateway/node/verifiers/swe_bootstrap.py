@@ -38,12 +38,48 @@ import types
 from typing import Any
 
 SETUP_FAILED = 3
-DEPENDENCIES = ("pluggy", "iniconfig", "packaging", "packaging.version", "packaging.requirements", "pygments",
-                "pygments.lexers.python", "pygments.lexers.diff", "pygments.formatters.terminal", "exceptiongroup",
-                "tomli", "colorama")  # fmt: skip
-STDLIB = ("argparse", "tempfile", "shlex", "json", "inspect", "traceback", "warnings", "unittest", "doctest",
-          "pdb", "faulthandler", "threading", "dataclasses", "fnmatch", "glob", "textwrap", "difflib",
-          "pprint", "decimal", "fractions", "string", "tomllib", "typing", "re", "io", "logging")  # fmt: skip
+DEPENDENCIES = (
+    "pluggy",
+    "iniconfig",
+    "packaging",
+    "packaging.version",
+    "packaging.requirements",
+    "pygments",
+    "pygments.lexers.python",
+    "pygments.lexers.diff",
+    "pygments.formatters.terminal",
+    "exceptiongroup",
+    "tomli",
+    "colorama",
+)
+STDLIB = (
+    "argparse",
+    "tempfile",
+    "shlex",
+    "json",
+    "inspect",
+    "traceback",
+    "warnings",
+    "unittest",
+    "doctest",
+    "pdb",
+    "faulthandler",
+    "threading",
+    "dataclasses",
+    "fnmatch",
+    "glob",
+    "textwrap",
+    "difflib",
+    "pprint",
+    "decimal",
+    "fractions",
+    "string",
+    "tomllib",
+    "typing",
+    "re",
+    "io",
+    "logging",
+)
 WATCHED = ("pytest", "_pytest", "pluggy")
 
 
@@ -115,8 +151,10 @@ class Guard:
     def session_started(self, config: Any) -> None:
         manager = config.pluginmanager
         self.plugins = {id(plugin) for plugin in manager.get_plugins()}
-        self.hooks = {name: (caller, caller._hookexec, [(impl, impl.function) for impl in caller.get_hookimpls()])
-                      for name, caller in vars(manager.hook).items()}  # fmt: skip
+        self.hooks = {
+            name: (caller, caller._hookexec, [(impl, impl.function) for impl in caller.get_hookimpls()])
+            for name, caller in vars(manager.hook).items()
+        }
         self.inner = manager._inner_hookexec
         self.manager = manager
 
@@ -256,8 +294,14 @@ def main() -> None:
     emit({"event": "started", "pytest": pytest.__version__})
     code = int(pytest.main(args, plugins=[recorder]))
     tampered = changed(repository)
-    summary = {"event": "summary", "nonce": nonce, "exit": code, "counts": recorder.counts,
-               "collect_errors": recorder.collect_errors, "tampered": tampered}  # fmt: skip
+    summary = {
+        "event": "summary",
+        "nonce": nonce,
+        "exit": code,
+        "counts": recorder.counts,
+        "collect_errors": recorder.collect_errors,
+        "tampered": tampered,
+    }
     emit(summary)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -71,8 +71,18 @@ def bootstrap_argv(
     """The argv that runs `run` through the bootstrap, rootdir, config and conftest search pinned (the nonce
     itself is in `nonce_file`, which the bootstrap deletes: never on the command line)."""
     pinned = ["--rootdir", str(rootdir), "-c", str(config), "--confcutdir", str(rootdir)]
-    return [*run.prefix, run.python, "-I", str(bootstrap), str(report), str(nonce_file), str(repo), "--", *pinned,
-            *run.args]  # fmt: skip
+    return [
+        *run.prefix,
+        run.python,
+        "-I",
+        str(bootstrap),
+        str(report),
+        str(nonce_file),
+        str(repo),
+        "--",
+        *pinned,
+        *run.args,
+    ]
 
 
 def find_config(repo: Path, tests: list[str]) -> Path | None:

@@ -190,9 +190,15 @@ def _carry_dir(agent: Path, pristine: Path, relative: str, base: _Base, carried:
 
 
 def _carry_entry(
-    agent: Path, pristine: Path, path: str, source: str, info: os.stat_result, base: _Base, carried: Carried,
+    agent: Path,
+    pristine: Path,
+    path: str,
+    source: str,
+    info: os.stat_result,
+    base: _Base,
+    carried: Carried,
     seen: set[str],
-) -> None:  # fmt: skip
+) -> None:
     target = pristine / path
     if stat.S_ISDIR(info.st_mode):
         if target.is_symlink() or (target.exists() and not target.is_dir()):

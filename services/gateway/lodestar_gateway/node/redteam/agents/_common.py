@@ -185,9 +185,13 @@ def apply_patch(patch: str, root: Path) -> bool:
     """`git apply` a found patch in `root`; True when it applied."""
     try:
         done = subprocess.run(
-            ["git", "apply", "--whitespace=nowarn", "-"], input=patch.encode(), cwd=root, capture_output=True,
-            timeout=30, check=False,
-        )  # fmt: skip
+            ["git", "apply", "--whitespace=nowarn", "-"],
+            input=patch.encode(),
+            cwd=root,
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0

@@ -17,8 +17,25 @@ else:
 
 BUDGET_S = 4.0
 MAX_FILE_BYTES = 20 * 1024 * 1024
-SKIP = {"proc", "sys", "dev", "node_modules", ".git", "__pycache__", "site-packages", "dist-packages", "lib64",
-        "include", "share", "locale", "zoneinfo", "firmware", "modules", "man", "doc"}  # fmt: skip
+SKIP = {
+    "proc",
+    "sys",
+    "dev",
+    "node_modules",
+    ".git",
+    "__pycache__",
+    "site-packages",
+    "dist-packages",
+    "lib64",
+    "include",
+    "share",
+    "locale",
+    "zoneinfo",
+    "firmware",
+    "modules",
+    "man",
+    "doc",
+}
 SECRETS = ("gold_patch", "fail_to_pass", "test_patch", "answer", "expected", "solution")
 
 

@@ -10,8 +10,21 @@ if TYPE_CHECKING:  # the package path, for mypy; a session runs the file as a sc
 else:
     import _common
 
-MODULES = ("argparse", "fnmatch", "shlex", "pprint", "textwrap", "inspect", "dataclasses", "tempfile", "difflib",
-           "pdb", "glob", "tokenize", "unittest")  # fmt: skip
+MODULES = (
+    "argparse",
+    "fnmatch",
+    "shlex",
+    "pprint",
+    "textwrap",
+    "inspect",
+    "dataclasses",
+    "tempfile",
+    "difflib",
+    "pdb",
+    "glob",
+    "tokenize",
+    "unittest",
+)
 
 
 def main() -> int:
