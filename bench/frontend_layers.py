@@ -1,7 +1,7 @@
 """Where the inference front-end's CPU goes, layer by layer, in one process (no gRPC, no second process).
 
 bench/inference.py compares lodestar with raw vLLM end to end, across processes that share this machine's
-2 cores, and its throughput ratios move by +-20% with where the scheduler puts them. This benchmark takes
+2 cores, and its throughput ratios move with where the scheduler puts them (docs/benchmarks.md). This benchmark takes
 the process boundaries away: one process runs lodestar's inference service on the vllm backend and drives
 each layer of it directly with the same workload (bench/raw_vllm.py's prompt, 128 sampled tokens, seeded,
 logprobs on, C closed-loop workers), and counts this process's CPU per sampled token (the front-end:

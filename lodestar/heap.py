@@ -2,8 +2,8 @@
 
 A model server holds millions of long-lived objects after startup (modules, the tokenizer, the engine's
 state). Every collection of the oldest generation walks all of them, and serving allocates enough small
-objects (responses, deltas, engine outputs) to trigger one every few seconds: py-spy put 18% of the vLLM
-inference server's event-loop thread in `gc_collect_main` at 64 streams. `freeze_startup_heap()` after
+objects (responses, deltas, engine outputs) to trigger one every few seconds (what that cost the vLLM
+inference server: docs/benchmarks.md, "Figures moved from module docstrings"). `freeze_startup_heap()` after
 startup moves what exists then out of the collector's sight (`gc.freeze`), as `vllm serve` does after its
 own startup; objects allocated later are collected as usual.
 """

@@ -9,8 +9,8 @@ after a grace period.
 
 The services that compute with torch (inference, trainer) share the machine's cores: each gets
 `OMP_NUM_THREADS` = half of them (at least 1) unless the environment already sets it. Left to torch's
-default, both spin a thread per core on the same cores, and on 2 cores the trainer's steps of the
-quickstart took 15-27 s instead of 2-4 s (oversubscribed OpenMP threads spin-wait on each other).
+default, both spin a thread per core on the same cores, and oversubscribed OpenMP threads spin-wait on each
+other (the quickstart's step times with and without: docs/benchmarks.md, "Figures moved from module docstrings").
 """
 
 from __future__ import annotations

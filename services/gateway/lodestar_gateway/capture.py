@@ -7,7 +7,7 @@ Durability is SQLite's `synchronous` mode: `normal` (the default) — a committe
 of the gateway process (the WAL is written before `append` returns; SIGKILL-tested); the last commits
 can be lost only if the operating system itself dies, which also kills the harness run they belong to
 (rollout retries such a session). `full` — every commit is also fsynced (survives power loss; costs an
-fsync, ~5 ms on the development VMs, shared by all records of a group commit).
+fsync, shared by all records of a group commit; its time: docs/benchmarks.md).
 
 WAL. Commits never checkpoint (`wal_autocheckpoint=0`): after about `WalPolicy.checkpoint_bytes` of new
 data, `WalCheckpointer` copies the WAL into the database on a second connection, concurrently with new commits,

@@ -1,7 +1,7 @@
 """JSON and server-sent-event framing shared by the dialects (bytes in, bytes out; no I/O).
 
-JSON goes through orjson: compact, UTF-8, several times faster than the stdlib on the 100 KB bodies
-harnesses send (the gateway's per-call overhead budget is about a millisecond).
+JSON goes through orjson: compact, UTF-8, and faster than the stdlib on the large bodies harnesses send
+(docs/benchmarks.md); the gateway's per-call overhead budget is about a millisecond.
 """
 
 from __future__ import annotations

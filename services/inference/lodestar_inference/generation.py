@@ -19,8 +19,8 @@ stops right after the sequence appears. A caller that asked for the final event 
 sequences) asks the engine for its last step only (`EngineRequest.final_only`) and decodes once.
 `flush_s = 0` sends one delta per engine step (the per-token path the coalescing tests compare against).
 
-What a streamed token costs is mostly per gRPC message (~50 us of server CPU and as much in the client,
-whatever the message carries), so two more things keep messages and wake-ups few:
+What a streamed token costs is mostly per gRPC message (server CPU and as much in the client, whatever the
+message carries: docs/benchmarks.md), so two more things keep messages and wake-ups few:
 - a message budget (`messages_per_s`, the `stream_messages_per_s` setting): a stream starting while n-1
   others run flushes every n / messages_per_s seconds rounded up to a whole multiple of flush_s, so all
   streams together send at most about that many deltas per second however many there are;

@@ -5,8 +5,9 @@ Uses the `tokenizers` library directly (no transformers import): `tokenizer.json
 and `config.json` for the ids that end a turn. `IncrementalDecoder` turns a growing list of sampled ids
 into text without ever emitting half of a multi-byte character.
 
-Harness prompts repeat tens of kilobytes (system prompt, tool schemas, history) on every call, and
-encoding 100 KB takes ~60 ms. For byte-level BPE tokenizers without a normalizer, text on the two sides of
+Harness prompts repeat tens of kilobytes (system prompt, tool schemas, history) on every call, and encoding
+them whole each time costs tens of milliseconds (docs/benchmarks.md). For byte-level BPE tokenizers without
+a normalizer, text on the two sides of
 a special token is tokenized independently, so `encode` splits the text at special tokens and caches the
 ids of each segment (bounded LRU): only new turns are encoded again.
 """

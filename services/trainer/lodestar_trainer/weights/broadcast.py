@@ -10,8 +10,8 @@ swaps as for a streamed update and answers its call. The trainer serializes once
 framing and are written once on the replica.
 
 A group of two per replica, not one of N+1: gloo connects every rank of a group to every other, so in one
-big group a replica that dies while the group forms stalls every other replica's rendezvous (measured: 25 s
-for a 5 s timeout), where with pairs it fails only its own transfer. The price: the trainer sends one
+big group a replica that dies while the group forms stalls every other replica's rendezvous for longer than
+the timeout (docs/benchmarks.md), where with pairs it fails only its own transfer. The price: the trainer sends one
 copy per replica (as the gRPC path does), where a tree inside one group could send fewer. A fresh set of
 groups per push: replicas that joined or left since the last version need no regrouping (forming a group
 takes milliseconds).

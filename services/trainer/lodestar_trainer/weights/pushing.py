@@ -5,7 +5,7 @@ weights before it reads its next groups. `BackgroundPush` takes the step's state
 thread while the trainer trains its next step. What the trainer's thread still does is one copy: when the
 state is the model's own memory (a single process: the next optimizer step changes it in place), `Snapshot`
 copies it, cast to the payload dtype, into buffers allocated once and reused every step (a memcpy into memory
-already mapped: 0.04 s for SmolLM2's 538 MB here, against 0.7 s to serialize them, which the worker now does);
+already mapped, far cheaper than serializing, which the worker now does: docs/benchmarks.md);
 a gathered or offloaded state (torchrun, CUDA) is already a private copy and is handed over as it is. Rollout
 hears the new version (`on_served`) only once every replica serves it. Before a second version is sent the
 first must have landed (`submit` waits for it): one version in flight, so sampling is at most one more version
