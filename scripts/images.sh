@@ -60,9 +60,9 @@ t0=$(date +%s)
 for service in $SERVICES; do
   [[ -f "deploy/Dockerfile.$service" ]] || { log "no deploy/Dockerfile.$service"; exit 2; }
 done
-cpu_services="" gpu_services=""
+cpu_services="" gpu_services=""  # those that need the CPU or the GPU wheelhouse
 for service in $SERVICES; do
-  if [[ -n "${GPU[$service]:-}" ]]; then gpu_services+=" $service"; else cpu_services+=" $service"; fi
+  if [[ -n "${GPU[$service]:-}" ]]; then gpu_services+=" $service"; elif [[ -n "${EXTRA[$service]:-}" ]]; then cpu_services+=" $service"; fi
 done
 sources="$(sha256sum pyproject.toml | cut -c1-16)-$(git ls-files -s lodestar lodestar_app services | sha256sum | cut -c1-16)"
 
