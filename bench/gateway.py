@@ -407,7 +407,7 @@ def main() -> None:
     parser.add_argument("--write-docs", action="store_true", help="replace the Gateway section of docs/benchmarks.md")
     parser.add_argument("--log-dir", type=Path, default=None, help="keep the services' logs here")
     args = parser.parse_args()
-    from tests.conftest import free_port
+    from lodestar_app.local import free_port
 
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
         work = Path(tmp)

@@ -119,8 +119,8 @@ async def serve(model_dir: Path, port: int, kv_cache_bytes: int) -> None:
 @contextlib.contextmanager
 def serve_floor(model_dir: Path, log_dir: Path, kv_cache_bytes: int) -> Iterator[tuple[str, int]]:
     """Run the floor server as a subprocess under .venv-vllm until the block ends: (address, pid)."""
+    from bench.inference_servers import PYTHONS, START_TIMEOUT_S, run_server
     from lodestar_app.local import free_port
-    from tests.inference.conftest import PYTHONS, START_TIMEOUT_S, run_server
 
     port = free_port()
     command = [str(PYTHONS["vllm"]), str(Path(__file__).resolve()), str(model_dir), str(port), str(kv_cache_bytes)]

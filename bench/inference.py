@@ -158,7 +158,7 @@ async def engine_figures(backend: str, model_dir: Path, repeats: int) -> dict[st
 
 
 def measure_backend(backend: str, model_dir: Path, repeats: int) -> dict[str, float]:
-    from tests.inference.conftest import PYTHONS, serve_inference
+    from bench.inference_servers import PYTHONS, serve_inference
 
     extra = ["--max-new-tokens", "4096", "--kv-cache-bytes", str(KV_CACHE_BYTES)]
     with tempfile.TemporaryDirectory() as logs, serve_inference(backend, model_dir, Path(logs), *extra) as server:
@@ -195,8 +195,8 @@ def measure_raw(
     `floor`: also bench/grpc_floor.py's server (gRPC and the engine only; `Generate` calls), started between
     the lodestar servers and raw vLLM, so that its order to the servers flips with raw vLLM's."""
     from bench.grpc_floor import serve_floor
+    from bench.inference_servers import serve_inference
     from bench.raw_vllm import RawVllm, compare
-    from tests.inference.conftest import serve_inference
 
     async def run(logs: Path) -> dict[str, dict[str, float]]:
         raw = await RawVllm.start(model_dir, KV_CACHE_BYTES) if raw_first else None
@@ -398,7 +398,7 @@ def main() -> None:
     if args.engine_only:
         print(json.dumps(asyncio.run(engine_figures(args.engine_only, args.model, args.repeats))))
         return
-    from tests.inference.conftest import PYTHONS
+    from bench.inference_servers import PYTHONS
 
     backends = [] if args.compare_raw else args.backends
     if backends is None:

@@ -141,8 +141,8 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: build the tiny model)")
     args = parser.parse_args()
 
+    from bench.inference_servers import serve_inference
     from lodestar_inference.tiny_model import build
-    from tests.inference.conftest import serve_inference
 
     with tempfile.TemporaryDirectory() as scratch:
         model = args.model or build(Path(scratch) / "tiny")

@@ -38,12 +38,12 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from bench.docs_section import replace_section  # noqa: E402
+from bench.inference_servers import ServerProcess, serve_inference  # noqa: E402
 from lodestar_trainer.model import dedupe_tied, load_model  # noqa: E402
 from lodestar_trainer.weights.broadcast import BroadcastPublisher  # noqa: E402
 from lodestar_trainer.weights.publish import FanoutPublisher  # noqa: E402
 from lodestar_trainer.weights.pushing import BackgroundPush  # noqa: E402
 from lodestar_trainer.weights.shared_fs import SharedFsPublisher  # noqa: E402
-from tests.inference.conftest import ServerProcess, serve_inference  # noqa: E402
 
 SMOLLM2 = REPO / ".lodestar" / "models" / "smollm2"
 SHARED = Path("/dev/shm/lodestar-bench-weights")

