@@ -46,7 +46,6 @@ from lodestar.grpc.client import LeaderChannel
 from lodestar.grpc.errors import error_from_rpc
 from lodestar.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from lodestar_app.cli import client_security
-from lodestar_app.cli.flags import add_deprecated_alias
 from lodestar_app.cli.up import BACKENDS
 
 if TYPE_CHECKING:
@@ -312,7 +311,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     command.add_argument("--pass-threshold", type=float, default=1.0, help="a sample passes at reward >= this")
     command.add_argument("--timeout-s", type=float, default=3600.0, help="seconds to wait for the runs (default 3600)")
-    add_deprecated_alias(command, "--timeout-s", "--timeout")
     command.add_argument("--json", action="store_true", help="print the scores as JSON")
     command.add_argument("--data-dir", type=Path, default=Path(".lodestar/eval"), help="own stack's state (--model)")
     command.add_argument(
@@ -322,6 +320,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     command.add_argument(
         "--start-timeout-s", type=float, default=180.0, help="seconds each own service may take to serve (--model)"
     )
-    add_deprecated_alias(command, "--start-timeout-s", "--start-timeout")
     client_security.add_arguments(command)
     command.set_defaults(handler=client_security.secured(_handle))

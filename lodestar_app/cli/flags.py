@@ -1,20 +1,17 @@
-"""Command-line flags: those derived from a settings class, and the hidden old spellings of renamed ones.
+"""Command-line flags derived from a settings class.
 
 Every field of a `ServiceSettings` subclass becomes `--field-name` (booleans get `--x/--no-x`), with the
 field's docstring as help (a field a subclass redeclares without one keeps its base class's). Flags not given
 parse to None and fall through to env, file and defaults, so flags, env and config file never drift apart.
 
-`add_deprecated_alias` keeps a renamed flag's old spelling working (CONTRIBUTING.md, "CLI conventions"):
-hidden from `--help`, parsed into the same destination, with a warning on stderr naming the new spelling.
+A renamed flag keeps no old spelling (CONTRIBUTING.md, "CLI conventions"): the old one is an argparse error.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import types
 import typing
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -61,41 +58,3 @@ def add_settings_arguments(parser: argparse.ArgumentParser, settings_class: type
 def flags_from_args(args: argparse.Namespace, settings_class: type[ServiceSettings]) -> dict[str, Any]:
     """The settings fields the user gave on the command line."""
     return {name: getattr(args, name) for name in settings_class.model_fields if getattr(args, name, None) is not None}
-
-
-class DeprecatedAlias(argparse.Action):
-    """An old spelling of a renamed flag: stores into the new flag's destination and says it is deprecated."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, canonical: str = "", **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, **kwargs)
-        self.canonical = canonical
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
-        print(f"lodestar: warning: {option_string} is deprecated, use {self.canonical}", file=sys.stderr)
-        setattr(namespace, self.dest, values)
-
-
-def add_deprecated_alias(parser: argparse.ArgumentParser, canonical: str, *old: str) -> None:
-    """Accept the `old` spellings of the option `canonical` (already added to `parser`, a plain store): same
-    destination, type and choices, hidden from help, a deprecation warning on stderr when used."""
-    action = parser._option_string_actions[canonical]
-    if not isinstance(action, argparse._StoreAction):
-        raise TypeError(f"{canonical}: only a plain option taking one value can have a deprecated alias")
-    same: dict[str, Any] = {"type": action.type} if action.type is not None else {}
-    parser.add_argument(
-        *old,
-        action=DeprecatedAlias,
-        canonical=canonical,
-        dest=action.dest,
-        choices=action.choices,
-        metavar=action.metavar,
-        default=argparse.SUPPRESS,
-        help=argparse.SUPPRESS,
-        **same,
-    )

@@ -14,7 +14,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lodestar.grpc.security import current
 from lodestar_app.cli import client_security
-from lodestar_app.cli.flags import add_deprecated_alias
 
 
 async def _check(address: str, service: str, timeout: float) -> str:
@@ -39,6 +38,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("address", metavar="HOST:PORT", help="address of the service to check")
     parser.add_argument("--service", default="", help="service name (default: the whole server)")
     parser.add_argument("--timeout-s", type=float, default=3.0, help="seconds to wait for the reply (default 3)")
-    add_deprecated_alias(parser, "--timeout-s", "--timeout")
     client_security.add_arguments(parser)
     parser.set_defaults(handler=client_security.secured(_handle))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from lodestar import __version__
 from lodestar.errors import LodestarError
@@ -49,8 +50,17 @@ COMMAND_GROUPS = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse without abbreviations, for every command (sub-commands' parsers are of this class too): a
+    prefix of a flag is an error, so an old spelling such as `--timeout` never parses as `--timeout-s`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lodestar", description="lodestar: train unmodified coding agents with GRPO.")
+    parser = Parser(prog="lodestar", description="lodestar: train unmodified coding agents with GRPO.")
     parser.add_argument("--version", action="version", version=f"lodestar {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in COMMAND_GROUPS:

@@ -29,7 +29,6 @@ from lodestar.grpc.client import LeaderChannel
 from lodestar.grpc.errors import error_from_rpc
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
 from lodestar_app.cli import client_security
-from lodestar_app.cli.flags import add_deprecated_alias
 
 DEFAULT_ROLLOUT = "127.0.0.1:50053"
 T = TypeVar("T")
@@ -169,7 +168,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     status.add_argument("--once", action="store_true", help="render once and exit")
     status.add_argument("--json", action="store_true", help="print the Run as JSON")
     status.add_argument("--interval-s", type=float, default=1.0, help="seconds between refreshes (default 1)")
-    add_deprecated_alias(status, "--interval-s", "--interval")
     status.set_defaults(handler=client_security.secured(_status))
     canceller = commands.add_parser("cancel", help="cancel a run (its complete groups stay deliverable)")
     canceller.add_argument("run_id", metavar="RUN_ID", help="the run to cancel")

@@ -27,7 +27,6 @@ from lodestar.grpc.errors import error_from_rpc
 from lodestar.grpc.security import current
 from lodestar.v1 import gateway_pb2, gateway_pb2_grpc
 from lodestar_app.cli import client_security, session_view
-from lodestar_app.cli.flags import add_deprecated_alias
 
 T = TypeVar("T")
 
@@ -107,7 +106,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     commands = group.add_subparsers(dest="session_command", required=True, metavar="COMMAND")
     opener = commands.add_parser("open", help="open a session and print its key (the harness's API key)")
     opener.add_argument("--run", default="", metavar="RUN_ID", help="run to file the session under")
-    add_deprecated_alias(opener, "--run", "--run-id")
     opener.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="label (repeatable)")
     opener.add_argument("--json", action="store_true", help="print id, key and base URL as JSON")
     opener.set_defaults(handler=_open)
@@ -123,6 +121,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     for command in (opener, closer, shower):
         command.add_argument("--gateway", required=True, metavar="HOST:PORT", help="GatewayService address")
         command.add_argument("--timeout-s", type=float, default=10.0, help="seconds to wait for the reply (default 10)")
-        add_deprecated_alias(command, "--timeout-s", "--timeout")
         client_security.add_arguments(command)
         command.set_defaults(handler=client_security.secured(command.get_default("handler")))

@@ -25,7 +25,6 @@ from lodestar.errors import UnavailableError
 from lodestar.grpc import security
 from lodestar_app.cli import up_tls
 from lodestar_app.cli.dashboard import DEFAULT_RUNS_DIR, start_local
-from lodestar_app.cli.flags import add_deprecated_alias
 from lodestar_app.cli.model import ensure_tiny_model
 from lodestar_app.cli.train_stack import write_addresses
 from lodestar_app.local import LocalCluster, ServiceSpec, find_etcd, port_or_free
@@ -182,7 +181,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--start-timeout-s", type=float, default=120.0, help="seconds each service may take to serve (default 120)"
     )
-    add_deprecated_alias(parser, "--start-timeout-s", "--timeout")
     parser.add_argument("--max-restarts", type=int, default=3, help="restarts per crashed service")
     parser.add_argument("--check", action="store_true", help="exit after the self-check passes")
     parser.add_argument(

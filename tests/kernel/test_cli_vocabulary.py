@@ -1,6 +1,6 @@
 """One CLI vocabulary (CONTRIBUTING.md, "CLI conventions"), checked on the real `lodestar` parser: every
 argument of every command has help; a unified concept (run id, timeouts, service addresses, TLS and token) has
-one spelling across commands, its old spellings only as hidden aliases that still parse; every command that
+one spelling across commands, and its old spellings are argparse errors (no aliases); every command that
 calls a service takes the TLS and token flags; the harness, verifier and runtime names the CLI accepts are
 `lodestar/kinds.py`'s."""
 
@@ -12,7 +12,6 @@ from collections.abc import Iterator
 import pytest
 
 from lodestar import kinds
-from lodestar_app.cli.flags import DeprecatedAlias
 from lodestar_app.cli.main import build_parser
 
 Command = tuple[str, argparse.ArgumentParser]
@@ -34,7 +33,18 @@ CONCEPTS: dict[str, tuple[str, set[str]]] = {
 and new) an option for it parses into. Positional arguments (`run status RUN_ID`) are not options."""
 
 RETIRED = {"--run-id", "--timeout", "--start-timeout", "--deadline", "--interval", "--rollout-address"}
-"""Old spellings of those concepts: allowed only as hidden deprecated aliases."""
+"""Old spellings of those concepts: no command accepts them."""
+OLD_SPELLINGS = [
+    ("lodestar up", "--timeout"),
+    ("lodestar eval", "--timeout"),
+    ("lodestar eval", "--start-timeout"),
+    ("lodestar health", "--timeout"),
+    ("lodestar session open", "--run-id"),
+    ("lodestar session show", "--timeout"),
+    ("lodestar run status", "--interval"),
+]
+"""The seven deprecated aliases removed in 0.1.0 (a release with no users), one per command that had one
+(`session ... --timeout` stands for every session subcommand)."""
 
 CLIENT_SECURITY = {"--tls-ca", "--tls-cert", "--tls-key", "--auth-token-file"}
 
@@ -93,28 +103,24 @@ def test_a_unified_concept_has_one_spelling_across_commands() -> None:
                     if action.option_strings != [flag]:
                         wrong.append(f"{name} {'/'.join(action.option_strings)} ({concept}: {flag})")
             wrong += [f"{name} {flag} (retired)" for flag in action.option_strings if flag in RETIRED]
-    assert not wrong, f"one concept, several spellings (keep old ones as hidden aliases): {wrong}"
+    assert not wrong, f"one concept, several spellings: {wrong}"
     assert set(CONCEPTS) == seen
 
 
-def test_an_old_spelling_is_a_hidden_alias_that_still_parses(capsys: pytest.CaptureFixture[str]) -> None:
-    aliases = [
-        (name, parser, flag, action)
-        for name, parser in COMMANDS
-        for flag, action in parser._option_string_actions.items()
-        if isinstance(action, DeprecatedAlias)
+def test_no_command_accepts_an_old_spelling() -> None:
+    accepting = [
+        f"{name} {flag}" for name, parser in COMMANDS for flag in parser._option_string_actions if flag in RETIRED
     ]
-    assert {flag for _, _, flag, _ in aliases} >= {"--run-id", "--timeout", "--start-timeout", "--interval"}
-    for name, parser, flag, alias in aliases:
-        canonical = _option(parser, alias.canonical)
-        assert canonical is not None, f"`{name} {flag}`"
-        assert canonical.dest == alias.dest, f"`{name} {flag}`"
-        assert alias.help == argparse.SUPPRESS, f"`{name} {flag}`"
-        assert flag in RETIRED, f"`{name} {flag}`"
-        parsed = parser.parse_args([*_required(parser), flag, "7"])
-        expected = canonical.type("7") if callable(canonical.type) else "7"
-        assert getattr(parsed, alias.dest) == expected, f"`{name} {flag} 7`"
-        assert f"{flag} is deprecated" in capsys.readouterr().err
+    assert not accepting
+
+
+@pytest.mark.parametrize(("name", "flag"), OLD_SPELLINGS, ids=[f"{n} {f}" for n, f in OLD_SPELLINGS])
+def test_an_old_spelling_is_an_argparse_error(name: str, flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = dict(COMMANDS)[name]
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args([*_required(parser), flag, "7"])
+    assert exited.value.code == 2
+    assert f"unrecognized arguments: {flag} 7" in capsys.readouterr().err
 
 
 def _calls_a_service(name: str, parser: argparse.ArgumentParser) -> bool:
