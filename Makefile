@@ -58,10 +58,10 @@ setup: system-deps venv
 ## session sandbox), and a Python >= 3.11 that can make a venv (scripts/find-python.sh --install: python3.X-venv,
 ## or python3.11 + python3.11-venv on Ubuntu 22.04, or uv's CPython when apt has none). Seconds when present.
 system-deps:
-	@command -v etcd >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq etcd-server etcd-client; }
-	@command -v unshare >/dev/null || { $(SUDO) apt-get install -y -qq util-linux; }
-	@# bubblewrap: the host runtime's session sandbox (docs/security.md).
-	@command -v bwrap >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bubblewrap; }
+	@# bubblewrap: the host runtime's session sandbox (docs/security.md). One apt-get update for all that is missing.
+	@missing=""; command -v etcd >/dev/null || missing+=" etcd-server etcd-client"; \
+	  command -v unshare >/dev/null || missing+=" util-linux"; command -v bwrap >/dev/null || missing+=" bubblewrap"; \
+	  [ -z "$$missing" ] || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $$missing; }
 	@bash scripts/find-python.sh --install >/dev/null
 
 ## node-deps: a Node.js >= 20 with npm (buf, the npm harnesses and the Node.js client need it): the one on PATH

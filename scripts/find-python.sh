@@ -48,13 +48,19 @@ find_python() {
   return 1
 }
 
+# apt-get update unless its lists are under an hour old (system-deps has just updated them on a fresh machine).
+apt_update() {
+  [[ -n "$(find /var/lib/apt/lists -maxdepth 1 -name '*_Packages*' -mmin -60 2>/dev/null | head -1)" ]] ||
+    $SUDO apt-get update -qq
+}
+
 # (grep reads all of apt-cache's output: with pipefail, `grep -q` would fail the pipe on SIGPIPE.)
 apt_has() { [[ "$(apt-cache policy "$1" 2>/dev/null)" =~ Candidate:\ [0-9] ]]; }
 
 install_with_apt() {
   command -v apt-get >/dev/null || return 1
   [[ -z "${PYTHON_NO_APT:-}" ]] || return 1
-  $SUDO apt-get update -qq
+  apt_update
   local minor
   for minor in 13 12 $MIN_MINOR; do
     if apt_has "python3.$minor" && apt_has "python3.$minor-venv"; then
@@ -89,7 +95,7 @@ ensure_venv_module() {
   minor="$("$exe" -c 'import sys; print(sys.version_info[1])')"
   if command -v apt-get >/dev/null && [[ "$exe" == /usr/bin/* ]]; then
     say "installing python3.$minor-venv with apt ($exe has no ensurepip)"
-    $SUDO apt-get update -qq
+    apt_update
     if apt_has "python3.$minor-venv"; then
       $SUDO apt-get install -y -qq "python3.$minor-venv" >/dev/null
     else
