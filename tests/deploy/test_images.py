@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from lodestar.errors import FailedPreconditionError
 from lodestar.grpc.security import Security
@@ -72,6 +73,17 @@ def env_of(stage: Stage) -> dict[str, str]:
     return env
 
 
+def is_setting(klass: type[BaseModel], key: str) -> bool:
+    """Whether `key` (a variable's name after LODESTAR_<SERVICE>_, lower case) is a setting of `klass`: a field,
+    or `<section>__<field>`, a field of one of its sections (lodestar/settings.py)."""
+    name, _, inner = key.partition("__")
+    field = klass.model_fields.get(name)
+    if field is None or not inner:
+        return field is not None
+    section = field.annotation
+    return isinstance(section, type) and issubclass(section, BaseModel) and inner in section.model_fields
+
+
 def check_settings(service: str, env: dict[str, str]) -> None:
     """Every LODESTAR_<SERVICE>_* variable is a setting of `service` and the values validate."""
     klass = SETTINGS[service]
@@ -79,7 +91,7 @@ def check_settings(service: str, env: dict[str, str]) -> None:
     for name in env:
         if name.startswith(ENV_PREFIX):
             assert name.startswith(prefix), f"{name} is not a {service} variable"
-            assert name.removeprefix(prefix).lower() in klass.model_fields, f"{name} is not a {service} setting"
+            assert is_setting(klass, name.removeprefix(prefix).lower()), f"{name} is not a {service} setting"
     load_settings(klass, env=env)  # raises InvalidArgumentError on a bad value
 
 
