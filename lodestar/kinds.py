@@ -6,7 +6,8 @@ what rollout accepts is exactly what a node can run.
 
 Harness kinds (`HarnessSpec.kind`): `claude_code`, `codex`, `qwen_code`, `gemini_cli`, `pi`, `opencode`,
 `continue_cli`, `cline`, `mini_swe_agent`, `aider`, `open_interpreter`, `openhands`, `command` (the program in
-`HarnessSpec.command`), and `pi:<api>`.
+`HarnessSpec.command`), and `pi:<api>`. One spelling each: the node's launchers carry the same names, and a
+kind spelled with '-' (`claude-code`) is refused with the right spelling in the error.
 
 Pi speaks one of four vendor APIs (`PI_APIS`). `pi` alone speaks OpenAI Chat (`openai-completions`) unless
 `HarnessSpec.env` sets `LODESTAR_PI_API` to another API; `pi:<api>` names the API in the kind itself and means
@@ -86,11 +87,20 @@ def parse_pi_api(text: str) -> PiApi:
     raise InvalidArgumentError(f"unknown Pi API {text!r} (expected one of {', '.join(PI_APIS)})")
 
 
+def kind_hint(kind: str) -> str:
+    """ " (kinds are spelled with '_': 'claude_code')" for a known kind spelled with '-' ('claude-code'), else ""."""
+    spelled = kind.replace("-", "_")
+    if spelled != kind and spelled in HARNESS_KINDS:
+        return f" (kinds are spelled with '_': {spelled!r})"
+    return ""
+
+
 def validate_harness(spec: rollout_pb2.HarnessSpec) -> None:
     """InvalidArgumentError for an unknown kind, a `command` harness without a command, or a bad Pi API."""
     if spec.kind not in HARNESS_KINDS and not spec.kind.startswith(f"{PI}:"):
         raise InvalidArgumentError(
-            f"unknown harness kind {spec.kind!r} (expected one of {', '.join(HARNESS_KINDS)}, or {PI}:<api>)"
+            f"unknown harness kind {spec.kind!r}{kind_hint(spec.kind)} "
+            f"(expected one of {', '.join(HARNESS_KINDS)}, or {PI}:<api>)"
         )
     if spec.kind == COMMAND and not spec.command:
         raise InvalidArgumentError("harness kind 'command' needs harness.command (the program and its arguments)")

@@ -39,15 +39,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.harness, pytest.mark.training_e2e]
 HARNESSES = [
     ("pi", "pi"),
     ("codex", "codex"),
-    ("qwen_code", "qwen-code"),
-    ("gemini_cli", "gemini-cli"),
-    ("claude_code", "claude-code"),
+    ("qwen_code", "qwen_code"),
+    ("gemini_cli", "gemini_cli"),
+    ("claude_code", "claude_code"),
     ("opencode", "opencode"),
-    ("continue_cli", "continue-cli"),
+    ("continue_cli", "continue_cli"),
     ("cline", "cline"),
-    ("mini_swe_agent", "mini-swe-agent"),
+    ("mini_swe_agent", "mini_swe_agent"),
     ("aider", "aider"),
-    ("open_interpreter", "open-interpreter"),
+    ("open_interpreter", "open_interpreter"),
     ("openhands", "openhands"),
 ]
 OPTIONAL = {"openhands": "make harnesses-openhands"}

@@ -134,7 +134,7 @@ def test_example_agent_run_three_tasks_by_four(stack: NodeStack):
 
 
 @pytest.mark.harness
-@pytest.mark.parametrize(("kind", "binary"), [("pi", "pi"), ("claude_code", "claude-code"), ("opencode", "opencode")])
+@pytest.mark.parametrize(("kind", "binary"), [("pi", "pi"), ("claude_code", "claude_code"), ("opencode", "opencode")])
 def test_real_harness_run_three_tasks_by_four(stack: NodeStack, kind: str, binary: str):
     if not make_harness(binary).is_installed():
         pytest.fail(f"{make_harness(binary).binary} is not installed: run `make harnesses`", pytrace=False)

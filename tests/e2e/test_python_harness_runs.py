@@ -35,7 +35,7 @@ SCRIPTS: dict[str, dict[str, Any]] = {
         ]
     },
 }
-BINARIES = {"mini_swe_agent": "mini-swe-agent", "openhands": "openhands"}
+BINARIES = {"mini_swe_agent": "mini_swe_agent", "openhands": "openhands"}
 
 
 @pytest.fixture(scope="module")

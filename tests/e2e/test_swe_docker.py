@@ -40,7 +40,7 @@ SCRIPT = {  # Claude Code: fix, submit command (a no-op for it), "done"; mini-sw
     ],
     "default": {"text": "done"},
 }
-HARNESSES = {"claude_code": ("claude-code", "Bash"), "mini_swe_agent": ("mini-swe-agent", "bash")}
+HARNESSES = {"claude_code": ("claude_code", "Bash"), "mini_swe_agent": ("mini_swe_agent", "bash")}
 
 
 @pytest.fixture(scope="module")

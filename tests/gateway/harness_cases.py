@@ -35,17 +35,17 @@ class Case:
 
 CASES = [
     Case(
-        "claude-code",
+        "claude_code",
         common_pb2.DIALECT_ANTHROPIC_MESSAGES,
         "Bash",
         lambda command: {"command": command, "description": "Write the proof file"},
     ),
     Case("codex", common_pb2.DIALECT_OPENAI_RESPONSES, "exec_command", lambda command: {"cmd": command}),
     # Qwen Code opens every chat with a fixed user "context" turn and an assistant "Got it." reply.
-    Case("qwen-code", common_pb2.DIALECT_OPENAI_CHAT, "run_shell_command", preamble_turns=1),
-    Case("gemini-cli", common_pb2.DIALECT_GOOGLE_GENERATE_CONTENT, "run_shell_command"),
+    Case("qwen_code", common_pb2.DIALECT_OPENAI_CHAT, "run_shell_command", preamble_turns=1),
+    Case("gemini_cli", common_pb2.DIALECT_GOOGLE_GENERATE_CONTENT, "run_shell_command"),
     Case("opencode", common_pb2.DIALECT_OPENAI_CHAT, "bash"),
-    Case("continue-cli", common_pb2.DIALECT_OPENAI_CHAT, "Bash"),
+    Case("continue_cli", common_pb2.DIALECT_OPENAI_CHAT, "Bash"),
     Case("cline", common_pb2.DIALECT_OPENAI_CHAT, "run_commands", lambda command: {"commands": [command]}),
     Case("pi:openai-completions", common_pb2.DIALECT_OPENAI_CHAT, "bash"),
     Case("pi:openai-responses", common_pb2.DIALECT_OPENAI_RESPONSES, "bash"),

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
 COMMAND = "sleep 3; seq 1 4000"
 """Slow enough for the test to shrink the context after the first call; its output overflows what is left."""
-PARAMS = [pytest.param(case, id=case.harness) for case in CASES if case.harness in ("claude-code", "codex")]
+PARAMS = [pytest.param(case, id=case.harness) for case in CASES if case.harness in ("claude_code", "codex")]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ async def _shrink_after_first_call(stack: GatewayStack, session_id: str, script:
 
 
 STOPPED_WITH = {
-    "claude-code": "Prompt is too long",  # on stdout (-p mode stops; it does not compact a one-turn session)
+    "claude_code": "Prompt is too long",  # on stdout (-p mode stops; it does not compact a one-turn session)
     "codex": "ran out of room in the model's context window",  # on stderr
 }
 

@@ -63,7 +63,7 @@ class Case:
 
 CASES = [
     Case(
-        "mini-swe-agent",
+        "mini_swe_agent",
         "bash",
         lambda command: {"command": command},
         _mini_finish,
@@ -79,7 +79,7 @@ CASES = [
         common_pb2.FINISH_REASON_STOP,
     ),
     Case(
-        "open-interpreter",
+        "open_interpreter",
         "execute",
         lambda command: {"language": "shell", "code": command},
         _text_reply,
@@ -96,8 +96,8 @@ def launcher() -> Launcher:
 
 
 NOT_INSTALLED = {
-    "mini-swe-agent": "run `make harnesses`",
-    "open-interpreter": "run `make harnesses`",
+    "mini_swe_agent": "run `make harnesses`",
+    "open_interpreter": "run `make harnesses`",
     "openhands": "run `make harnesses-openhands`: it needs Python >= 3.12 (on Debian 12: a debootstrapped Debian 13)",
 }
 
@@ -161,7 +161,7 @@ async def test_shell_tool_run(case: Case, gateway_stack: GatewayStack, launcher:
 async def test_mini_swe_agent_answers_a_reply_without_tool_call_with_a_format_error(
     gateway_stack: GatewayStack, launcher: Launcher, tmp_path: Path
 ) -> None:
-    (case,) = [case for case in CASES if case.harness == "mini-swe-agent"]
+    (case,) = [case for case in CASES if case.harness == "mini_swe_agent"]
     _require_installed(case)
     # In call order: mini-swe-agent drops the reply it could not parse, so the second chat has no
     # assistant turn either (a turn-count script would answer it with the first reply again).

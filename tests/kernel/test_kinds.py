@@ -39,7 +39,11 @@ def test_pi_colon_api_means_pi_with_the_api_in_its_env(api: str) -> None:
             rollout_pb2.HarnessSpec(kind="pi:anthropic-messages", env={"LODESTAR_PI_API": "openai-responses"}),
             "name different Pi APIs",
         ),
-        (rollout_pb2.HarnessSpec(kind="claude-code"), "unknown harness kind 'claude-code'"),
+        (
+            rollout_pb2.HarnessSpec(kind="claude-code"),
+            "unknown harness kind 'claude-code' \\(kinds are spelled with '_': 'claude_code'\\)",
+        ),
+        (rollout_pb2.HarnessSpec(kind="mini-swe-agent"), "spelled with '_': 'mini_swe_agent'"),
         (rollout_pb2.HarnessSpec(kind="codex:responses"), "unknown harness kind"),
         (rollout_pb2.HarnessSpec(), "unknown harness kind ''"),
         (rollout_pb2.HarnessSpec(kind="command"), "needs harness.command"),

@@ -11,18 +11,18 @@ from lodestar.errors import InvalidArgumentError
 from lodestar.kinds import COMMAND, HARNESS_KINDS, PI_APIS, RUNTIME_KINDS, VERIFIER_KINDS, harness_kinds
 from lodestar.v1 import rollout_pb2
 from lodestar_gateway.node.attempt import Attempt
-from lodestar_gateway.node.harnesses import Launcher, Pi
-from lodestar_gateway.node.kinds import LAUNCHER_NAMES, harness_for
+from lodestar_gateway.node.harnesses import BUILTIN, Launcher, Pi, make_harness
+from lodestar_gateway.node.kinds import harness_for
 from lodestar_gateway.node.runtimes import DockerBackend, HostBackend
 from lodestar_gateway.node.stages import SessionStages
 from lodestar_gateway.node.verifiers import VERIFIERS
 
 
 def test_every_kernel_kind_has_its_adapter_verifier_and_runtime():
-    assert set(LAUNCHER_NAMES) == set(HARNESS_KINDS) - {COMMAND}
+    assert set(BUILTIN) == set(HARNESS_KINDS) - {COMMAND}  # one name per harness: its kind
     for kind in harness_kinds():
         spec = rollout_pb2.HarnessSpec(kind=kind, command=["true"] if kind == COMMAND else [])
-        assert harness_for(spec, session_id="s", task_id="t").name == kind.split(":")[0].replace("_", "-")
+        assert harness_for(spec, session_id="s", task_id="t").name == kind.split(":")[0]
     assert set(VERIFIERS) == set(VERIFIER_KINDS)
     assert {HostBackend.kind, DockerBackend.kind} == set(RUNTIME_KINDS)
 
@@ -78,3 +78,12 @@ async def test_invocation_applies_pi_api_args_env_and_fixed_paths(tmp_path: Path
     assert invocation.env["HOME"] == "/tmp/lodestar-session/home"
     assert invocation.cwd == Path("/tmp/lodestar-session/work")
     assert "lodestar" in invocation.argv  # the default model
+
+
+@pytest.mark.parametrize("spelled", ["claude-code", "qwen-code", "mini-swe-agent", "open-interpreter"])
+def test_a_kind_spelled_with_a_dash_is_refused_with_its_spelling(spelled: str) -> None:
+    right = spelled.replace("-", "_")
+    with pytest.raises(InvalidArgumentError, match=f"kinds are spelled with '_': '{right}'"):
+        make_harness(spelled)
+    with pytest.raises(InvalidArgumentError, match=f"kinds are spelled with '_': '{right}'"):
+        harness_for(rollout_pb2.HarnessSpec(kind=spelled), session_id="s", task_id="t")

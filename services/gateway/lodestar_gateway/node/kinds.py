@@ -1,5 +1,6 @@
 """`HarnessSpec` -> the node's launcher adapter. The kind names and their validation are the kernel's
-(`lodestar/kinds.py`, shared with rollout); this module maps each harness kind to its adapter in `harnesses/`.
+(`lodestar/kinds.py`, shared with rollout); this module picks each harness kind's adapter in `harnesses/`, whose
+names are the kinds themselves (one spelling: `claude_code`, never `claude-code`).
 """
 
 from __future__ import annotations
@@ -9,22 +10,6 @@ from pathlib import Path
 from lodestar.kinds import COMMAND, pi_api, validate_harness
 from lodestar.v1 import rollout_pb2
 from lodestar_gateway.node.harnesses import Command, Harness, make_harness
-
-LAUNCHER_NAMES: dict[str, str] = {
-    "claude_code": "claude-code",
-    "codex": "codex",
-    "qwen_code": "qwen-code",
-    "gemini_cli": "gemini-cli",
-    "pi": "pi",
-    "opencode": "opencode",
-    "continue_cli": "continue-cli",
-    "cline": "cline",
-    "mini_swe_agent": "mini-swe-agent",
-    "aider": "aider",
-    "open_interpreter": "open-interpreter",
-    "openhands": "openhands",
-}
-"""Harness kind -> launcher name (`make_harness`); `command` and `pi:<api>` are handled on their own."""
 
 
 def harness_for(
@@ -37,4 +22,4 @@ def harness_for(
     api = pi_api(spec)
     if api is not None:
         return make_harness(f"pi:{api}", bin_dir)
-    return make_harness(LAUNCHER_NAMES[spec.kind], bin_dir)
+    return make_harness(spec.kind, bin_dir)  # a launcher's name is its harness kind

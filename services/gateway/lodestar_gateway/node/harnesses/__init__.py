@@ -1,8 +1,8 @@
 """Harness launchers: one small adapter per harness (config files, env, flags) and the process launcher.
 
-`make_harness(name)` returns an adapter; `Launcher.run` runs what it prepared. Harness names:
-claude-code, codex, qwen-code, gemini-cli, pi (optionally `pi:<api>`, e.g. `pi:anthropic-messages`),
-opencode, continue-cli, cline, mini-swe-agent, aider, open-interpreter and openhands.
+`make_harness(name)` returns an adapter; `Launcher.run` runs what it prepared. Harness names are the harness
+kinds of `lodestar/kinds.py`: claude_code, codex, qwen_code, gemini_cli, pi (optionally `pi:<api>`, e.g.
+`pi:anthropic-messages`), opencode, continue_cli, cline, mini_swe_agent, aider, open_interpreter and openhands.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lodestar.errors import InvalidArgumentError
-from lodestar.kinds import DEFAULT_PI_API, PI_APIS, parse_pi_api
+from lodestar.kinds import DEFAULT_PI_API, PI_APIS, kind_hint, parse_pi_api
 from lodestar_gateway.node.harnesses.aider import Aider
 from lodestar_gateway.node.harnesses.base import GatewayEndpoint, Harness, Invocation, RunDirs
 from lodestar_gateway.node.harnesses.claude_code import ClaudeCode
@@ -50,7 +50,7 @@ def make_harness(name: str, bin_dir: Path | None = None) -> Harness:
     if base == Pi.name:
         return Pi(api=parse_pi_api(variant or DEFAULT_PI_API), bin_dir=bin_dir)
     if variant or base not in BUILTIN:
-        raise InvalidArgumentError(f"unknown harness {name!r}; one of {', '.join(HARNESS_NAMES)}")
+        raise InvalidArgumentError(f"unknown harness {name!r}{kind_hint(name)}; one of {', '.join(HARNESS_NAMES)}")
     return BUILTIN[base](bin_dir)
 
 

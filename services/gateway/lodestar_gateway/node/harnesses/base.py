@@ -76,7 +76,7 @@ class Harness(ABC):
     """A launcher adapter for one harness binary."""
 
     name: str
-    """Registry name (claude-code, codex, qwen-code, pi, gemini-cli, command)."""
+    """Registry name: the harness kind (claude_code, codex, qwen_code, pi, gemini_cli, command, ...)."""
     binary_name: str
     """File name of the executable in the bin directory."""
 

@@ -21,7 +21,7 @@ SWITCHES_OFF = {
 
 
 class ClaudeCode(Harness):
-    name = "claude-code"
+    name = "claude_code"
     binary_name = "claude"
     shell_tool = "Bash"
 

@@ -39,7 +39,7 @@ def config(endpoint: GatewayEndpoint) -> dict[str, object]:
 
 
 class ContinueCli(Harness):
-    name = "continue-cli"
+    name = "continue_cli"
     binary_name = "cn"
     shell_tool = "Bash"
 

@@ -19,7 +19,7 @@ SETTINGS: dict[str, object] = {
 
 
 class GeminiCli(Harness):
-    name = "gemini-cli"
+    name = "gemini_cli"
     binary_name = "gemini"
     shell_tool = "run_shell_command"
 

@@ -48,7 +48,7 @@ def config(endpoint: GatewayEndpoint) -> dict[str, object]:
 
 
 class MiniSweAgent(Harness):
-    name = "mini-swe-agent"
+    name = "mini_swe_agent"
     binary_name = "mini"
     shell_tool = "bash"
 

@@ -43,7 +43,7 @@ SWITCHES_OFF = {
 
 
 class OpenInterpreter(Harness):
-    name = "open-interpreter"
+    name = "open_interpreter"
     binary_name = "interpreter"
     shell_tool = "execute"
 

@@ -22,7 +22,7 @@ def settings(endpoint: GatewayEndpoint) -> dict[str, object]:
 
 
 class QwenCode(Harness):
-    name = "qwen-code"
+    name = "qwen_code"
     binary_name = "qwen"
     shell_tool = "run_shell_command"
 
