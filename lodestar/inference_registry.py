@@ -25,19 +25,10 @@ from lodestar import errors
 from lodestar.etcd import EtcdClient, EtcdTls, EventKind
 from lodestar.leased_key import RETRY_INITIAL_S, RETRY_MAX_S, LeasedKey
 from lodestar.logging import get_logger
-from lodestar.presence import DEFAULT_PREFIX, JsonRecord, decoded, directory, member_key
+from lodestar.presence import DEFAULT_PREFIX, Directory, JsonRecord, decoded
 
 INFERENCE_DIR = "inference"
 _log = get_logger("inference_registry")
-
-
-def replicas_prefix(prefix: str = DEFAULT_PREFIX) -> str:
-    """Where replica keys live: `<prefix>inference/`."""
-    return directory(prefix, INFERENCE_DIR)
-
-
-def replica_key(replica_id: str, prefix: str = DEFAULT_PREFIX) -> str:
-    return member_key(prefix, INFERENCE_DIR, replica_id, "replica")
 
 
 @dataclass(frozen=True)
@@ -65,15 +56,15 @@ class RegisteredReplica:
     lease_id: int
 
 
+REPLICAS = Directory(INFERENCE_DIR, "replica", ReplicaRecord)
+replicas_prefix = REPLICAS.prefix
+replica_key = REPLICAS.key
+
+
 async def list_replicas(client: EtcdClient, prefix: str = DEFAULT_PREFIX) -> tuple[dict[str, RegisteredReplica], int]:
     """The replicas registered now by key, and the revision they were read at; bad values are skipped."""
-    snapshot = await client.get_prefix(replicas_prefix(prefix))
-    found: dict[str, RegisteredReplica] = {}
-    for item in snapshot.items:
-        parsed = _parse(item.key, item.value, item.lease_id)
-        if parsed is not None:
-            found[item.key] = parsed
-    return found, snapshot.revision
+    found, revision = await REPLICAS.read(client, prefix)
+    return {item.key: RegisteredReplica(item.key, record, item.lease_id) for item, record in found}, revision
 
 
 def _parse(key: str, value: bytes, lease_id: int) -> RegisteredReplica | None:

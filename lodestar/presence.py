@@ -4,17 +4,18 @@ lodestar_gateway/membership.py) and inference replicas (`<prefix>inference/<id>`
 Each announces a `JsonRecord` (a frozen dataclass of str, int and datetime fields, one JSON object) under
 its own key in its kind's directory, written by a `lodestar.leased_key.LeasedKey`. Readers list the
 directory and decode each value; a value that is not a record of the kind is logged and skipped (another
-version's writer, a hand-written key), never fatal to the reader.
+version's writer, a hand-written key), never fatal to the reader. A kind's `Directory` holds both: its keys
+(`prefix`, `key`) and the listing (`read`), so each kind declares one and writes no helpers of its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import cache
-from typing import Any, ClassVar, Self, TypeVar, cast, get_type_hints
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar, cast, get_type_hints
 
 from lodestar import errors
 from lodestar.logging import get_logger
@@ -85,3 +86,58 @@ def decoded(record_type: type[R], key: str, value: bytes) -> R | None:
     except errors.InvalidArgumentError as error:
         _log.warning(f"skipping malformed {record_type.kind} key", key=key, error=error.message)
         return None
+
+
+class StoredKey(Protocol):
+    """A key as `lodestar.etcd` reads it (`KeyValue`; a Protocol here: the etcd wrapper imports this module)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def value(self) -> bytes: ...
+    @property
+    def lease_id(self) -> int: ...
+    @property
+    def mod_revision(self) -> int: ...
+
+
+class PrefixSnapshot(Protocol):
+    @property
+    def items(self) -> Sequence[StoredKey]: ...
+    @property
+    def revision(self) -> int: ...
+
+
+class PrefixReader(Protocol):
+    """What listing a directory needs of `lodestar.etcd.EtcdClient`."""
+
+    async def get_prefix(self, prefix: str) -> PrefixSnapshot: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Directory(Generic[R]):
+    """One kind's directory of presence records (`<prefix><name>/<id>`, one `record_type` each): its keys, and
+    the records in it now. `what` names the kind in errors ("node", "replica")."""
+
+    name: str
+    what: str
+    record_type: type[R]
+
+    def prefix(self, prefix: str = DEFAULT_PREFIX) -> str:
+        """Where the keys live: `<prefix><name>/`."""
+        return directory(prefix, self.name)
+
+    def key(self, member_id: str, prefix: str = DEFAULT_PREFIX) -> str:
+        """One member's key; InvalidArgumentError for an empty id or one with a '/'."""
+        return member_key(prefix, self.name, member_id, self.what)
+
+    async def read(self, client: PrefixReader, prefix: str = DEFAULT_PREFIX) -> tuple[list[tuple[StoredKey, R]], int]:
+        """The keys registered now (sorted by key) with their records, and the revision they were read at;
+        values that are not records of the kind are skipped (logged)."""
+        snapshot = await client.get_prefix(self.prefix(prefix))
+        found = [
+            (item, record)
+            for item in snapshot.items
+            if (record := decoded(self.record_type, item.key, item.value)) is not None
+        ]
+        return found, snapshot.revision

@@ -16,18 +16,9 @@ from datetime import datetime
 
 from lodestar.etcd import EtcdClient, EtcdTls
 from lodestar.leased_key import RETRY_INITIAL_S, RETRY_MAX_S, LeasedKey
-from lodestar.presence import DEFAULT_PREFIX, JsonRecord, decoded, directory, member_key
+from lodestar.presence import DEFAULT_PREFIX, Directory, JsonRecord
 
 NODES_DIR = "nodes"
-
-
-def nodes_prefix(prefix: str = DEFAULT_PREFIX) -> str:
-    """Where node keys live: `<prefix>nodes/`."""
-    return directory(prefix, NODES_DIR)
-
-
-def node_key(node_id: str, prefix: str = DEFAULT_PREFIX) -> str:
-    return member_key(prefix, NODES_DIR, node_id, "node")
 
 
 @dataclass(frozen=True)
@@ -60,14 +51,15 @@ class RegisteredNode:
     mod_revision: int
 
 
+NODES = Directory(NODES_DIR, "node", NodeRecord)
+nodes_prefix = NODES.prefix
+node_key = NODES.key
+
+
 async def list_nodes(client: EtcdClient, prefix: str = DEFAULT_PREFIX) -> list[RegisteredNode]:
     """The nodes registered right now, sorted by key; values that do not parse are skipped (logged)."""
-    snapshot = await client.get_prefix(nodes_prefix(prefix))
-    return [
-        RegisteredNode(item.key, record, item.lease_id, item.mod_revision)
-        for item in snapshot.items
-        if (record := decoded(NodeRecord, item.key, item.value)) is not None
-    ]
+    found, _ = await NODES.read(client, prefix)
+    return [RegisteredNode(item.key, record, item.lease_id, item.mod_revision) for item, record in found]
 
 
 class Membership(LeasedKey):

@@ -48,6 +48,20 @@ NO_REPLICA_POLL_S = 0.5
 _log = get_logger("trainer.publish")
 
 
+def report_missed(version: int, took: bool, missed: Mapping[str, str]) -> None:
+    """The misses of a push of `version` (replica -> why): UnavailableError when no replica `took` it, else each
+    missed replica logged; the next push retries those (the publishers keep them apart)."""
+    if not took:
+        raise UnavailableError(f"no inference replica took policy version {version}: {dict(missed)}")
+    for target, why in missed.items():
+        _log.error(
+            "a replica missed a policy version (unreachable); the next push retries it",
+            replica=target,
+            policy_version=version,
+            error=why,
+        )
+
+
 class WeightsRefusedError(FailedPreconditionError):
     """Inference refused an update; the message carries its reason. Training cannot continue on it."""
 
@@ -289,15 +303,7 @@ class FanoutPublisher(PayloadPublisher):
             except UnavailableError as error:
                 unreachable[target] = error.message
         self._missed = set(unreachable)
-        if not results:
-            raise UnavailableError(f"no inference replica took policy version {version}: {unreachable}")
-        for target, why in unreachable.items():
-            _log.error(
-                "a replica missed a policy version (unreachable); the next push retries it",
-                replica=target,
-                policy_version=version,
-                error=why,
-            )
+        report_missed(version, bool(results), unreachable)
         return PublishResult(
             version, tensors, len(payload), time.perf_counter() - started, max(r.attempts for r in results)
         )

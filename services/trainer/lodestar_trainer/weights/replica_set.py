@@ -22,7 +22,13 @@ from lodestar.errors import InvalidArgumentError, LodestarError, UnavailableErro
 from lodestar.logging import get_logger
 from lodestar.v1 import inference_pb2, inference_pb2_grpc
 from lodestar_trainer.rpc import RETRYABLE, details_of, domain_error, status_of, sync_channel
-from lodestar_trainer.weights.publish import WIRE_DTYPES, PublishResult, WeightPublisher, WeightsRefusedError
+from lodestar_trainer.weights.publish import (
+    WIRE_DTYPES,
+    PublishResult,
+    WeightPublisher,
+    WeightsRefusedError,
+    report_missed,
+)
 
 _log = get_logger("trainer.publish")
 MAX_PARALLEL = 32
@@ -180,15 +186,7 @@ class ReplicaSet:
                 raise outcome
         took = [outcome for outcome in outcomes.values() if isinstance(outcome, PublishResult)]
         missed = {target: str(outcome) for target, outcome in outcomes.items() if isinstance(outcome, LodestarError)}
-        if not took:
-            raise UnavailableError(f"no inference replica took policy version {version}: {missed}")
-        for target, why in missed.items():
-            _log.error(
-                "a replica missed a policy version (unreachable); the next push retries it",
-                replica=target,
-                policy_version=version,
-                error=why,
-            )
+        report_missed(version, bool(took), missed)
         attempts = max(result.attempts for result in took)
         return PublishResult(version, tensors, nbytes, time.perf_counter() - started, attempts)
 
