@@ -7,6 +7,11 @@ Every service declares a `ServiceSettings` subclass with a `section` name. Value
 3. the `[<section>]` table of a TOML config file (`--config PATH` or `LODESTAR_CONFIG`),
 4. the field defaults.
 
+A service may group fields into sections (`SettingsSection` fields, e.g. the trainer's `batch`): a section is the
+`[<section>.<name>]` table of the file, the flags `--<name>.<field-name>` and the variables
+`LODESTAR_<SECTION>_<NAME>__<FIELD>` (or the whole section as JSON in `LODESTAR_<SECTION>_<NAME>`); the layers
+merge field by field. A key a service has moved into a section (its `moved` table) is refused with its new place.
+
 Settings are built once in `main()` and passed down explicitly; nothing reads the environment later.
 """
 
@@ -19,12 +24,27 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from lodestar.errors import InvalidArgumentError
 
 ENV_PREFIX = "LODESTAR_"
 CONFIG_ENV = "LODESTAR_CONFIG"
+
+
+class SettingsSection(BaseModel):
+    """A group of a service's settings by concern: a nested table of its settings (module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+def sections_of(cls: type[BaseModel]) -> dict[str, type[SettingsSection]]:
+    """The fields of `cls` that are sections, and their classes."""
+    return {
+        name: field.annotation
+        for name, field in cls.model_fields.items()
+        if isinstance(field.annotation, type) and issubclass(field.annotation, SettingsSection)
+    }
 
 
 class ServiceSettings(BaseModel):
@@ -33,6 +53,17 @@ class ServiceSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     section: ClassVar[str] = "service"
+    moved: ClassVar[Mapping[str, str]] = {}
+    """Old keys -> their place now (`batch.micro_batch_tokens`): refused, with that place, wherever given."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_moved(cls, values: Any) -> Any:
+        if isinstance(values, Mapping):
+            for key in values:
+                if key in cls.moved:
+                    raise ValueError(moved_message(cls, key))
+        return values
 
     host: str = "127.0.0.1"
     """Interface the gRPC server binds."""
@@ -89,23 +120,52 @@ class EtcdClientSettings(ServiceSettings):
 S = TypeVar("S", bound=ServiceSettings)
 
 
+def moved_message(cls: type[ServiceSettings], key: str) -> str:
+    """Where the moved key `key` is now, in each of the three spellings."""
+    section, _, name = cls.moved[key].partition(".")
+    env = f"{ENV_PREFIX}{cls.section.upper()}_{section.upper()}__{name.upper()}"
+    flag = f"--{section}.{name.replace('_', '-')}"
+    return f"`{key}` has moved to `{section}.{name}`: `{name}` in the [{cls.section}.{section}] table, {flag}, {env}"
+
+
+def _merge(into: dict[str, Any], values: Mapping[str, Any]) -> None:
+    """Merge one layer into the lower ones: a section (a table) field by field, anything else replaced."""
+    for key, value in values.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = dict(value) if isinstance(value, Mapping) else value
+
+
+def _env_value(cls: type[ServiceSettings], variable: str, raw: str, name: str) -> Any:
+    """Lists and tables come as JSON; scalars are coerced by pydantic from the string."""
+    if raw[:1] not in ("[", "{"):
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise InvalidArgumentError(
+            f"invalid {cls.section} settings: {name}: {variable} is not valid JSON ({error.msg})"
+        ) from error
+
+
 def _env_values(cls: type[ServiceSettings], env: Mapping[str, str]) -> dict[str, Any]:
     prefix = f"{ENV_PREFIX}{cls.section.upper()}_"
+    for key in cls.moved:
+        if prefix + key.upper() in env:
+            raise InvalidArgumentError(
+                f"invalid {cls.section} settings: {prefix + key.upper()}: {moved_message(cls, key)}"
+            )
     values: dict[str, Any] = {}
     for name in cls.model_fields:
         raw = env.get(prefix + name.upper())
-        if raw is None:
-            continue
-        # Lists and tables come as JSON; scalars are coerced by pydantic from the string.
-        if raw[:1] in ("[", "{"):
-            try:
-                values[name] = json.loads(raw)
-            except json.JSONDecodeError as error:
-                raise InvalidArgumentError(
-                    f"invalid {cls.section} settings: {name}: {prefix}{name.upper()} is not valid JSON ({error.msg})"
-                ) from error
-        else:
-            values[name] = raw
+        if raw is not None:
+            values[name] = _env_value(cls, prefix + name.upper(), raw, name)
+    for name, section in sections_of(cls).items():
+        for field in section.model_fields:
+            variable = f"{prefix}{name.upper()}__{field.upper()}"
+            if (raw := env.get(variable)) is not None:
+                _merge(values, {name: {field: _env_value(cls, variable, raw, f"{name}.{field}")}})
     return values
 
 
@@ -140,9 +200,9 @@ def load_settings(
         config_file = Path(environ[CONFIG_ENV])
     values: dict[str, Any] = {}
     if config_file is not None:
-        values.update(_file_values(cls, config_file))
-    values.update(_env_values(cls, environ))
-    values.update({key: value for key, value in (flags or {}).items() if value is not None})
+        _merge(values, _file_values(cls, config_file))
+    _merge(values, _env_values(cls, environ))
+    _merge(values, {key: value for key, value in (flags or {}).items() if value is not None})
     try:
         return cls.model_validate(values)
     except ValidationError as error:

@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
 from pydantic import BaseModel  # noqa: E402
 
 from lodestar import kinds  # noqa: E402
-from lodestar.settings import EtcdClientSettings, ServiceSettings  # noqa: E402
+from lodestar.settings import EtcdClientSettings, ServiceSettings, sections_of  # noqa: E402
 from lodestar_app.cli.train_config import EVAL_KEYS, KEYS, REDTEAM_KEYS, EvalConfig, RedTeamConfig, TrainConfig  # noqa: E402
 from lodestar_gateway.settings import GatewaySettings  # noqa: E402
 from lodestar_inference.settings import InferenceSettings  # noqa: E402
@@ -68,7 +68,9 @@ setting: `tests/kernel/test_config_reference.py` fails when a key is missing her
 - **Services** (`lodestar {inference,gateway,rollout,trainer} serve`) take each setting, highest first, from a
   flag `--field-name` (booleans `--x` / `--no-x`), the environment variable `LODESTAR_<SECTION>_<FIELD>` (lists and
   tables as JSON), the `[<section>]` table of the TOML file named by `--config` or `LODESTAR_CONFIG`, or the
-  default. `lodestar up` and `lodestar train` start the services with these defaults, plus the addresses they
+  default. A field of a settings section (the trainer's `batch`, say) is the flag `--batch.field-name`, the variable
+  `LODESTAR_<SECTION>_BATCH__<FIELD>` and a key of the `[<section>.batch]` table; the layers merge field by field.
+  `lodestar up` and `lodestar train` start the services with these defaults, plus the addresses they
   wire together.
 - **Run specs** (`lodestar run create SPEC`, `spec = ...` in `[train]`) are YAML or JSON files in the protobuf
   JSON mapping of `RunSpec`: camelCase keys as below (snake_case works too). docs/runs.md explains them with
@@ -107,6 +109,7 @@ def _default(model: type[BaseModel], name: str) -> str:
 
 def _settings_rows(model: type[ServiceSettings], names: list[str]) -> list[str]:
     rows = ["| key | type | default | environment | meaning |", "|---|---|---|---|---|"]
+    sections = sections_of(model)
     for name in names:
         field = model.model_fields[name]
         env = (
@@ -114,8 +117,25 @@ def _settings_rows(model: type[ServiceSettings], names: list[str]) -> list[str]:
             if model not in SHARED
             else "`LODESTAR_<SECTION>_" + (name.upper() + "`")
         )
+        if name in sections:
+            table = f"table `[{model.section}.{name}]`"
+            rows.append(f"| `{name}` | {table} | | {env} (JSON) | {_cell(field.description or '')} |")
+            rows += _section_rows(model, name, sections[name])
+            continue
         rows.append(
             f"| `{name}` | {_cell(_type_name(field.annotation))} | {_cell(_default(model, name))} | {env} "
+            f"| {_cell(field.description or '')} |"
+        )
+    return rows
+
+
+def _section_rows(model: type[ServiceSettings], name: str, section: type[BaseModel]) -> list[str]:
+    """One row per field of section `name`: key `name.field`, its variable `..._<NAME>__<FIELD>`."""
+    rows = []
+    for inner, field in section.model_fields.items():
+        env = f"`LODESTAR_{model.section.upper()}_{name.upper()}__{inner.upper()}`"
+        rows.append(
+            f"| `{name}.{inner}` | {_cell(_type_name(field.annotation))} | {_cell(_default(section, inner))} | {env} "
             f"| {_cell(field.description or '')} |"
         )
     return rows
@@ -145,6 +165,16 @@ def _key_rows(keys: dict[str, str], defaults: dict[str, object]) -> list[str]:
             shown = f"`{str(value).lower() if isinstance(value, bool) else value}`"
         rows.append(f"| `{key}` | {shown} | {_cell(meaning)} |")
     return rows
+
+
+_SECTIONS_NOTE = (
+    "Its settings are grouped in sections: a key `a.b` is `b` in the `[{section}.a]` table of a config file, the flag "
+    "`--a.b` (underscores as dashes) and the variable shown."
+)
+
+
+def _moved(model: type[ServiceSettings]) -> str:
+    return ", ".join(f"`{old}` (now `{new}`)" for old, new in model.moved.items())
 
 
 def train_section() -> list[str]:
@@ -215,7 +245,11 @@ def services_section() -> list[str]:
     for model in SERVICES:
         doc = (sys.modules[model.__module__].__doc__ or "").strip().splitlines()[0]
         lines += [f"## `[{model.section}]`", "", f"{doc} (`{model.__module__.replace('.', '/')}.py`)", ""]
+        if sections_of(model):
+            lines += [_SECTIONS_NOTE.format(section=model.section), ""]
         lines += _settings_rows(model, _own_fields(model))
+        if model.moved:
+            lines += ["", f"Keys of the earlier flat layout are refused with their new place: {_moved(model)}."]
         lines.append("")
     return lines
 

@@ -81,7 +81,7 @@ def _service_specs(args: argparse.Namespace, data_dir: Path, etcd_url: str) -> l
                 f"127.0.0.1:{ports['rollout']}",
                 "--inference",
                 f"127.0.0.1:{ports['inference']}",
-                "--checkpoint-dir",
+                "--checkpoints.dir",
                 str(data_dir / "checkpoints"),
             ],
         ),

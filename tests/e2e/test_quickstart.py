@@ -126,7 +126,7 @@ def test_the_quickstart_learns(tmp_path: Path) -> None:
     settings = TrainerSettings(run=run_id, resume=checkpoint, run_dir=tmp_path / "resumed", inference="")
     trainer = create_trainer(settings, connect=False)
     assert (trainer.state.step, trainer.state.policy_version) == (steps, steps)
-    assert trainer.state.groups_read >= steps * tomllib.loads(config.read_text())["trainer"]["groups_per_step"]
+    assert trainer.state.groups_read >= steps * tomllib.loads(config.read_text())["trainer"]["batch"]["groups_per_step"]
     saved = load_file(str(checkpoint / "model.safetensors"))
     for name, parameter in trainer.model.state_dict().items():
         if name in saved:

@@ -66,9 +66,13 @@ run_dir = "{directory / "runs"}"
 attach = "{addresses}"
 timeout_s = {TRAIN_TIMEOUT_S - 60}
 
-[trainer]
+[trainer.compute]
 seed = 0
+
+[trainer.optimizer]
 lr = 0.001
+
+[trainer.batch]
 groups_per_step = 1
 builder = "prefix_merging"
 """

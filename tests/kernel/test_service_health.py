@@ -82,7 +82,7 @@ def service_args(name: str, tmp: Path, etcd_endpoint: str) -> list[str]:
         return ["--http-port", str(free_port()), "--data-dir", str(tmp / "gateway")]
     if name == "rollout":
         return ["--etcd", etcd_endpoint, "--store", str(tmp / "rollout.sqlite")]
-    return ["--checkpoint-dir", str(tmp / "checkpoints")]
+    return ["--checkpoints.dir", str(tmp / "checkpoints")]
 
 
 def wait_serving(target: str, process: subprocess.Popen[bytes], log: Path) -> None:
@@ -163,7 +163,7 @@ async def test_in_process_trainer_serves_health_and_reflection(tmp_path: Path) -
     from lodestar_trainer.server import build_server
     from lodestar_trainer.settings import TrainerSettings
 
-    settings = load_settings(TrainerSettings, flags={"port": 0, "checkpoint_dir": tmp_path}, env={})
+    settings = load_settings(TrainerSettings, flags={"port": 0, "checkpoints": {"dir": tmp_path}}, env={})
     server = build_server(settings)
     port = await server.start()
     target = f"127.0.0.1:{port}"

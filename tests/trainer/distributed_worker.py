@@ -17,9 +17,9 @@ import torch
 
 from lodestar_trainer.loop import Trainer
 from lodestar_trainer.parallel.distributed import Parallel
-from lodestar_trainer.settings import TrainerSettings
 from lodestar_trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN, FeedSource, make_group
+from tests.trainer.helpers import trainer_settings
 
 GROUPS = [make_group(seed) for seed in range(4)]
 SETTINGS = {"run": RUN, "lr": 1e-3, "micro_batch_tokens": 160, "groups_per_step": 2, "steps": 2, "checkpoint_every": 2}
@@ -52,7 +52,7 @@ def capture_first_gradients(trainer: Trainer, out: Path) -> None:
 def main() -> int:
     model_dir, out_dir, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     dtype = sys.argv[4] if len(sys.argv) > 4 else "float32"
-    settings = TrainerSettings(model=model_dir, run_dir=out_dir, parallel=mode, dtype=dtype, **SETTINGS)  # type: ignore[arg-type]
+    settings = trainer_settings(model=model_dir, run_dir=out_dir, parallel=mode, dtype=dtype, **SETTINGS)
     parallel = Parallel.from_env(mode=settings.parallel)
     trainer = create_trainer(settings, parallel, connect=False)
     capture_first_gradients(trainer, out_dir)

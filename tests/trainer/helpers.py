@@ -4,10 +4,11 @@ through a packed micro-batch."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from lodestar_trainer.data.batch import MicroBatch
 from lodestar_trainer.loop import Trainer
-from lodestar_trainer.settings import TrainerSettings
+from lodestar_trainer.settings import MOVED, TrainerSettings
 from lodestar_trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN, FeedSource
 
@@ -23,10 +24,23 @@ def trainer_for(model_dir: Path, tmp_path: Path, groups: list, **overrides: obje
         "micro_batch_tokens": 256,
     }
     fields.update(overrides)
-    trainer = create_trainer(TrainerSettings(**fields), connect=False)  # type: ignore[arg-type]
+    trainer = create_trainer(trainer_settings(**fields), connect=False)
     source = FeedSource(groups)
     trainer.source = source
     return trainer, source
+
+
+def trainer_settings(**fields: Any) -> TrainerSettings:
+    """TrainerSettings from the tests' flat shorthand (`lr=1e-3`): a key that lives in a section (settings.MOVED)
+    goes there (`optimizer.lr`)."""
+    values: dict[str, Any] = {}
+    for key, value in fields.items():
+        if key in MOVED:
+            section, name = MOVED[key].split(".")
+            values.setdefault(section, {})[name] = value
+        else:
+            values[key] = value
+    return TrainerSettings.model_validate(values)
 
 
 def target_path(batch: MicroBatch, index: int) -> tuple[int, ...]:

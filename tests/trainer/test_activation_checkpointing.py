@@ -15,9 +15,9 @@ from lodestar_trainer.data.pack import pack
 from lodestar_trainer.data.synthetic import SMALL_SHAPE, synthetic_samples
 from lodestar_trainer.model import enable_activation_checkpointing, load_model
 from lodestar_trainer.parallel.distributed import Parallel
-from lodestar_trainer.settings import TrainerSettings
 from lodestar_trainer.step.forward import target_logprobs
 from lodestar_trainer.wiring import create_trainer
+from tests.trainer.helpers import trainer_settings
 
 
 def _gradients(model: Any) -> tuple[dict[str, torch.Tensor], int]:
@@ -48,7 +48,7 @@ def test_checkpointed_layers_recompute_and_give_the_same_gradients(trainer_model
 
 def test_the_setting_turns_it_on_and_cpu_leaves_it_off(trainer_model_dir: Path, tmp_path: Path) -> None:
     def trainer(**fields: Any) -> Any:
-        settings = TrainerSettings(run="r", model=trainer_model_dir, run_dir=tmp_path, inference="", **fields)
+        settings = trainer_settings(run="r", model=trainer_model_dir, run_dir=tmp_path, inference="", **fields)
         return create_trainer(settings, connect=False).model
 
     assert trainer().is_gradient_checkpointing is False

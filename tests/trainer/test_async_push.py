@@ -15,12 +15,12 @@ import torch
 from safetensors.torch import load
 
 from lodestar.errors import UnavailableError
-from lodestar_trainer.settings import TrainerSettings
 from lodestar_trainer.status import Phase
 from lodestar_trainer.weights.publish import PublishResult, WeightPublisher, serialize
 from lodestar_trainer.weights.pushing import BackgroundPush, Snapshot, shares_memory
 from lodestar_trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN, FeedSource, make_group
+from tests.trainer.helpers import trainer_settings
 from tests.trainer.inference_helpers import InferenceThread, served_version
 
 
@@ -137,7 +137,7 @@ def test_a_trainer_with_async_push_ends_with_inference_serving_its_last_version(
     trainer_model_dir: Path, tmp_path: Path
 ) -> None:
     groups = [make_group(seed) for seed in range(3)]
-    settings = TrainerSettings(run=RUN, model=trainer_model_dir, run_dir=tmp_path / "run", lr=1e-3,
+    settings = trainer_settings(run=RUN, model=trainer_model_dir, run_dir=tmp_path / "run", lr=1e-3,
                                micro_batch_tokens=256, steps=3, async_push=True, inference="")  # fmt: skip
     with InferenceThread.start(trainer_model_dir, tmp_path / "spool") as inference:
         trainer = create_trainer(settings, connect=False)

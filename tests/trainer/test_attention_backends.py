@@ -17,12 +17,12 @@ from lodestar.errors import InvalidArgumentError
 from lodestar_trainer.builders import BuilderKind, build_sequences
 from lodestar_trainer.data.pack import pack
 from lodestar_trainer.data.synthetic import SMALL_SHAPE, synthetic_samples
-from lodestar_trainer.settings import TrainerSettings
 from lodestar_trainer.step.attention import TreeLayout, tree_attention
 from lodestar_trainer.step.flex import TILE, FlexLayout, padded_length, tile_kinds
 from lodestar_trainer.step.forward import target_logprobs
-from lodestar_trainer.wiring import loop_config
+from lodestar_trainer.wiring import check
 from tests.trainer.attention_support import dense_mask, random_forest
+from tests.trainer.helpers import trainer_settings
 
 CUDA = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA: FlexAttention has no backward on CPU (torch 2.13)"
@@ -127,7 +127,9 @@ def test_flex_target_logprobs_equal_the_explicit_ones_on_cpu(tiny_lm: Any) -> No
 
 def test_attention_setting_resolves_by_device(trainer_model_dir: Path) -> None:
     def backend(**fields: Any) -> str:
-        return loop_config(TrainerSettings(run="r", model=trainer_model_dir, **fields)).attention
+        settings = trainer_settings(run="r", model=trainer_model_dir, **fields)
+        check(settings)
+        return settings.compute.attention_backend()
 
     assert backend() == "explicit"
     assert backend(attention="explicit", device="cuda") == "explicit"

@@ -15,12 +15,11 @@ from lodestar.v1 import rollout_pb2, trainer_pb2, trainer_pb2_grpc
 from lodestar_trainer.model import load_model
 from lodestar_trainer.runner import TrainerRunner
 from lodestar_trainer.server import build_server
-from lodestar_trainer.settings import TrainerSettings
 from lodestar_trainer.status import Phase
 from lodestar_trainer.weights.publish import WeightPublisher
 from lodestar_trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN, FeedSource, make_group
-from tests.trainer.helpers import trainer_for
+from tests.trainer.helpers import trainer_for, trainer_settings
 from tests.trainer.inference_helpers import InferenceThread, served_version
 from tests.waiting import eventually
 
@@ -85,7 +84,7 @@ async def test_weights_refused_by_inference_fail_the_trainer_with_the_reason(
     model = load_model(trainer_model_dir)
     publisher.publish({"lm_head.weight": model.lm_head.weight.detach().clone()}, 5)
     publisher.close()
-    settings = TrainerSettings(run=RUN, model=trainer_model_dir, inference=inference.address, run_dir=tmp_path / "run")
+    settings = trainer_settings(run=RUN, model=trainer_model_dir, inference=inference.address, run_dir=tmp_path / "run")
     trainer = create_trainer(settings, connect=False)
     trainer.publisher = WeightPublisher(inference.address, timeout_s=30)
     trainer.source = FeedSource([make_group(0), make_group(1)])

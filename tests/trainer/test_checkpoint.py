@@ -15,11 +15,10 @@ import torch
 
 from lodestar.errors import InvalidArgumentError
 from lodestar_trainer.checkpoint import load_checkpoint
-from lodestar_trainer.settings import TrainerSettings
 from lodestar_trainer.status import Phase
 from lodestar_trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN, make_group
-from tests.trainer.helpers import trainer_for
+from tests.trainer.helpers import trainer_for, trainer_settings
 
 GROUPS = [make_group(seed) for seed in range(4)]
 
@@ -58,13 +57,13 @@ def test_resume_refuses_a_checkpoint_of_another_run(trainer_model_dir: Path, tmp
     trainer, _ = trainer_for(trainer_model_dir, tmp_path, GROUPS[:1], steps=1, checkpoint_every=1)
     trainer.run()
     saved = Path(trainer.board.snapshot().last_checkpoint)
-    settings = TrainerSettings(run="run-other", resume=saved, run_dir=tmp_path / "other")
+    settings = trainer_settings(run="run-other", resume=saved, run_dir=tmp_path / "other")
     with pytest.raises(InvalidArgumentError, match="is of run 'run-test', not 'run-other'"):
         create_trainer(settings, connect=False)
     assert RUN == "run-test"
 
 
 def test_not_a_checkpoint_is_a_clear_error(tmp_path: Path, trainer_model_dir: Path) -> None:
-    settings = TrainerSettings(run=RUN, resume=trainer_model_dir, run_dir=tmp_path)
+    settings = trainer_settings(run=RUN, resume=trainer_model_dir, run_dir=tmp_path)
     with pytest.raises(InvalidArgumentError, match="is not a trainer checkpoint"):
         create_trainer(settings, connect=False)

@@ -25,10 +25,10 @@ import torch
 from safetensors.torch import load_file
 
 from lodestar_app.local import free_port
-from lodestar_trainer.settings import TrainerSettings
 from lodestar_trainer.wiring import create_trainer
 from tests.trainer.distributed_worker import GRADIENTS_FILE, GROUPS, SETTINGS, capture_first_gradients
 from tests.trainer.groups_helpers import FeedSource
+from tests.trainer.helpers import trainer_settings
 
 REPO = Path(__file__).resolve().parents[2]
 TOLERANCE = 2e-5
@@ -53,7 +53,7 @@ def torchrun(script: str, *args: object, timeout: float = 300) -> subprocess.Com
 
 
 def one_process_run(model_dir: Path, out: Path) -> Path:
-    trainer = create_trainer(TrainerSettings(model=model_dir, run_dir=out, **SETTINGS), connect=False)  # type: ignore[arg-type]
+    trainer = create_trainer(trainer_settings(model=model_dir, run_dir=out, **SETTINGS), connect=False)
     capture_first_gradients(trainer, out)
     trainer.source = FeedSource(GROUPS)
     trainer.run()

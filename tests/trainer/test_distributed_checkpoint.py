@@ -28,9 +28,9 @@ from transformers import AutoModelForCausalLM
 from lodestar.v1 import trainer_pb2, trainer_pb2_grpc
 from lodestar_app.local import free_port
 from lodestar_trainer.checkpoint import SHARDED_DIR, load_checkpoint
-from lodestar_trainer.settings import TrainerSettings
 from lodestar_trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN, FeedSource, RolloutStandIn, make_group, start_rollout
+from tests.trainer.helpers import trainer_settings
 from tests.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
@@ -170,7 +170,7 @@ async def test_sharded_checkpoint_under_torchrun_resumes_exactly(tied_model_dir:
     assert all(torch.equal(expected[name], got[name]) for name in expected)
 
     # One process resumes the 2-rank checkpoint (DCP reshards); its export is the sharded state exactly.
-    settings = TrainerSettings(run=RUN, resume=manual, run_dir=tmp_path / "c", lr=1e-3, micro_batch_tokens=160,
+    settings = trainer_settings(run=RUN, resume=manual, run_dir=tmp_path / "c", lr=1e-3, micro_batch_tokens=160,
                                groups_per_step=1, steps=2)  # fmt: skip
     alone = create_trainer(settings, connect=False)
     assert load_checkpoint(manual).sharded is not None

@@ -12,11 +12,10 @@ import torch
 from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import trainer_pb2
 from lodestar_trainer.servicer import status_response
-from lodestar_trainer.settings import TrainerSettings
 from lodestar_trainer.status import Phase
-from lodestar_trainer.wiring import loop_config
+from lodestar_trainer.wiring import check
 from tests.trainer.groups_helpers import RUN, make_group
-from tests.trainer.helpers import trainer_for
+from tests.trainer.helpers import trainer_for, trainer_settings
 
 
 def test_steps_update_weights_and_write_metrics(trainer_model_dir: Path, tmp_path: Path) -> None:
@@ -188,4 +187,4 @@ def test_steps_done_is_the_stop_reason_after_the_last_step(trainer_model_dir: Pa
 
 def test_a_negative_no_signal_limit_is_refused() -> None:
     with pytest.raises(InvalidArgumentError, match="stop_after_no_signal_groups"):
-        loop_config(TrainerSettings(run=RUN, stop_after_no_signal_groups=-1))
+        check(trainer_settings(run=RUN, model=Path("m"), stop_after_no_signal_groups=-1))

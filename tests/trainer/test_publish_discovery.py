@@ -24,9 +24,9 @@ from lodestar.inference_registry import ReplicaRegistration, list_replicas
 from lodestar_app.cli.train_eval import wait_for_version
 from lodestar_inference.registration import registration
 from lodestar_trainer.model import dedupe_tied, load_model
-from lodestar_trainer.settings import TrainerSettings
 from lodestar_trainer.weights.publish import FanoutPublisher
 from lodestar_trainer.wiring import publisher_of
+from tests.trainer.helpers import trainer_settings
 from tests.trainer.inference_helpers import InferenceThread, served_version
 from tests.waiting import wait_until
 
@@ -85,7 +85,7 @@ def test_pushes_follow_the_replicas_registered_in_etcd(
     with torch.no_grad():
         model.lm_head.weight.mul_(2.0)
     state = dedupe_tied(model, dict(model.state_dict()))
-    settings = TrainerSettings(
+    settings = trainer_settings(
         inference_discovery="etcd", etcd=etcd_endpoint, etcd_prefix=etcd_prefix, push_timeout_s=30, push_attempts=3
     )
     with (

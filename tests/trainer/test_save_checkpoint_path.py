@@ -15,9 +15,9 @@ from lodestar.errors import InvalidArgumentError, PermissionDeniedError
 from lodestar.v1 import trainer_pb2, trainer_pb2_grpc
 from lodestar_trainer.runner import TrainerRunner, checkpoint_target
 from lodestar_trainer.server import build_server
-from lodestar_trainer.settings import TrainerSettings
 from lodestar_trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN
+from tests.trainer.helpers import trainer_settings
 
 
 def test_checkpoint_target_stays_below_the_checkpoint_directory(tmp_path: Path) -> None:
@@ -38,7 +38,7 @@ def test_checkpoint_target_stays_below_the_checkpoint_directory(tmp_path: Path) 
 async def test_save_checkpoint_refuses_a_path_outside_and_writes_nothing(
     trainer_model_dir: Path, tmp_path: Path
 ) -> None:
-    settings = TrainerSettings(port=0, run=RUN, model=trainer_model_dir, run_dir=tmp_path / "run")
+    settings = trainer_settings(port=0, run=RUN, model=trainer_model_dir, run_dir=tmp_path / "run")
     runner = TrainerRunner(create_trainer(settings, connect=False))  # not started: no groups are read
     server = build_server(settings, runner)
     port = await server.start()

@@ -20,9 +20,9 @@ from lodestar.v1 import common_pb2, inference_pb2, trainer_pb2, trainer_pb2_grpc
 from lodestar_app.local import free_port
 from lodestar_trainer.runner import TrainerRunner
 from lodestar_trainer.server import build_server
-from lodestar_trainer.settings import TrainerSettings
 from lodestar_trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN, RolloutStandIn, group_from_calls, make_group, start_rollout
+from tests.trainer.helpers import trainer_settings
 from tests.trainer.inference_helpers import InferenceThread, generate, served_version, session_calls, text_message
 from tests.waiting import eventually
 
@@ -52,7 +52,7 @@ async def test_real_run_pushes_checkpoints_stops_and_resumes(
     assert first_calls[0].policy_version == 0
     standin = RolloutStandIn(groups[:2], hold=True)
     rollout, rollout_address = await start_rollout(standin)
-    settings = TrainerSettings(
+    settings = trainer_settings(
         port=0, run=RUN, model=trainer_model_dir, rollout=rollout_address, inference=inference.address,
         run_dir=tmp_path / "run", lr=1e-3, checkpoint_every=1, micro_batch_tokens=512,
     )  # fmt: skip
@@ -199,7 +199,7 @@ async def test_cli_serve_trains_from_a_config_table_and_drains_on_sigterm(
 
 
 async def test_an_idle_trainer_answers_every_rpc(tmp_path: Path) -> None:
-    server = build_server(TrainerSettings(port=0, run_dir=tmp_path))
+    server = build_server(trainer_settings(port=0, run_dir=tmp_path))
     port = await server.start()
     await server.set_serving(True)
     try:

@@ -15,12 +15,12 @@ from lodestar.grpc.server import GrpcServer, service_name
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
 from lodestar_trainer.data.synthetic import synthetic_group
 from lodestar_trainer.rollout_client import RolloutClient
-from lodestar_trainer.settings import TrainerSettings
 from lodestar_trainer.status import Phase
 from lodestar_trainer.wiring import create_trainer
 from tests.rollout.helpers import make_spec, settings, sim_node, start_rollout
 from tests.trainer.groups_helpers import RUN, SHAPE, RolloutStandIn, make_group
 from tests.trainer.groups_helpers import start_rollout as start_rollout_standin
+from tests.trainer.helpers import trainer_settings
 from tests.waiting import eventually
 
 REWARDS = (1.0, 0.0, 0.5, 0.0)
@@ -45,11 +45,11 @@ async def test_trainer_consumes_a_real_rollout_run(
                         call.session_id = assignment.session_id
                     assert await node.complete(assignment, reward=reward, calls=session_calls)
 
-        trainer_settings = TrainerSettings(
+        trained = trainer_settings(
             run=run_id, model=trainer_model_dir, rollout=rollout.address, inference="",
             run_dir=tmp_path / "trainer", steps=2, lr=1e-3, micro_batch_tokens=512,
         )  # fmt: skip
-        trainer = await asyncio.to_thread(create_trainer, trainer_settings)
+        trainer = await asyncio.to_thread(create_trainer, trained)
         await asyncio.wait_for(asyncio.to_thread(trainer.run), 120)
         status = trainer.board.snapshot()
         assert (status.phase, status.step, status.policy_version) == (Phase.STOPPED, 2, 2), status.error

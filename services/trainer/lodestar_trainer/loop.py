@@ -2,12 +2,12 @@
 -> optimizer step -> push weights -> ReportPolicyVersion -> checkpoint every N steps -> metrics.
 
 One step:
-1. Read groups from rollout until `groups_per_step` groups with signal are in hand (planner.py; groups.py turns each
-   into Samples with group-relative advantages). A bad group (another run, no scored session, a call
-   whose ids and logprobs differ in length) skips the step: its groups are not trained on, the reason
+1. Read groups from rollout until `batch.groups_per_step` groups with signal are in hand (planner.py;
+   groups.py turns each into Samples with group-relative advantages). A bad group (another run, no scored
+   session, a call whose ids and logprobs differ in length) skips the step: its groups are not trained on, the reason
    goes to the log, to GetStatus.error and to skipped_steps.
 2. Build training sequences per group (builders/: per_request, prefix_merging or tree) and pack them into
-   micro-batches of at most `micro_batch_tokens` tokens (pack.py); a longer sequence is split into parts
+   micro-batches of at most `batch.micro_batch_tokens` tokens (pack.py); a longer sequence is split into parts
    that recompute their context, with the same loss and gradient (split.py).
 3. For each micro-batch (step/optimizer_step.py): the policy's logprob of every sampled token (forward.py),
    the policy loss under one step-level normalizer (loss.py), backward. Gradients accumulate to exactly the
@@ -15,7 +15,7 @@ One step:
 4. Clip the gradient norm, optimizer step (AdamW), policy version + 1.
 5. Push the weights to inference (control.py, publish.py; inference swaps atomically), report the version to
    rollout.
-6. Every `checkpoint_every` steps a checkpoint (checkpoint.py); metrics to JSONL + TensorBoard (metrics.py).
+6. Every `checkpoints.every` steps a checkpoint (checkpoint.py); metrics to JSONL + TensorBoard (metrics.py).
 
 The parts: the planner (planner.py: what a step trains on), the step (step/optimizer_step.py: the update and
 its statistics), the control plane (control.py: Stop, SaveCheckpoint, checkpoints, publishing). This module
@@ -43,43 +43,30 @@ Deviations from textbook GRPO (Shao et al. 2024), each on purpose:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import structlog
 import torch
 
-from lodestar.errors import LodestarError
+from lodestar.errors import FailedPreconditionError, LodestarError
 from lodestar.logging import get_logger
 from lodestar_trainer.checkpoint import TrainState
 from lodestar_trainer.control import ControlPlane, GroupSource, Publisher
 from lodestar_trainer.data.groups import BadGroupError
 from lodestar_trainer.metrics import MetricsWriter, StepRecord
 from lodestar_trainer.parallel.distributed import Parallel
-from lodestar_trainer.planner import BatchConfig, Plan, Planner
+from lodestar_trainer.planner import Plan, Planner
+from lodestar_trainer.settings import TrainerSettings
 from lodestar_trainer.status import Phase, StatusBoard
 from lodestar_trainer.step.mismatch import MismatchTally
-from lodestar_trainer.step.optimizer_step import Gradient, OptimizerStep, StepConfig
+from lodestar_trainer.step.optimizer_step import Gradient, OptimizerStep
 from lodestar_trainer.step.precision import ComputeCopy
 
 _log = get_logger("trainer")
 
-__all__ = ["GroupSource", "LoopConfig", "Publisher", "Trainer"]
-
-
-@dataclass(frozen=True)
-class LoopConfig:
-    run_id: str
-    batch: BatchConfig
-    step: StepConfig = field(default_factory=StepConfig)
-    steps: int = 0
-    """Steps to run from the start (or resumed) step; 0: until stopped or the run ends."""
-    checkpoint_every: int = 0
-    checkpoint_dir: Path = Path(".lodestar/trainer/checkpoints")
-    async_push: bool = False
-    """Push each version from a worker thread while the next step trains (one version in flight; rollout
-    hears the version once inference serves it): services/trainer/lodestar_trainer/weights/pushing.py."""
+__all__ = ["GroupSource", "Publisher", "Trainer"]
 
 
 class Trainer:
@@ -87,12 +74,13 @@ class Trainer:
 
     def __init__(
         self,
+        settings: TrainerSettings,
         *,
-        config: LoopConfig,
         model: Any,
         optimizer: torch.optim.Optimizer,
         state: TrainState,
         board: StatusBoard,
+        vocab_size: int = 0,
         parallel: Parallel | None = None,
         source: GroupSource | None = None,
         publisher: Publisher | None = None,
@@ -101,14 +89,19 @@ class Trainer:
         compute: ComputeCopy | None = None,
         model_files: list[Path] | None = None,
     ) -> None:
-        self.config, self.model, self.optimizer, self.state, self.board = config, model, optimizer, state, board
+        if settings.run is None:
+            raise FailedPreconditionError("the trainer needs --run RUN_ID")
+        self.settings, self.run_id = settings, settings.run
+        self.model, self.optimizer, self.state, self.board = model, optimizer, state, board
         self.parallel = parallel or Parallel()
         self.metrics, self.reference, self.compute = metrics, reference, compute
-        self.planner = Planner(config.batch)
-        self.step = OptimizerStep(config.step, model, optimizer, self.parallel, compute=compute, reference=reference)
+        self.planner = Planner(settings.batch, run_id=settings.run, vocab_size=vocab_size)
+        self.step = OptimizerStep(settings.loss, settings.optimizer, settings.metrics,
+                                  settings.compute.attention_backend(), model, optimizer, self.parallel,
+                                  compute=compute, reference=reference)  # fmt: skip
         self.control = ControlPlane(parallel=self.parallel, board=board, model=model, optimizer=optimizer,
-                                    state=lambda: self.state, checkpoint_dir=config.checkpoint_dir,
-                                    model_files=model_files or [], async_push=config.async_push)  # fmt: skip
+                                    state=lambda: self.state, checkpoint_dir=settings.checkpoint_dir(),
+                                    model_files=model_files or [], async_push=settings.weights.async_push)  # fmt: skip
         self.control.source, self.control.publisher = source, publisher
 
     @property
@@ -131,7 +124,7 @@ class Trainer:
 
     def run(self) -> None:
         """Train until `steps` are done, Stop, or the run's groups end; FAILED with the reason on an error."""
-        with structlog.contextvars.bound_contextvars(run_id=self.config.run_id, rank=self.parallel.rank):
+        with structlog.contextvars.bound_contextvars(run_id=self.run_id, rank=self.parallel.rank):
             self._run()
 
     def _run(self) -> None:
@@ -142,7 +135,7 @@ class Trainer:
             self.control.sync_inference()
             if self.parallel.is_main:
                 self.control.open_inbox()
-            last = self.state.step + self.config.steps if self.config.steps else None
+            last = self.state.step + self.settings.steps if self.settings.steps else None
             while last is None or self.state.step < last:
                 self.board.update(phase=Phase.WAITING)
                 plan = self.parallel.broadcast(self._next_plan() if self.parallel.is_main else None)
@@ -167,7 +160,7 @@ class Trainer:
             else:
                 plan = self.control.steps_done_plan()
             self.control.finish_pushes()
-            if plan.save or (self.config.checkpoint_every and 0 < self.state.step != self.control.saved_step):
+            if plan.save or (self.settings.checkpoints.every and 0 < self.state.step != self.control.saved_step):
                 self.control.save(None)
             self.board.update(phase=Phase.STOPPED, stop_reason=plan.stop)
         except Exception as error:
@@ -232,7 +225,7 @@ class Trainer:
             self.metrics.write(record)
         _log.info("step", step=record.step, policy_version=record.policy_version, **_headline(values))
         self.board.publish_step(record, step=self.state.step, policy_version=self.state.policy_version)
-        every = self.config.checkpoint_every
+        every = self.settings.checkpoints.every
         if every and self.state.step > 0 and self.state.step % every == 0:
             self.control.save(None)
         return record

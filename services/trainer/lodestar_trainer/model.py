@@ -26,7 +26,7 @@ def load_model(model_dir: Path, *, device: str = "cpu", dtype: Dtype = "float32"
     if not (model_dir / "config.json").is_file():
         raise InvalidArgumentError(f"model directory {model_dir} has no config.json")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InvalidArgumentError(f"--device {device} asked for, but torch sees no CUDA device")
+        raise InvalidArgumentError(f"--compute.device {device} asked for, but torch sees no CUDA device")
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
     return model.to(device).train()

@@ -1,5 +1,5 @@
 """What the next step trains on: rank 0 reads groups from the inbox until `groups_per_step` of them have
-signal, and turns a plan's groups into the step's packed micro-batches.
+signal (the `batch` settings), and turns a plan's groups into the step's packed micro-batches.
 
 The planner decides per group: a group too many policy versions behind is dropped (`max_staleness`), a group
 whose rewards are all equal is dropped but its rewards still count (dynamic sampling), a bad group skips the
@@ -23,6 +23,7 @@ from lodestar_trainer.data.sequences import build_step
 from lodestar_trainer.data.split import SplitStats
 from lodestar_trainer.inbox import IDLE, Idle, Inbox, SaveRequest
 from lodestar_trainer.parallel.distributed import COLLECTIVE_TIMEOUT
+from lodestar_trainer.settings import BatchSettings
 from lodestar_trainer.status import StopReason
 from lodestar_trainer.step.advantages import AdvantageKind
 
@@ -30,23 +31,6 @@ _log = get_logger("trainer")
 
 KEEPALIVE_S = COLLECTIVE_TIMEOUT.total_seconds() / 6
 """Longest wait of rank 0 for a group before it tells the other ranks (waiting in a collective) to wait on."""
-
-
-@dataclass(frozen=True)
-class BatchConfig:
-    """What the planner needs to know: which groups make a step and how they become micro-batches."""
-
-    run_id: str
-    builder: BuilderKind = BuilderKind.PREFIX_MERGING
-    advantage: AdvantageKind = AdvantageKind.ZSCORE
-    micro_batch_tokens: int = 8192
-    groups_per_step: int = 1
-    max_staleness: int = -1
-    """Groups older than this many versions behind the trainer's are dropped when taken (-1: no check)."""
-    stop_after_no_signal_groups: int = 0
-    """Stop when this many groups in a row had no reward signal (0: never; see `Planner.next_plan`)."""
-    vocab_size: int = 0
-    """The model's vocabulary size: larger token ids in a group are bad input (0: unchecked)."""
 
 
 @dataclass
@@ -85,10 +69,11 @@ class StepBatches:
 
 
 class Planner:
-    """Rank 0's group intake (`next_plan`) and every rank's building and packing (`batches`)."""
+    """Rank 0's group intake (`next_plan`) and every rank's building and packing (`batches`) for `run_id`;
+    token ids at or above `vocab_size` are bad input (0: unchecked)."""
 
-    def __init__(self, config: BatchConfig) -> None:
-        self.config = config
+    def __init__(self, config: BatchSettings, *, run_id: str, vocab_size: int = 0) -> None:
+        self.config, self.run_id, self.vocab_size = config, run_id, vocab_size
         self.counters: dict[str, float] = {"groups_no_signal": 0.0, "groups_stale": 0.0, "sessions_dropped": 0.0}
         """Totals since the start of this process, reported with every step (metrics.py)."""
         self._pending: tuple[Plan, int] | None = None
@@ -126,8 +111,8 @@ class Planner:
             try:
                 samples = group_samples(
                     group,
-                    run_id=self.config.run_id,
-                    advantage=self.config.advantage,
+                    run_id=self.run_id,
+                    advantage=AdvantageKind(self.config.advantage),
                     first_index=sum(len(kept.samples) for kept in plan.groups),
                 )
             except BadGroupError as error:
@@ -155,7 +140,7 @@ class Planner:
         """The plan's groups as training sequences (builders/), packed into micro-batches of at most
         `micro_batch_tokens` tokens (a longer sequence split into parts: split.py). Raises BadGroupError
         before anything changed (a token id beyond the vocabulary)."""
-        sequences, stats = build_step(plan.groups, self.config.builder, self.config.vocab_size)
+        sequences, stats = build_step(plan.groups, BuilderKind(self.config.builder), self.vocab_size)
         micro_batches, split = pack_step(sequences, self.config.micro_batch_tokens)
         if split.over_budget_parts:
             _log.warning("micro-batch over budget: a path from the root is longer than the budget",

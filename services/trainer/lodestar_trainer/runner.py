@@ -30,7 +30,7 @@ def checkpoint_target(path: Path, checkpoint_dir: Path) -> Path:
     """Where SaveCheckpoint(path) may write: a directory below the checkpoint directory (a relative path is
     taken under it; symlinks are followed before the check), never the checkpoint directory itself (a save
     replaces its target). PermissionDeniedError outside it, InvalidArgumentError for the directory itself."""
-    target = confined(path, [checkpoint_dir], "SaveCheckpoint path", setting="--checkpoint-dir",
+    target = confined(path, [checkpoint_dir], "SaveCheckpoint path", setting="--checkpoints.dir",
                       relative_to=checkpoint_dir)  # fmt: skip
     if target == Path(os.path.realpath(checkpoint_dir)):
         raise InvalidArgumentError("SaveCheckpoint path must name a directory below the checkpoint directory")
@@ -65,7 +65,7 @@ class TrainerRunner:
     async def save_checkpoint(self, path: Path | None) -> tuple[Path, int]:
         """Checkpoint now, into `path` (None: the next step directory of the checkpoint directory)."""
         trainer = self._require()
-        target = None if path is None else checkpoint_target(path, trainer.config.checkpoint_dir)
+        target = None if path is None else checkpoint_target(path, trainer.control.checkpoint_dir)
         return await asyncio.to_thread(trainer.save_now, target)
 
     async def stop(self, *, save_checkpoint: bool) -> Status:

@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol
 
 import torch
 
@@ -43,6 +44,21 @@ from lodestar_trainer.data.batch import MicroBatch
 class Aggregation(StrEnum):
     TOKEN = "token"
     SEQUENCE_MEAN = "sequence_mean"
+
+
+class LossParameters(Protocol):
+    """What the loss reads of its configuration: a LossConfig, or the trainer's `loss` settings section."""
+
+    @property
+    def clip_low(self) -> float: ...
+    @property
+    def clip_high(self) -> float: ...
+    @property
+    def aggregation(self) -> str: ...
+    @property
+    def kl_coef(self) -> float: ...
+    @property
+    def tis_cap(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -112,9 +128,9 @@ class LossOutput:
         }
 
 
-def _weights(batch: MicroBatch, config: LossConfig, norm: LossNormalizer, device: torch.device) -> torch.Tensor:
+def _weights(batch: MicroBatch, config: LossParameters, norm: LossNormalizer, device: torch.device) -> torch.Tensor:
     """[N] weight of each target in the step mean."""
-    if config.aggregation is Aggregation.TOKEN:
+    if config.aggregation == Aggregation.TOKEN:
         return torch.full((len(batch.target_samples),), 1.0 / max(norm.total_targets, 1), device=device)
     if any(sample not in norm.targets_per_sample for sample in batch.target_samples):
         raise ValueError("LossNormalizer was not built from this micro-batch's step")
@@ -125,7 +141,7 @@ def _weights(batch: MicroBatch, config: LossConfig, norm: LossNormalizer, device
 def policy_loss(
     new_logprobs: torch.Tensor,
     batch: MicroBatch,
-    config: LossConfig,
+    config: LossParameters,
     norm: LossNormalizer,
     *,
     old_logprobs: torch.Tensor | None = None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -18,31 +18,14 @@ from lodestar_trainer.data.batch import BuildStats, MicroBatch
 from lodestar_trainer.data.groups import GroupSamples
 from lodestar_trainer.data.split import SplitStats
 from lodestar_trainer.parallel.distributed import Parallel
+from lodestar_trainer.settings import LossSettings, MetricsSettings, OptimizerSettings
 from lodestar_trainer.step.forward import AttentionBackend, target_logprobs
-from lodestar_trainer.step.loss import LossConfig, LossNormalizer, LossOutput, policy_loss
+from lodestar_trainer.step.loss import LossNormalizer, LossOutput, policy_loss
 from lodestar_trainer.step.mismatch import MismatchTally, warning_text
 from lodestar_trainer.step.precision import ComputeCopy
 from lodestar_trainer.step.stepstats import loss_over_ranks, step_values
 
 _log = get_logger("trainer")
-
-Correction = Literal["ppo_clip", "tis"]
-
-
-@dataclass(frozen=True)
-class StepConfig:
-    """How a step computes its update and judges its statistics."""
-
-    loss: LossConfig = field(default_factory=LossConfig)
-    behaviour_correction: Correction = "ppo_clip"
-    max_grad_norm: float = 1.0
-    attention: AttentionBackend = "explicit"
-    """Attention backend of the forward/backward (wiring resolves the setting's "auto" by device)."""
-    pass_threshold: float | None = None
-    """Reward at or above which a sample passes (None: see `OptimizerStep.pass_threshold`)."""
-    mismatch_warn_nats: float = 0.1
-    """Warn (log, GetStatus.warning) when a harness's mean |trainer - inference| logprob in a step is above
-    this (0: never); see services/trainer/lodestar_trainer/step/mismatch.py."""
 
 
 @dataclass(frozen=True)
@@ -56,9 +39,13 @@ class Gradient:
 
 @dataclass
 class OptimizerStep:
-    """The model, its optimizer and what a step computes with: `accumulate`, then `apply`."""
+    """The model, its optimizer and what a step computes with: `accumulate`, then `apply`. The settings are the
+    trainer's `loss`, `optimizer` and `metrics` sections; `attention` the resolved backend."""
 
-    config: StepConfig
+    loss: LossSettings
+    optimization: OptimizerSettings
+    metrics: MetricsSettings
+    attention: AttentionBackend
     model: Any
     optimizer: torch.optim.Optimizer
     parallel: Parallel
@@ -77,10 +64,10 @@ class OptimizerStep:
         net = self.compute.model if self.compute is not None else self.model
         for index, (batch, weight) in enumerate(mine):
             self.parallel.set_grad_sync(net, index == len(mine) - 1)
-            new = target_logprobs(net, batch, attention=self.config.attention)
-            old = new.detach() if self.config.behaviour_correction == "tis" else None
+            new = target_logprobs(net, batch, attention=self.attention)
+            old = new.detach() if self.loss.behaviour_correction == "tis" else None
             ref = self._reference_logprobs(batch)
-            output = policy_loss(new, batch, self.config.loss, norm, old_logprobs=old, ref_logprobs=ref)
+            output = policy_loss(new, batch, self.loss, norm, old_logprobs=old, ref_logprobs=ref)
             torch.autograd.backward(output.loss * (weight * self.parallel.world))
             if weight:
                 totals = output if totals is None else totals.merge(output)
@@ -89,7 +76,7 @@ class OptimizerStep:
             self.compute.grads_to_master()
         self.parallel.reduce_replicated_grads(self.model)
         totals = loss_over_ranks(self.parallel, totals)
-        grad_norm = self.parallel.clip_grad_norm(self.model, self.config.max_grad_norm)
+        grad_norm = self.parallel.clip_grad_norm(self.model, self.optimization.max_grad_norm)
         return Gradient(totals, grad_norm, mismatch.over_ranks(self.parallel))
 
     def apply(self) -> None:
@@ -136,24 +123,24 @@ class OptimizerStep:
     def pass_threshold(self, rewards: list[float]) -> float | None:
         """The configured threshold; unset, 1.0 while every reward read so far is 0 or 1, else None (no
         pass rate: partial credit defines no passing)."""
-        if self.config.pass_threshold is not None:
-            return self.config.pass_threshold
+        if self.metrics.pass_threshold is not None:
+            return self.metrics.pass_threshold
         self._partial_credit = self._partial_credit or any(r not in (0.0, 1.0) for r in rewards)
         return None if self._partial_credit else 1.0
 
     def mismatch_warning(self, mismatch: MismatchTally, step: int) -> str | None:
         """Loudly (a warning line; the text for GetStatus.warning) when some harness's sessions were trained on
         logprobs the trainer does not reproduce; None when none is above the threshold."""
-        above = mismatch.above(self.config.mismatch_warn_nats)
+        above = mismatch.above(self.metrics.mismatch_warn_nats)
         if not above:
             return None
         _log.warning("trainer-inference logprob mismatch", step=step, by_harness=above,
-                     threshold=self.config.mismatch_warn_nats)  # fmt: skip
-        return warning_text(step, above, self.config.mismatch_warn_nats)
+                     threshold=self.metrics.mismatch_warn_nats)  # fmt: skip
+        return warning_text(step, above, self.metrics.mismatch_warn_nats)
 
     def _reference_logprobs(self, batch: MicroBatch) -> torch.Tensor | None:
-        if self.reference is None or not self.config.loss.kl_coef:
+        if self.reference is None or not self.loss.kl_coef:
             return None
         with torch.no_grad():
-            logprobs: torch.Tensor = target_logprobs(self.reference, batch, attention=self.config.attention)
+            logprobs: torch.Tensor = target_logprobs(self.reference, batch, attention=self.attention)
             return logprobs
