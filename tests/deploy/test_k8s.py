@@ -19,7 +19,7 @@ from lodestar.settings import ENV_PREFIX, load_settings
 from lodestar_app.cli.services import REGISTRY
 from lodestar_trainer.metrics import METRICS_FILE, TENSORBOARD_DIR
 from lodestar_trainer.settings import TrainerSettings
-from tests.deploy.test_images import DEPLOY, env_of, parse
+from tests.deploy.test_images import DEPLOY, env_of, is_setting, parse
 
 SETTINGS = {service.name: service.settings for service in REGISTRY}
 REPO = Path(__file__).resolve().parents[2]
@@ -96,7 +96,7 @@ def _assert_settings_exist(env: dict[str, str], where: str) -> None:
         if not name.startswith(ENV_PREFIX):
             continue
         section, _, field = name.removeprefix(ENV_PREFIX).lower().partition("_")
-        assert field in SETTINGS[section].model_fields, f"{where}: {name} is not a {section} setting"
+        assert is_setting(SETTINGS[section], field), f"{where}: {name} is not a {section} setting"
 
 
 def test_the_gpu_overlay_asks_for_gpus_and_the_local_one_for_none() -> None:
@@ -133,7 +133,7 @@ def trainer_outputs(docs: list[dict[str, Any]]) -> tuple[list[Path], list[Path]]
     env |= {item["name"]: item["value"] for item in container.get("env", []) if "value" in item}
     settings = load_settings(TrainerSettings, env=env)
     run_dir = settings.run_dir
-    outputs = [run_dir / TENSORBOARD_DIR, run_dir / METRICS_FILE, settings.checkpoint_dir or run_dir / "checkpoints"]
+    outputs = [run_dir / TENSORBOARD_DIR, run_dir / METRICS_FILE, settings.checkpoints.dir or run_dir / "checkpoints"]
     claims = {v["name"] for v in pod["volumes"] if v.get("persistentVolumeClaim", {}).get("claimName") == "checkpoints"}
     return outputs, [Path(m["mountPath"]) for m in container["volumeMounts"] if m["name"] in claims]
 
