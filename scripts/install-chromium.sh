@@ -30,5 +30,7 @@ if [[ "$(apt-cache policy chromium 2>/dev/null)" =~ Candidate:\ [0-9] ]]; then
   $SUDO apt-get install -y -qq chromium
 else
   echo "install-chromium: apt has no chromium deb: Playwright's Chromium (playwright install --with-deps)"
+  # Playwright's own Node.js driver needs libatomic1, which a minimal Ubuntu lacks (found on ubuntu 24.04).
+  $SUDO apt-get install -y -qq libatomic1
   "$PY" -m playwright install --with-deps chromium
 fi
