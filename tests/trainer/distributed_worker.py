@@ -53,7 +53,7 @@ def main() -> int:
     model_dir, out_dir, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     dtype = sys.argv[4] if len(sys.argv) > 4 else "float32"
     settings = trainer_settings(model=model_dir, run_dir=out_dir, parallel=mode, dtype=dtype, **SETTINGS)
-    parallel = Parallel.from_env(mode=settings.parallel)
+    parallel = Parallel.from_env(mode=settings.compute.parallel)
     trainer = create_trainer(settings, parallel, connect=False)
     capture_first_gradients(trainer, out_dir)
     if parallel.is_main:

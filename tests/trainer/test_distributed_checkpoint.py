@@ -28,6 +28,7 @@ from transformers import AutoModelForCausalLM
 from lodestar.v1 import trainer_pb2, trainer_pb2_grpc
 from lodestar_app.local import free_port
 from lodestar_trainer.checkpoint import SHARDED_DIR, load_checkpoint
+from lodestar_trainer.settings import MOVED
 from lodestar_trainer.wiring import create_trainer
 from tests.trainer.groups_helpers import RUN, FeedSource, RolloutStandIn, make_group, start_rollout
 from tests.trainer.helpers import trainer_settings
@@ -36,6 +37,16 @@ from tests.waiting import eventually
 REPO = Path(__file__).resolve().parents[2]
 GROUPS = [make_group(seed) for seed in range(4)]
 RPC_S = 120
+
+
+def _toml(values: dict[str, object]) -> str:
+    """A [trainer] table from the tests' flat shorthand: a key of a section (settings.MOVED) goes to its table."""
+    tables: dict[str, list[str]] = {"trainer": []}
+    for key, value in values.items():
+        section, _, name = MOVED.get(key, key).rpartition(".")
+        table = f"trainer.{section}" if section else "trainer"
+        tables.setdefault(table, []).append(f"{name} = {json.dumps(value)}\n")
+    return "".join(f"[{table}]\n" + "".join(lines) for table, lines in tables.items())
 
 
 class ServedRanks:
@@ -50,7 +61,7 @@ class ServedRanks:
         config = tmp_path / f"{name}.toml"
         values = {**table, "run": RUN, "port": port, "inference": "", "lr": 1e-3, "micro_batch_tokens": 160,
                   "groups_per_step": 1, "parallel": "fsdp2"}  # fmt: skip
-        config.write_text("[trainer]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in values.items()))
+        config.write_text(_toml(values))
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false", "LODESTAR_CONFIG": str(config)}  # fmt: skip
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",

@@ -160,8 +160,8 @@ async def test_cli_serve_trains_from_a_config_table_and_drains_on_sigterm(
     rollout, rollout_address = await start_rollout(standin)
     config = tmp_path / "lodestar.toml"
     config.write_text(
-        f'[trainer]\nrun = "{RUN}"\nbuilder = "tree"\nmicro_batch_tokens = 4096\nsteps = 1\ninference = ""\n'
-        f'rollout = "{rollout_address}"\nrun_dir = "{tmp_path / "run"}"\n'
+        f'[trainer]\nrun = "{RUN}"\nsteps = 1\ninference = ""\nrollout = "{rollout_address}"\n'
+        f'run_dir = "{tmp_path / "run"}"\n[trainer.batch]\nbuilder = "tree"\nmicro_batch_tokens = 4096\n'
     )
     port = free_port()
     command = [sys.executable, "-m", "lodestar_app.cli.main", "trainer", "serve", "--config", str(config),
