@@ -67,7 +67,7 @@ system-deps:
 ## node-deps: a Node.js >= 20 with npm (buf, the npm harnesses and the Node.js client need it): the one on PATH
 ## when new enough, else Node.js 22 into .tools/node (apt's is 18 on Debian 12 and Ubuntu 24.04, 12 on Ubuntu
 ## 22.04): the official build from nodejs.org, or the same build from PyPI when nodejs.org is unreachable
-## (scripts/install-node.sh; ~190 MB, no root).
+## (scripts/install-node.sh; ~230 MB, no root).
 node-deps: system-deps
 	@bash scripts/install-node.sh
 
