@@ -10,6 +10,8 @@ faults come last (they change the leader and the nodes' leases).
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 import subprocess
 import time
@@ -44,6 +46,18 @@ HARNESS_SCRIPT = {
         {"text": "done"},
     ]
 }
+TODAY = re.compile(r"Today's date is (\d{4}-\d{2}-\d{2})\.")
+"""Claude Code ends its first prompt with today's date from its own clock (local time in the sandbox): the one
+part of a first prompt that may differ between samples of a task (docs/testing.md, "First prompts")."""
+
+
+def first_difference(a: str, b: str, context: int = 120) -> str:
+    """Where two original requests first differ, less their per-session ids (metadata), for a failure message."""
+    a, b = (json.dumps({k: v for k, v in json.loads(r).items() if k != "metadata"}) for r in (a, b))
+    at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return f"at char {at}: {a[max(0, at - context) : at + context]!r} vs {b[max(0, at - context) : at + context]!r}"
+
+
 SLOW_SCRIPT = {
     "replies": [
         {"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 2; echo hi > out.txt"}}]},
@@ -151,7 +165,7 @@ def test_real_harness_run_three_tasks_by_four(stack: NodeStack, kind: str, binar
     assert len(groups) == 3
     for group in groups:
         expected = 0.0 if group.task_id.endswith("-2") else 1.0
-        first_prompts = set()
+        first_prompts: dict[str, dict[tuple[int, ...], str]] = {}
         for session in group.sessions:
             assert session.outcome == rollout_pb2.SESSION_OUTCOME_SCORED
             assert session.reward == expected, session.verifier_details
@@ -162,8 +176,18 @@ def test_real_harness_run_three_tasks_by_four(stack: NodeStack, kind: str, binar
                 assert len(call.completion_logprobs) == len(call.completion_token_ids) > 0
             assert session.verifier_details["runtime"] == {"fixed_paths": True, "network_isolated": True}
             assert "/tmp/lodestar-session/work" in session.calls[0].original_request_json, "its prompt names the path"
-            first_prompts.add(tuple(session.calls[0].prompt_token_ids))
-        assert len(first_prompts) == 1, f"{kind}: samples of one task start from different prompt tokens"
+            request = session.calls[0].original_request_json
+            dated = TODAY.search(request)
+            prompt = tuple(session.calls[0].prompt_token_ids)
+            first_prompts.setdefault(dated.group(1) if dated else "", {})[prompt] = request
+        # Samples of a task start from the same tokens, except Claude Code's date line when a group straddles
+        # midnight (it is ~20 tokens from the end of a ~16.5K-token prompt: the tree builder still shares the rest).
+        for date, prompts in first_prompts.items():
+            requests = list(prompts.values())
+            assert len(prompts) == 1, (
+                f"{kind}: samples of one task ({date or 'no date'}) start from different prompt tokens: "
+                f"{first_difference(requests[0], requests[1])}"
+            )
 
 
 def test_sigkill_of_a_node_requeues_its_sessions_counted_once(stack: NodeStack):
