@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lodestar.errors import NotFoundError
+from lodestar_app.cli.missing import register_missing
 
 LOCAL_STORES = (Path(".lodestar/up/rollout.sqlite"), Path(".lodestar/train/rollout.sqlite"))
 """The stores `lodestar up` and `lodestar train` (default `data_dir`) write, relative to the working directory."""
@@ -70,9 +71,13 @@ def _export(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `export` command."""
-    from lodestar_rollout.sft_files import FORMATS
-
-    command = subparsers.add_parser("export", help="a run's accepted trajectories as SFT data (JSONL or Parquet)")
+    help_text = "a run's accepted trajectories as SFT data (JSONL or Parquet)"
+    try:
+        from lodestar_rollout.sft_files import FORMATS
+    except ModuleNotFoundError:  # an image without the rollout service
+        register_missing(subparsers, "export", "rollout", help_text)
+        return
+    command = subparsers.add_parser("export", help=help_text)
     command.add_argument("run_id", metavar="RUN_ID", help="the run to export")
     command.add_argument("--min-reward", type=float, default=1.0, help="keep sessions with reward >= R (default 1)")
     command.add_argument("--format", choices=FORMATS, default="chat-jsonl", help="output format (default chat-jsonl)")

@@ -19,7 +19,6 @@ from rich.console import Console
 from lodestar.errors import FailedPreconditionError
 from lodestar.logging import get_logger
 from lodestar.v1 import rollout_pb2
-from lodestar_app.cli import redteam
 from lodestar_app.cli.train_config import RedTeamConfig
 
 log = get_logger("cli.train_redteam")
@@ -38,6 +37,8 @@ def warn_skipped(console: Console) -> None:
 async def pre_pass(config: RedTeamConfig, spec: rollout_pb2.RunSpec, rollout: str, console: Console) -> float:
     """Attack `spec`'s verifier through the stack at `rollout`; the seconds it took. FailedPreconditionError
     when a hack paid."""
+    from lodestar_app.cli import redteam_run as redteam  # needs the gateway's package: imported on use
+
     started = time.monotonic()
     hacks = redteam.chosen_hacks(spec.verifier.kind, list(config.hacks) or None)
     specs = redteam.hack_specs(spec, hacks, config.tasks)

@@ -19,7 +19,7 @@ from lodestar.settings import ENV_PREFIX, load_settings
 from lodestar_app.cli.services import REGISTRY
 from lodestar_trainer.metrics import METRICS_FILE, TENSORBOARD_DIR
 from lodestar_trainer.settings import TrainerSettings
-from tests.deploy.test_images import DEPLOY, env_of, is_setting, parse
+from tests.deploy.dockerfiles import DEPLOY, env_of, is_setting, parse
 
 SETTINGS = {service.name: service.settings for service in REGISTRY}
 REPO = Path(__file__).resolve().parents[2]

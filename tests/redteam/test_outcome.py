@@ -9,7 +9,7 @@ import pytest
 
 from lodestar.errors import InvalidArgumentError
 from lodestar.v1 import rollout_pb2
-from lodestar_app.cli.redteam import hack_specs, sample
+from lodestar_app.cli.redteam_run import hack_specs, sample
 from lodestar_gateway.node.redteam.hacks import HACKS, applicable
 from lodestar_gateway.node.redteam.outcome import REPORT_PREFIX, Session, agent_report, judge_all
 
@@ -94,14 +94,14 @@ def test_each_hack_runs_its_agent_under_the_specs_own_verifier_greedy_once_per_t
 
 
 def test_an_unknown_hack_is_refused() -> None:
-    from lodestar_app.cli.redteam import chosen_hacks
+    from lodestar_app.cli.redteam_run import chosen_hacks
 
     with pytest.raises(InvalidArgumentError, match="unknown hack nope"):
         chosen_hacks("swe", ["nope"])
 
 
 def test_a_red_team_whose_honest_failure_never_scored_proves_nothing() -> None:
-    from lodestar_app.cli.redteam import unscored
+    from lodestar_app.cli.redteam_run import unscored
 
     broken = judge_all([Session("noop", "a", False, error="verifier could not run: bad config")], 1.0)
     assert "verifier could not run: bad config" in unscored(broken)

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from lodestar_gateway.node.harnesses.base import DEFAULT_BIN_DIR, REPO_ROOT
+from lodestar_gateway.node.harnesses.base import DEFAULT_BIN_DIR
 
 SANDBOX_UID = 1000
 SANDBOX_GID = 1000
@@ -44,14 +44,16 @@ ETC_FROM_HOST = (
 )  # fmt: skip
 """Paths below /etc bound read-only from the host where present."""
 EMPTY_DIRS = ("/tmp", "/var/tmp", "/run")
+PACKAGE_DIR = Path(__file__).resolve().parents[2]
+"""The installed `lodestar_gateway` package (in a checkout or in site-packages)."""
 SESSION_PROGRAMS = (
-    "services/gateway/lodestar_gateway/node/harnesses/netns_child.py",
-    "services/gateway/lodestar_gateway/node/harnesses/openhands_driver.py",
-    "services/gateway/lodestar_gateway/node/verifiers/python_runner.py",
-    "services/gateway/lodestar_gateway/node/redteam/agents",
+    "node/harnesses/netns_child.py",
+    "node/harnesses/openhands_driver.py",
+    "node/verifiers/python_runner.py",
+    "node/redteam/agents",
 )
-"""The lodestar files (relative to the checkout) that sessions run; nothing else of the checkout is visible.
-A new program that runs inside a session is added here."""
+"""The lodestar files (relative to the `lodestar_gateway` package) that sessions run; nothing else of the
+checkout is visible. A new program that runs inside a session is added here."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ def node_installation() -> list[Path]:
     node = shutil.which("node")
     if node:
         paths.append(Path(node).resolve().parent.parent)
-    paths += [REPO_ROOT / program for program in SESSION_PROGRAMS]
+    paths += [PACKAGE_DIR / program for program in SESSION_PROGRAMS]
     return sorted({path.resolve() for path in paths if path.exists() and not _in_system_dirs(path.resolve())})
 
 
