@@ -209,18 +209,7 @@ async def _train(
     error, checkpoint = "", ""
     board = await start_local(stack.rollout, config.run_dir, stack.model) if dashboard else None
     try:
-        if redteam and config.redteam.enabled:  # attack the verifier before training on it (train_redteam.py)
-            with console.status("starting the gateway node"):
-                await train_stack.start_node(config, stack)
-            await train_redteam.pre_pass(config.redteam, spec, stack.rollout, console)
-        else:
-            train_redteam.warn_skipped(console)
-        if heldout is not None and config.eval is not None and config.eval.before:
-            with console.status("starting the gateway node"):
-                await train_stack.start_node(config, stack)  # before the training run: the eval has the node
-            console.print(f"evaluating the starting policy on {len(heldout.tasks)} held-out tasks")
-            before = await train_eval.evaluate(stack.rollout, heldout, config.eval, console)
-            console.print(train_eval.table(before, None))
+        before = await _before_training(config, spec, heldout, stack, console, redteam=redteam)
         reply = await _call(stack.rollout, lambda s: s.CreateRun(rollout_pb2.CreateRunRequest(spec=spec), timeout=60.0))
         run_id = reply.run.run_id
         if board is not None:
@@ -249,20 +238,9 @@ async def _train(
             except grpc.aio.AioRpcError as failure:  # the trainer died: report what it had written
                 error = error or f"trainer unreachable at the end: {failure.details()}"
                 checkpoint = progress.trainer.last_checkpoint_path
-        with contextlib.suppress(grpc.aio.AioRpcError, UnavailableError, DeadlineExceededError):
-            request = rollout_pb2.GetRunRequest(run_id=run_id)
-            progress.run = (await _call(stack.rollout, lambda s: s.GetRun(request, timeout=10.0))).run
-        cancel = rollout_pb2.CancelRunRequest(run_id=run_id)
-        await _call(stack.rollout, lambda s: s.CancelRun(cancel, timeout=30.0))
-        if heldout is not None and config.eval is not None and not error and not stop.is_set():
-            version = progress.trainer.policy_version
-            with console.status(f"waiting for inference to serve the final policy (v{version})"):
-                await train_eval.wait_for_version(stack.inference, version, etcd=stack.discovery_etcd)
-            console.print(f"evaluating the final policy (v{version}) on {len(heldout.tasks)} held-out tasks")
-            try:
-                after = await train_eval.evaluate(stack.rollout, heldout, config.eval, console)
-            except DeadlineExceededError as failure:
-                error = f"the final evaluation did not finish: {failure.message}"
+        after, error = await _after_training(
+            config, stack, progress, heldout, console, error=error, stopped=stop.is_set()
+        )
         if before is not None or after is not None:
             train_eval.write(config.run_dir, before, after, progress.trainer.step)
     finally:
@@ -277,6 +255,63 @@ async def _train(
         if line := train_eval.verdict(before, after):
             console.print(line, highlight=False)
     return code
+
+
+async def _before_training(
+    config: TrainConfig,
+    spec: rollout_pb2.RunSpec,
+    heldout: rollout_pb2.RunSpec | None,
+    stack: train_stack.Stack,
+    console: Console,
+    *,
+    redteam: bool,
+) -> HarnessScore | None:
+    """Before the run is created: the red-team pass on the verifier (train_redteam.py), then the starting
+    policy's held-out score when `[eval]` asks for it."""
+    if redteam and config.redteam.enabled:  # attack the verifier before training on it (train_redteam.py)
+        with console.status("starting the gateway node"):
+            await train_stack.start_node(config, stack)
+        await train_redteam.pre_pass(config.redteam, spec, stack.rollout, console)
+    else:
+        train_redteam.warn_skipped(console)
+    if heldout is None or config.eval is None or not config.eval.before:
+        return None
+    with console.status("starting the gateway node"):
+        await train_stack.start_node(config, stack)  # before the training run: the eval has the node
+    console.print(f"evaluating the starting policy on {len(heldout.tasks)} held-out tasks")
+    before = await train_eval.evaluate(stack.rollout, heldout, config.eval, console)
+    console.print(train_eval.table(before, None))
+    return before
+
+
+async def _after_training(
+    config: TrainConfig,
+    stack: train_stack.Stack,
+    progress: train_view.Progress,
+    heldout: rollout_pb2.RunSpec | None,
+    console: Console,
+    *,
+    error: str,
+    stopped: bool,
+) -> tuple[HarnessScore | None, str]:
+    """After the last step: the run's final counts, the run cancelled, and (when neither failed nor stopped)
+    the final policy's held-out score; (that score, the error so far or the evaluation's)."""
+    run_id = progress.run_id
+    with contextlib.suppress(grpc.aio.AioRpcError, UnavailableError, DeadlineExceededError):
+        request = rollout_pb2.GetRunRequest(run_id=run_id)
+        progress.run = (await _call(stack.rollout, lambda s: s.GetRun(request, timeout=10.0))).run
+    cancel = rollout_pb2.CancelRunRequest(run_id=run_id)
+    await _call(stack.rollout, lambda s: s.CancelRun(cancel, timeout=30.0))
+    if heldout is None or config.eval is None or error or stopped:
+        return None, error
+    version = progress.trainer.policy_version
+    with console.status(f"waiting for inference to serve the final policy (v{version})"):
+        await train_eval.wait_for_version(stack.inference, version, etcd=stack.discovery_etcd)
+    console.print(f"evaluating the final policy (v{version}) on {len(heldout.tasks)} held-out tasks")
+    try:
+        return await train_eval.evaluate(stack.rollout, heldout, config.eval, console), error
+    except DeadlineExceededError as failure:
+        return None, f"the final evaluation did not finish: {failure.message}"
 
 
 def _report(
