@@ -69,13 +69,20 @@ def test_dockerfile(suffix: str) -> None:
     check_settings(service, env)
 
 
-def test_the_cuda_inference_image_can_compile_tritons_launcher() -> None:
-    """Triton builds a C launcher when vLLM starts on a GPU: the final stage installs a C compiler, and the
-    image serves on CUDA in bf16 with the KV cache sized by memory utilization (the settings' CUDA defaults)."""
-    _, (_, final) = parse(DEPLOY / "Dockerfile.inference-cuda")
+@pytest.mark.parametrize("suffix", ["inference-cuda", "trainer"])
+def test_the_gpu_images_can_compile_tritons_launcher(suffix: str) -> None:
+    """Triton builds a C launcher on a GPU (vLLM's kernels; the trainer's FlexAttention): the final stage of each
+    GPU image installs a C compiler."""
+    _, (_, final) = parse(DEPLOY / f"Dockerfile.{suffix}")
     run = " ".join(final.all("RUN"))
     assert re.search(r"apt-get install [^&]*\bgcc\b", run), run
     assert "libc6-dev" in run
+
+
+def test_the_cuda_inference_image_serves_bf16_on_cuda() -> None:
+    """The image serves on CUDA in bf16 with the KV cache sized by memory utilization (the settings' CUDA
+    defaults)."""
+    _, (_, final) = parse(DEPLOY / "Dockerfile.inference-cuda")
     env = env_of(final)
     assert env["LODESTAR_INFERENCE_DEVICE"] == "cuda"
     settings = load_settings(SETTINGS["inference"], env=env)
