@@ -156,8 +156,13 @@ class ControlPlane:
         scored (the last policies' reward, which no step's metrics show)."""
         assert plan.stop is not None
         reward_mean = mean_std(plan.rewards())[0]
-        _log.info("trainer stopping", reason=plan.stop.value, step=self.state().step, untrained_groups=plan.read,
-                  untrained_reward_mean=round(reward_mean, 4))  # fmt: skip
+        _log.info(
+            "trainer stopping",
+            reason=plan.stop.value,
+            step=self.state().step,
+            untrained_groups=plan.read,
+            untrained_reward_mean=round(reward_mean, 4),
+        )
         self.board.update(untrained_groups=plan.read, untrained_reward_mean=reward_mean)
         return Plan(stop=plan.stop, save=self._save_on_stop)
 
@@ -192,8 +197,14 @@ class ControlPlane:
         state = self.state()
         target = path or step_dir(self.checkpoint_dir, state.step)
         if self.parallel.distributed:
-            save_sharded(target, parallel=self.parallel, model=self.model, optimizer=self.optimizer,
-                         state=state, model_files=self.model_files)  # fmt: skip
+            save_sharded(
+                target,
+                parallel=self.parallel,
+                model=self.model,
+                optimizer=self.optimizer,
+                state=state,
+                model_files=self.model_files,
+            )
             return self._saved(target, state.step)
         weights = self.parallel.full_state(self.model)
         optimizer = self.parallel.optimizer_state(self.model, self.optimizer)

@@ -96,12 +96,27 @@ class Trainer:
         self.parallel = parallel or Parallel()
         self.metrics, self.reference, self.compute = metrics, reference, compute
         self.planner = Planner(settings.batch, run_id=settings.run, vocab_size=vocab_size)
-        self.step = OptimizerStep(settings.loss, settings.optimizer, settings.metrics,
-                                  settings.compute.attention_backend(), model, optimizer, self.parallel,
-                                  compute=compute, reference=reference)  # fmt: skip
-        self.control = ControlPlane(parallel=self.parallel, board=board, model=model, optimizer=optimizer,
-                                    state=lambda: self.state, checkpoint_dir=settings.checkpoint_dir(),
-                                    model_files=model_files or [], async_push=settings.weights.async_push)  # fmt: skip
+        self.step = OptimizerStep(
+            settings.loss,
+            settings.optimizer,
+            settings.metrics,
+            settings.compute.attention_backend(),
+            model,
+            optimizer,
+            self.parallel,
+            compute=compute,
+            reference=reference,
+        )
+        self.control = ControlPlane(
+            parallel=self.parallel,
+            board=board,
+            model=model,
+            optimizer=optimizer,
+            state=lambda: self.state,
+            checkpoint_dir=settings.checkpoint_dir(),
+            model_files=model_files or [],
+            async_push=settings.weights.async_push,
+        )
         self.control.source, self.control.publisher = source, publisher
 
     @property
@@ -208,11 +223,18 @@ class Trainer:
             "time_push": pushed - optimized,
         }
         self.planner.count_consumed(plan)
-        values = self.step.statistics(groups=plan.groups, no_signal_rewards=plan.no_signal_rewards,
-                                      stats=batches.stats, split=batches.split,
-                                      micro_batches=len(batches.micro_batches), gradient=gradient, seconds=seconds,
-                                      version_before=version_before, counters=self.planner.counters,
-                                      push=push)  # fmt: skip
+        values = self.step.statistics(
+            groups=plan.groups,
+            no_signal_rewards=plan.no_signal_rewards,
+            stats=batches.stats,
+            split=batches.split,
+            micro_batches=len(batches.micro_batches),
+            gradient=gradient,
+            seconds=seconds,
+            version_before=version_before,
+            counters=self.planner.counters,
+            push=push,
+        )
         return self._record(values, gradient)
 
     def _record(self, values: dict[str, float], gradient: Gradient) -> StepRecord:
@@ -239,8 +261,13 @@ class Trainer:
 
     def _advance(self, *, steps: int, version: int, read: int, skipped: int = 0) -> None:
         s = self.state
-        self.state = replace(s, step=s.step + steps, policy_version=s.policy_version + version,
-                             groups_read=s.groups_read + read, skipped_steps=s.skipped_steps + skipped)  # fmt: skip
+        self.state = replace(
+            s,
+            step=s.step + steps,
+            policy_version=s.policy_version + version,
+            groups_read=s.groups_read + read,
+            skipped_steps=s.skipped_steps + skipped,
+        )
 
     def _device(self) -> torch.device:
         """The device the model trains on (its first parameter's; a sharded one's local device)."""

@@ -143,7 +143,10 @@ class Planner:
         sequences, stats = build_step(plan.groups, BuilderKind(self.config.builder), self.vocab_size)
         micro_batches, split = pack_step(sequences, self.config.micro_batch_tokens)
         if split.over_budget_parts:
-            _log.warning("micro-batch over budget: a path from the root is longer than the budget",
-                         parts=split.over_budget_parts, tokens=split.longest_part,
-                         micro_batch_tokens=self.config.micro_batch_tokens)  # fmt: skip
+            _log.warning(
+                "micro-batch over budget: a path from the root is longer than the budget",
+                parts=split.over_budget_parts,
+                tokens=split.longest_part,
+                micro_batch_tokens=self.config.micro_batch_tokens,
+            )
         return StepBatches(micro_batches, stats, split)

@@ -75,8 +75,13 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     rewards = axes[0][0]
     mean, std = _series(records, "reward_mean"), _series(records, "reward_std")
     rewards.plot(steps, mean, marker="o", label="reward mean")
-    rewards.fill_between(steps, [m - s for m, s in zip(mean, std, strict=True)],
-                         [m + s for m, s in zip(mean, std, strict=True)], alpha=0.2, label="+-std")  # fmt: skip
+    rewards.fill_between(
+        steps,
+        [m - s for m, s in zip(mean, std, strict=True)],
+        [m + s for m, s in zip(mean, std, strict=True)],
+        alpha=0.2,
+        label="+-std",
+    )
     rewards.set_ylabel("reward")
     _heldout(rewards, run_dir)
     rewards.legend()

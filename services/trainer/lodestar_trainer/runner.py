@@ -30,8 +30,9 @@ def checkpoint_target(path: Path, checkpoint_dir: Path) -> Path:
     """Where SaveCheckpoint(path) may write: a directory below the checkpoint directory (a relative path is
     taken under it; symlinks are followed before the check), never the checkpoint directory itself (a save
     replaces its target). PermissionDeniedError outside it, InvalidArgumentError for the directory itself."""
-    target = confined(path, [checkpoint_dir], "SaveCheckpoint path", setting="--checkpoints.dir",
-                      relative_to=checkpoint_dir)  # fmt: skip
+    target = confined(
+        path, [checkpoint_dir], "SaveCheckpoint path", setting="--checkpoints.dir", relative_to=checkpoint_dir
+    )
     if target == Path(os.path.realpath(checkpoint_dir)):
         raise InvalidArgumentError("SaveCheckpoint path must name a directory below the checkpoint directory")
     return target

@@ -134,8 +134,9 @@ class OptimizerStep:
         above = mismatch.above(self.metrics.mismatch_warn_nats)
         if not above:
             return None
-        _log.warning("trainer-inference logprob mismatch", step=step, by_harness=above,
-                     threshold=self.metrics.mismatch_warn_nats)  # fmt: skip
+        _log.warning(
+            "trainer-inference logprob mismatch", step=step, by_harness=above, threshold=self.metrics.mismatch_warn_nats
+        )
         return warning_text(step, above, self.metrics.mismatch_warn_nats)
 
     def _reference_logprobs(self, batch: MicroBatch) -> torch.Tensor | None:

@@ -204,8 +204,9 @@ class GatewayRelay:
         if len(self._tasks) >= self.max_connections:
             self.refused += 1
             if self.refused == 1:
-                log.warning("relay refused a connection: the run holds its maximum",
-                            max_connections=self.max_connections)  # fmt: skip
+                log.warning(
+                    "relay refused a connection: the run holds its maximum", max_connections=self.max_connections
+                )
             writer.close()
             return
         task = asyncio.current_task()

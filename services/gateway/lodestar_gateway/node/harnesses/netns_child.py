@@ -93,8 +93,13 @@ def die_with_parent(parent: int) -> None:
 
 
 Parsed = tuple[int, int | None, list[tuple[str, str]], str | None, tuple[str, int] | None, bool, list[str]]
-RLIMITS = {"NPROC": resource.RLIMIT_NPROC, "AS": resource.RLIMIT_AS, "FSIZE": resource.RLIMIT_FSIZE,
-           "CPU": resource.RLIMIT_CPU, "CORE": resource.RLIMIT_CORE}  # fmt: skip
+RLIMITS = {
+    "NPROC": resource.RLIMIT_NPROC,
+    "AS": resource.RLIMIT_AS,
+    "FSIZE": resource.RLIMIT_FSIZE,
+    "CPU": resource.RLIMIT_CPU,
+    "CORE": resource.RLIMIT_CORE,
+}
 _limits: list[tuple[int, int]] = []
 
 

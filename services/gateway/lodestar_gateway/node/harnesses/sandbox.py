@@ -139,9 +139,14 @@ class Sandbox:
             return False, f"the sandbox cannot be set up: {error}"
         try:
             process = await asyncio.create_subprocess_exec(
-                *prepared.argv, "--", "true", stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE, pass_fds=prepared.fds,
-            )  # fmt: skip
+                *prepared.argv,
+                "--",
+                "true",
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=prepared.fds,
+            )
             prepared.close()
             _, err = await asyncio.wait_for(process.communicate(), timeout=30)
         except (OSError, TimeoutError) as error:
@@ -179,6 +184,7 @@ class Sandbox:
         return Prepared(argv, fds)
 
 
+# Kept as laid out (the skip below): bwrap options with their values, as bwrap reads them.
 _ROOT_BUILDER = [
     "--die-with-parent", "--bind", "/proc", "/proc", "--dev", "/dev",
     "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
@@ -199,6 +205,7 @@ def _args(options: list[str], mounts: Sequence[Mount], fds: list[int]) -> int:
 
 
 def _namespaces() -> list[str]:
+    # Kept as laid out (the skip below): bwrap options with their values, as bwrap reads them.
     return [
         "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--disable-userns",
         "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup",
