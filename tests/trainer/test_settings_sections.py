@@ -62,3 +62,16 @@ def test_a_flat_flag_is_refused_with_its_new_place(capsys: pytest.CaptureFixture
 def test_every_flat_key_is_refused(key: str) -> None:
     with pytest.raises(ValueError, match=f"`{key}` has moved to `{MOVED[key]}`"):
         TrainerSettings.model_validate({key: 1})
+
+
+@pytest.mark.parametrize(
+    ("device", "dtype", "expected"),
+    [("cpu", None, "float32"), ("cuda", None, "bfloat16"), ("cuda:1", None, "bfloat16"),
+     ("cuda", "float32", "float32"), ("cpu", "bfloat16", "bfloat16")],
+)  # fmt: skip
+def test_the_compute_dtype_defaults_by_device(device: str, dtype: str | None, expected: str) -> None:
+    """Unset, the compute dtype is bf16 on CUDA (issue 43: fp32 flex runs several times slower there) and fp32
+    elsewhere; a set one is kept."""
+    compute: dict[str, str] = {"device": device} | ({"dtype": dtype} if dtype else {})
+    settings = load_settings(TrainerSettings, flags={"compute": compute})
+    assert settings.compute.compute_dtype() == expected

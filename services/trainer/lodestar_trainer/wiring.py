@@ -90,7 +90,7 @@ def create_trainer(settings: TrainerSettings, parallel: Parallel | None = None, 
     model, copy = _model(settings, start, parallel)
     reference: Any = None
     if settings.loss.kl_coef:
-        reference = load_model(settings.model or start, device=compute.device, dtype=compute.dtype).eval()
+        reference = load_model(settings.model or start, device=compute.device, dtype=compute.compute_dtype()).eval()
         reference.requires_grad_(False)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=settings.optimizer.lr, weight_decay=settings.optimizer.weight_decay
@@ -141,7 +141,7 @@ def _model(settings: TrainerSettings, start: Path, parallel: Parallel) -> tuple[
     """The fp32 model wrapped for `parallel`, and its compute copy when the compute dtype is not fp32 (one
     process / DDP mode: precision.py)."""
     compute = settings.compute
-    compute_dtype = DTYPES[compute.dtype]
+    compute_dtype = DTYPES[compute.compute_dtype()]
     set_matmul_precision(compute.device, compute_dtype)
     loaded = load_model(start, device=compute.device, dtype="float32")
     checkpointing = compute.activation_checkpointing
