@@ -50,6 +50,12 @@ class ComputeSettings(SettingsSection):
             return self.dtype
         return "bfloat16" if self.device.startswith("cuda") else "float32"
 
+    def checkpointing(self) -> bool:
+        """`activation_checkpointing`, unset resolved by device: on for CUDA, off elsewhere."""
+        if self.activation_checkpointing is not None:
+            return self.activation_checkpointing
+        return self.device.startswith("cuda")
+
     def attention_backend(self) -> Literal["flex", "explicit"]:
         """`attention` with "auto" resolved by device (InvalidArgumentError: flex without CUDA)."""
         cuda = self.device.startswith("cuda")

@@ -144,8 +144,7 @@ def _model(settings: TrainerSettings, start: Path, parallel: Parallel) -> tuple[
     compute_dtype = DTYPES[compute.compute_dtype()]
     set_matmul_precision(compute.device, compute_dtype)
     loaded = load_model(start, device=compute.device, dtype="float32")
-    checkpointing = compute.activation_checkpointing
-    if checkpointing or (checkpointing is None and compute.device.startswith("cuda")):
+    if compute.checkpointing():
         enable_activation_checkpointing(loaded)  # before the compute copy, which keeps it
     model = parallel.wrap(loaded, compute_dtype)
     copy = None if compute_dtype == torch.float32 or parallel.shards else ComputeCopy(model, compute_dtype)
