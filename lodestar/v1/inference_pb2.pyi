@@ -502,19 +502,26 @@ class WeightsHeader(_message.Message):
 
     TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    BASE_VERSION_FIELD_NUMBER: _builtins.int
     total_bytes: _builtins.int
     """Size of the safetensors payload that the chunks carry, in bytes."""
     policy_version: _builtins.int
     """The version to publish; 0 means current version + 1."""
+    base_version: _builtins.int
+    """Changed-only update: the payload holds only the tensors that changed since this version, and the
+    replica must serve exactly it (else FAILED_PRECONDITION, nothing applied: send the full state). 0: the
+    payload is not tied to a base (the full state, or a partial update applied over whatever is served).
+    """
     def __init__(
         self,
         *,
         total_bytes: _builtins.int = ...,
         policy_version: _builtins.int = ...,
+        base_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy_version", b"policy_version", "total_bytes", b"total_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "policy_version", b"policy_version", "total_bytes", b"total_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -529,6 +536,7 @@ class UpdateWeightsRequest(_message.Message):
     CHECKPOINT_PATH_FIELD_NUMBER: _builtins.int
     BROADCAST_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    BASE_VERSION_FIELD_NUMBER: _builtins.int
     chunk: _builtins.bytes
     """The next bytes of the safetensors payload."""
     checkpoint_path: _builtins.str
@@ -540,6 +548,8 @@ class UpdateWeightsRequest(_message.Message):
     """With `checkpoint_path` or `broadcast`: the version to publish; 0 means current version + 1. (A streamed
     update carries it in its header.)
     """
+    base_version: _builtins.int
+    """With `checkpoint_path` or `broadcast`: WeightsHeader.base_version (changed-only against this version)."""
     @_builtins.property
     def header(self) -> Global___WeightsHeader: ...
     @_builtins.property
@@ -556,10 +566,11 @@ class UpdateWeightsRequest(_message.Message):
         checkpoint_path: _builtins.str = ...,
         broadcast: Global___WeightsBroadcast | None = ...,
         policy_version: _builtins.int = ...,
+        base_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["broadcast", b"broadcast", "checkpoint_path", b"checkpoint_path", "chunk", b"chunk", "header", b"header", "payload", b"payload"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broadcast", b"broadcast", "checkpoint_path", b"checkpoint_path", "chunk", b"chunk", "header", b"header", "payload", b"payload", "policy_version", b"policy_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "broadcast", b"broadcast", "checkpoint_path", b"checkpoint_path", "chunk", b"chunk", "header", b"header", "payload", b"payload", "policy_version", b"policy_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["header", "chunk", "checkpoint_path", "broadcast"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
