@@ -55,6 +55,8 @@ class TrainConfig:
     ready_buffer: int = 4
     backend: str = "transformers"
     inference_replicas: int = 1
+    max_new_tokens: int | None = None
+    """The inference service's cap on new tokens per call in the stack it starts (None: the service's own)."""
     timeout_s: float = 1800.0
     start_timeout_s: float = 180.0
     eval: EvalConfig | None = None
@@ -82,6 +84,9 @@ KEYS: dict[str, str] = {
     "one of them (session affinity, failover) and the trainer pushes each policy version to all. With more than "
     "one they register in the stack's etcd and the gateway and trainer follow them there: a replica that dies "
     "costs no training step (its sessions continue on the others or are retried as infrastructure failures).",
+    "max_new_tokens": "Cap on new tokens per model call of the stack it starts (the inference service's "
+    "`max_new_tokens`; unset: its default). For harnesses that ask for no limit (Pi) on tasks with short "
+    "answers: a call that reaches it ends with finish reason `length`, as a harness's own limit would.",
     "timeout_s": "The training (from the trainer's start to its last step) must end within this many seconds; "
     "then it stops and reports.",
     "start_timeout_s": "Each service it starts must answer SERVING within this many seconds.",
@@ -149,6 +154,7 @@ def load_train_config(path: Path) -> TrainConfig:
         ready_buffer=int(table.get("ready_buffer", 4)),
         backend=str(table.get("backend", "transformers")),
         inference_replicas=_positive(path, "inference_replicas", table.get("inference_replicas", 1)),
+        max_new_tokens=_positive(path, "max_new_tokens", table["max_new_tokens"]) if "max_new_tokens" in table else None,
         timeout_s=float(table.get("timeout_s", 1800.0)),
         start_timeout_s=float(table.get("start_timeout_s", 180.0)),
         eval=_eval_config(path, base, document.get("eval")),

@@ -116,6 +116,8 @@ async def _start_own(config: TrainConfig, console: Console) -> Stack:
         gateway_args += ["--etcd", cluster.etcd_url, "--data-dir", str(data_dir / "gateway")]
         gateway_args += ["--slots", str(config.slots), "--ready-buffer", str(config.ready_buffer)]
         serve = ["--backend", config.backend, "--model", str(model)]
+        if config.max_new_tokens is not None:
+            serve += ["--max-new-tokens", str(config.max_new_tokens)]
         if len(replicas) > 1:  # replicas register in etcd; the gateway and the trainer follow them there
             stack.discovery_etcd = cluster.etcd_url
             serve += ["--etcd", cluster.etcd_url, "--etcd-lease-ttl-s", str(REPLICA_LEASE_TTL_S)]
