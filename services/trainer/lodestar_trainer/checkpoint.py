@@ -2,7 +2,9 @@
 
 A checkpoint directory holds
 - `model.safetensors` and the base model's config/tokenizer files: a Hugging Face model directory that
-  `lodestar inference serve --model DIR`, `UpdateWeights(checkpoint_path=DIR)` and `--model DIR` load;
+  `lodestar inference serve --model DIR`, `UpdateWeights(checkpoint_path=DIR)` and `--model DIR` load; with
+  LoRA (`[trainer.lora]`) instead the adapter alone, `adapter_model.safetensors` and `adapter_config.json`
+  in peft's format (lora.py), resumed on the base model of `--model` or of the adapter's config;
 - `optimizer.pt`: the optimizer's state dict (torch.save; loaded with weights_only=True), written by one
   process; under torchrun instead `distributed/`, a torch.distributed.checkpoint of the model and optimizer
   state in which every rank wrote its own shard (services/trainer/lodestar_trainer/parallel/sharded.py);
@@ -31,6 +33,8 @@ from safetensors.torch import save_file
 from lodestar.errors import InvalidArgumentError
 
 WEIGHTS_FILE = "model.safetensors"
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+"""A LoRA checkpoint's weights: the adapter alone (lora.py)."""
 OPTIMIZER_FILE = "optimizer.pt"
 SHARDED_DIR = "distributed"
 RNG_FILE = "rng.pt"
@@ -90,13 +94,20 @@ def save_checkpoint(
     optimizer: Mapping[str, Any],
     state: TrainState,
     model_files: list[Path],
+    extra_files: Mapping[str, str] | None = None,
 ) -> Path:
-    """Write a checkpoint to `path` atomically (replacing one already there); returns `path`."""
+    """Write a checkpoint to `path` atomically (replacing one already there); returns `path`. With
+    `extra_files` (name -> text, a LoRA adapter's config) the weights are written as the adapter's."""
     staging = begin_checkpoint(path)
     try:
         torch.save(dict(optimizer), staging / OPTIMIZER_FILE)
         write_rng(staging, rank=0)
-        finish_checkpoint(staging, path, weights=weights, state=state, model_files=model_files)
+        for name, text in (extra_files or {}).items():
+            (staging / name).write_text(text)
+        weights_file = ADAPTER_WEIGHTS_FILE if extra_files else WEIGHTS_FILE
+        finish_checkpoint(
+            staging, path, weights=weights, state=state, model_files=model_files, weights_file=weights_file
+        )
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -116,13 +127,20 @@ def write_rng(staging: Path, *, rank: int) -> None:
 
 
 def finish_checkpoint(
-    staging: Path, path: Path, *, weights: Mapping[str, torch.Tensor], state: TrainState, model_files: list[Path]
+    staging: Path,
+    path: Path,
+    *,
+    weights: Mapping[str, torch.Tensor],
+    state: TrainState,
+    model_files: list[Path],
+    weights_file: str = WEIGHTS_FILE,
 ) -> None:
     """Add the model directory (weights, config, tokenizer) and the counters to `staging`, then rename it to
     `path` (replacing a checkpoint already there). The caller removes `staging` if this raises."""
     for file in model_files:
-        shutil.copy2(file, staging / file.name)
-    save_file(dict(weights), str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
+        if not (staging / file.name).exists():  # an adapter's config written for this checkpoint stays
+            shutil.copy2(file, staging / file.name)
+    save_file(dict(weights), str(staging / weights_file), metadata={"format": "pt"})
     document = {**asdict(state), "python_random": json.dumps(random.getstate())}
     (staging / STATE_FILE).write_text(json.dumps(document, indent=2) + "\n")
     if path.exists():
@@ -136,7 +154,8 @@ def load_checkpoint(path: Path, *, rank: int = 0) -> Checkpoint:
     state for (more ranks than wrote it) takes rank 0's."""
     sharded = path / SHARDED_DIR
     optimizer_part = SHARDED_DIR if sharded.is_dir() else OPTIMIZER_FILE
-    required = (WEIGHTS_FILE, RNG_FILE, STATE_FILE)
+    weights = ADAPTER_WEIGHTS_FILE if (path / ADAPTER_WEIGHTS_FILE).is_file() else WEIGHTS_FILE
+    required = (weights, RNG_FILE, STATE_FILE)
     missing = [name for name in required if not (path / name).is_file()]
     if not (path / optimizer_part).exists():
         missing.append(f"{OPTIMIZER_FILE} or {SHARDED_DIR}/")

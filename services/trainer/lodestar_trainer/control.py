@@ -3,7 +3,8 @@
 - Requests from the servicer and runner (any thread): Stop (`request_stop`), SaveCheckpoint (`save_now`:
   queued in rank 0's inbox and served by the training thread between steps, on every rank under torchrun;
   written at once when the loop is not running), and their bookkeeping when the loop ends.
-- Checkpoints (`save`): one process gathers the full state, torchrun ranks write their shards (sharded.py).
+- Checkpoints (`save`): one process gathers the full state, torchrun ranks write their shards (sharded.py);
+  with LoRA the adapter alone (lora.py), and each version pushed is the adapter alone too.
 - Publishing: each new version to inference (publish.py), synchronously or overlapping the next step
   (pushing.py), rollout told the version inference serves; a resumed run's weights pushed first.
 
@@ -25,10 +26,12 @@ from lodestar.logging import get_logger
 from lodestar.v1 import rollout_pb2
 from lodestar_trainer.checkpoint import TrainState, save_checkpoint, step_dir
 from lodestar_trainer.inbox import Idle, Inbox, SaveRequest
+from lodestar_trainer.lora import ADAPTER_CONFIG, adapter_config_text, adapter_state, push_state
 from lodestar_trainer.metrics import mean_std
 from lodestar_trainer.parallel.distributed import Parallel
 from lodestar_trainer.parallel.sharded import save_sharded
 from lodestar_trainer.planner import Plan
+from lodestar_trainer.settings import LoraSettings
 from lodestar_trainer.status import StatusBoard, StopReason
 from lodestar_trainer.weights.publish import PublishResult
 from lodestar_trainer.weights.pushing import BackgroundPush, shares_memory
@@ -65,10 +68,14 @@ class ControlPlane:
         checkpoint_dir: Path,
         model_files: list[Path],
         async_push: bool = False,
+        lora: LoraSettings | None = None,
+        base_model: str = "",
     ) -> None:
         self.parallel, self.board, self.model, self.optimizer = parallel, board, model, optimizer
         self.state, self.checkpoint_dir, self.model_files = state, checkpoint_dir, model_files
         self.async_push = async_push
+        self.lora, self.base_model = lora, base_model
+        """LoRA (one process): checkpoints hold the adapter of `base_model`, and each version pushed is it."""
         self.source: GroupSource | None = None
         self.publisher: Publisher | None = None
         self.step_lock = threading.Lock()
@@ -206,10 +213,18 @@ class ControlPlane:
                 model_files=self.model_files,
             )
             return self._saved(target, state.step)
-        weights = self.parallel.full_state(self.model)
+        weights = adapter_state(self.model) if self.lora else self.parallel.full_state(self.model)
         optimizer = self.parallel.optimizer_state(self.model, self.optimizer)
+        extra = {ADAPTER_CONFIG: adapter_config_text(self.lora, self.base_model)} if self.lora else None
         if self.parallel.is_main:
-            save_checkpoint(target, weights=weights, optimizer=optimizer, state=state, model_files=self.model_files)
+            save_checkpoint(
+                target,
+                weights=weights,
+                optimizer=optimizer,
+                state=state,
+                model_files=self.model_files,
+                extra_files=extra,
+            )
         return self._saved(target, state.step)
 
     def _saved(self, target: Path, step: int) -> Path:
@@ -231,7 +246,7 @@ class ControlPlane:
             behind = self.publisher.served_version() < version
         if not self.parallel.broadcast(behind):
             return
-        weights = self.parallel.full_state(self.model)
+        weights = self._pushed()
         if self.parallel.is_main and self.publisher is not None:
             self.publisher.publish(weights, version)
             _log.info("resumed weights pushed", policy_version=version)
@@ -242,7 +257,7 @@ class ControlPlane:
         inference to serve a version: the whole push when synchronous, the previous one's rest when not)."""
         if not self.parallel.distributed and self.publisher is None and self.source is None:
             return 0, 0.0
-        weights = self.parallel.full_state(self.model)
+        weights = self._pushed()
         if not self.parallel.is_main:
             return 0, 0.0
         version = self.state().policy_version
@@ -253,6 +268,11 @@ class ControlPlane:
         result = self.publisher.publish(weights, version) if self.publisher else None
         self._report_version(version)
         return (result.payload_bytes, result.seconds) if result else (0, 0.0)
+
+    def _pushed(self) -> dict[str, torch.Tensor]:
+        """A policy version's payload: the full weights (gathered: collective), or with LoRA the adapter alone
+        (lora.py `push_state`: a replica adds it to the base weights it loaded once)."""
+        return push_state(self.model) if self.lora else self.parallel.full_state(self.model)
 
     def finish_pushes(self) -> None:
         """Inference serves the last version (or the background push's error fails the run)."""

@@ -116,6 +116,8 @@ class Trainer:
             checkpoint_dir=settings.checkpoint_dir(),
             model_files=model_files or [],
             async_push=settings.weights.async_push,
+            lora=settings.lora if settings.lora.enabled else None,
+            base_model=str(settings.model or ""),
         )
         self.control.source, self.control.publisher = source, publisher
 

@@ -1,7 +1,8 @@
 """Settings of the trainer service (`lodestar trainer serve`, the `[trainer]` config table), grouped by concern.
 
 The top level says which run to train, from which model, and where the other services are; the sections say
-how: `compute`, `batch` (the planner), `loss`, `optimizer`, `metrics`, `weights` (publishing) and `checkpoints`.
+how: `compute`, `batch` (the planner), `loss`, `optimizer`, `metrics`, `weights` (publishing), `checkpoints` and
+`lora`.
 Wiring hands each section to the part that uses it (wiring.py). A top-level field is a flag (`--run-dir`), an
 environment variable (`LODESTAR_TRAINER_RUN_DIR`) and a key of `[trainer]`; a section's field is a flag
 `--batch.micro-batch-tokens`, a variable `LODESTAR_TRAINER_BATCH__MICRO_BATCH_TOKENS` and a key of
@@ -167,6 +168,12 @@ class WeightsSettings(SettingsSection):
     broadcast_bucket_mb: int = 256
     """broadcast: tensors travel in buckets of whole tensors of up to this many MiB (each bucket one
     collective, with the timeout above)."""
+    changed_only: bool = False
+    """Send each version as only the tensors that changed (compared bit for bit in the serving dtype) since the
+    version the replicas serve; a replica that serves another (missed a push, restarted) refuses the diff and
+    gets the full state. Costs one copy of the model in the serving dtype (the snapshot's, with async_push)
+    and a comparison pass per push; pays only when tensors stay unchanged (frozen parts, sparse updates):
+    after a full AdamW step nearly all change (docs/trainer.md "Changed-only sync")."""
 
 
 class CheckpointSettings(SettingsSection):
@@ -176,6 +183,24 @@ class CheckpointSettings(SettingsSection):
     """Checkpoints directory; default <run_dir>/checkpoints."""
     every: int = 0
     """Write a checkpoint every N steps and at the end (0: only on SaveCheckpoint / Stop with save_checkpoint)."""
+
+
+class LoraSettings(SettingsSection):
+    """LoRA: train low-rank adapters on a frozen base model instead of every weight (lora.py, peft)."""
+
+    enabled: bool = False
+    """Train a LoRA adapter (the base weights frozen, the optimizer state only the adapter's); each policy
+    version pushed to inference is the adapter alone, checkpoints hold the adapter (docs/trainer.md "LoRA")."""
+    rank: int = 16
+    """Rank r of each adapter (A: r x in, B: out x r)."""
+    alpha: float = 32.0
+    """Scale numerator: the adapter adds (alpha / rank) * B @ A to each target weight."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input in training (0: a step is deterministic given its batch)."""
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Names (last component) of the linear layers that get an adapter; the LM head and embeddings cannot."""
 
 
 MOVED: dict[str, str] = {
@@ -264,6 +289,8 @@ class TrainerSettings(EtcdClientSettings):
     """Publishing each policy version to inference: transport, pushes, broadcast."""
     checkpoints: CheckpointSettings = Field(default_factory=CheckpointSettings)
     """Where and how often checkpoints are written."""
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    """LoRA adapters instead of full fine-tuning (off by default)."""
 
     def checkpoint_dir(self) -> Path:
         """The checkpoints directory: `checkpoints.dir`, default <run_dir>/checkpoints."""

@@ -6,7 +6,9 @@ planner `batch`, the step `loss`, `optimizer` and `metrics`, the control plane `
 Under torchrun only rank 0 gets the rollout and inference clients (the replicas of --inference, or those
 registered in etcd) and the metrics writer. The KL reference (loss.kl_coef > 0) is the starting model
 (`--model`, else the resumed checkpoint's weights), frozen, in the compute dtype. The trained model is always
-fp32; `--compute.dtype bfloat16` sets the compute dtype (precision.py).
+fp32; `--compute.dtype bfloat16` sets the compute dtype (precision.py). With `[trainer.lora]` the base model
+(`--model`, or the base a resumed adapter names) gets LoRA adapters (lora.py) and the optimizer holds only
+theirs; LoRA runs in one process (refused under torchrun).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from lodestar.grpc.client import split_targets
 from lodestar_trainer.checkpoint import TrainState, load_checkpoint, restore_rng
 from lodestar_trainer.control import Publisher
 from lodestar_trainer.loop import Trainer
+from lodestar_trainer.lora import apply_lora, load_adapter_state, lora_config, read_adapter
 from lodestar_trainer.metrics import MetricsWriter
 from lodestar_trainer.model import DTYPES, enable_activation_checkpointing, load_model, model_files
 from lodestar_trainer.parallel.distributed import Parallel
@@ -49,6 +52,18 @@ def check(settings: TrainerSettings) -> None:
     if not settings.metrics.mismatch_warn_nats >= 0:
         raise InvalidArgumentError("metrics.mismatch_warn_nats must be >= 0 (0: never warn)")
     settings.compute.attention_backend()
+    if settings.lora.enabled:
+        lora_config(settings.lora)
+
+
+def with_lora_base(settings: TrainerSettings) -> TrainerSettings:
+    """A LoRA run resumed without `--model` trains on the base model its adapter's config names."""
+    if not settings.lora.enabled or settings.resume is None or settings.model is not None:
+        return settings
+    base = read_adapter(settings.resume)[1].get("base_model_name_or_path")
+    if not base:
+        raise FailedPreconditionError(f"the adapter in {settings.resume} names no base model: give --model")
+    return settings.model_copy(update={"model": Path(base)})
 
 
 def publisher_of(settings: TrainerSettings) -> Publisher | None:
@@ -77,11 +92,16 @@ def create_trainer(settings: TrainerSettings, parallel: Parallel | None = None, 
     `connect=False` leaves out the rollout and inference clients (tests drive `train_step` directly).
     """
     check(settings)
+    settings = with_lora_base(settings)
     assert settings.run is not None
     start = settings.resume or settings.model
     assert start is not None
     compute = settings.compute
     parallel = parallel or Parallel.from_env(mode=compute.parallel, device=compute.device)
+    if settings.lora.enabled and parallel.distributed:
+        raise InvalidArgumentError(
+            "lora.enabled runs in one process: under torchrun (FSDP2 or DDP) LoRA is not supported yet"
+        )
     checkpoint = load_checkpoint(settings.resume, rank=parallel.rank) if settings.resume else None
     if checkpoint is not None and checkpoint.state.run_id and checkpoint.state.run_id != settings.run:
         raise InvalidArgumentError(
@@ -93,7 +113,9 @@ def create_trainer(settings: TrainerSettings, parallel: Parallel | None = None, 
         reference = load_model(settings.model or start, device=compute.device, dtype=compute.compute_dtype()).eval()
         reference.requires_grad_(False)
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=settings.optimizer.lr, weight_decay=settings.optimizer.weight_decay
+        [parameter for parameter in model.parameters() if parameter.requires_grad],  # all but a LoRA base
+        lr=settings.optimizer.lr,
+        weight_decay=settings.optimizer.weight_decay,
     )
     if checkpoint is not None:
         if checkpoint.sharded is not None:  # written under torchrun: every rank reads its shards (sharded.py)
@@ -143,7 +165,13 @@ def _model(settings: TrainerSettings, start: Path, parallel: Parallel) -> tuple[
     compute = settings.compute
     compute_dtype = DTYPES[compute.compute_dtype()]
     set_matmul_precision(compute.device, compute_dtype)
-    loaded = load_model(start, device=compute.device, dtype="float32")
+    if settings.lora.enabled:
+        assert settings.model is not None  # with_lora_base
+        loaded = apply_lora(load_model(settings.model, device=compute.device, dtype="float32"), settings.lora)
+        if settings.resume is not None:
+            load_adapter_state(loaded, read_adapter(settings.resume)[0])
+    else:
+        loaded = load_model(start, device=compute.device, dtype="float32")
     if compute.checkpointing():
         enable_activation_checkpointing(loaded)  # before the compute copy, which keeps it
     model = parallel.wrap(loaded, compute_dtype)
