@@ -26,6 +26,7 @@ from lodestar_inference.tokenizer import TextTokenizer
 from lodestar_inference.toolcalls import format_for
 from lodestar_inference.weights import (
     UpdateLimits,
+    check_base,
     default_spool_dir,
     read_checkpoint_meta,
     receive_update,
@@ -117,10 +118,13 @@ class InferenceService:
         self._check_ready()
         spool = self._settings.weights_spool_dir or default_spool_dir()
         async with self._spool_lock:  # one update spools at a time: at most max_bytes of the spool dir
-            path, requested, spooled = await receive_update(requests, spool, self._limits)
+            path, requested, spooled, base = await receive_update(
+                requests, spool, self._limits, lambda base: check_base(base, self._engine.policy_version)
+            )
         try:
             async with self._update_lock:
                 started = time.perf_counter()
+                check_base(base, self._engine.policy_version)  # a swap may have landed while this one spooled
                 files, tensors = read_checkpoint_meta(path, None if spooled else self._limits.checkpoint_dirs)
                 self._engine.validate_weights(tensors)
                 current = self._engine.policy_version
@@ -136,7 +140,13 @@ class InferenceService:
         finally:
             if spooled:
                 await asyncio.to_thread(path.unlink, missing_ok=True)
-        _log.info("policy version published", policy_version=served, tensors=len(tensors), swap_seconds=seconds)
+        _log.info(
+            "policy version published",
+            policy_version=served,
+            tensors=len(tensors),
+            base_version=base,
+            swap_seconds=seconds,
+        )
         for listener in self.on_published:
             listener(served)
         return inference_pb2.UpdateWeightsResponse(

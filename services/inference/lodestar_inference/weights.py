@@ -4,6 +4,11 @@ the limits of an update stream (`UpdateLimits`: where a checkpoint_path may poin
 `read_safetensors_meta` reads only the JSON header of a safetensors file (no tensor bytes, no torch), so
 an update can be validated before anything is loaded. `check_tensors` compares an update against the
 tensors a model expects: unknown names, shape mismatches and non-floating dtypes are refused.
+
+A changed-only update (`base_version` set: the trainer's weights/changes.py) carries only the tensors that
+changed since that version; `check_base` refuses it with FAILED_PRECONDITION unless the replica serves
+exactly that version (it missed one, restarted, or took another), before any of its bytes are read and
+again under the update lock, so a diff is never applied over weights it was not made against.
 """
 
 from __future__ import annotations
@@ -13,11 +18,12 @@ import json
 import os
 import struct
 import tempfile
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
-from lodestar.errors import InvalidArgumentError
+from lodestar.errors import FailedPreconditionError, InvalidArgumentError
 from lodestar.paths import confined
 from lodestar.v1 import inference_pb2
 from lodestar_inference.engine import TensorMeta
@@ -137,10 +143,33 @@ def checkpoint_files(path: str, checkpoint_dirs: Sequence[Path]) -> Path:
     return confined(path, checkpoint_dirs, "checkpoint_path", setting="--checkpoint-dirs")
 
 
+def check_base(base_version: int, served: int) -> None:
+    """Refuse a changed-only update against `base_version` when this replica serves `served` instead
+    (FAILED_PRECONDITION: the sender must send the full state); 0 is not a changed-only update."""
+    if base_version and base_version != served:
+        raise FailedPreconditionError(
+            f"this replica serves policy version {served}, and the changed-only update is against version "
+            f"{base_version}: send the full state"
+        )
+
+
+class ReceivedUpdate(NamedTuple):
+    """An UpdateWeights stream, read: the safetensors file or checkpoint path, the requested version, whether
+    the file was spooled (the caller deletes it), and the changed-only base (0: none)."""
+
+    path: Path
+    version: int
+    spooled: bool
+    base_version: int
+
+
 async def receive_update(
-    requests: AsyncIterator[inference_pb2.UpdateWeightsRequest], spool_dir: Path, limits: UpdateLimits
-) -> tuple[Path, int, bool]:
-    """Read an UpdateWeights stream: (safetensors file or checkpoint path, requested version, spooled).
+    requests: AsyncIterator[inference_pb2.UpdateWeightsRequest],
+    spool_dir: Path,
+    limits: UpdateLimits,
+    base_check: Callable[[int], None] = lambda base: None,
+) -> ReceivedUpdate:
+    """Read an UpdateWeights stream (`base_check` is called with its base version before any byte is spooled).
 
     The stream is one `checkpoint_path` (confined to `limits.checkpoint_dirs`), or one `broadcast` (the
     payload is received from the trainer's torch.distributed group into a file in `spool_dir`:
@@ -155,12 +184,15 @@ async def receive_update(
     if kind in ("checkpoint_path", "broadcast"):
         if await anext(aiter(requests), None) is not None:
             raise InvalidArgumentError(f"a {kind} update must be the only message of the stream")
+        base_check(first.base_version)
+        version, base = first.policy_version, first.base_version
         if kind == "checkpoint_path":
-            return checkpoint_files(first.checkpoint_path, limits.checkpoint_dirs), first.policy_version, False
-        return await _receive_broadcast(first.broadcast, spool_dir, limits), first.policy_version, True
+            return ReceivedUpdate(checkpoint_files(first.checkpoint_path, limits.checkpoint_dirs), version, False, base)
+        return ReceivedUpdate(await _receive_broadcast(first.broadcast, spool_dir, limits), version, True, base)
     if kind != "header":
         raise InvalidArgumentError("a weight update stream starts with a header or a checkpoint_path")
     header = first.header
+    base_check(header.base_version)
     if header.total_bytes > limits.max_bytes:
         raise InvalidArgumentError(
             f"weight update of {header.total_bytes} bytes is above this server's limit of {limits.max_bytes} "
@@ -185,7 +217,7 @@ async def receive_update(
     except BaseException:
         os.unlink(path)
         raise
-    return path, header.policy_version, True
+    return ReceivedUpdate(path, header.policy_version, True, header.base_version)
 
 
 async def _receive_broadcast(spec: inference_pb2.WeightsBroadcast, spool_dir: Path, limits: UpdateLimits) -> Path:

@@ -174,6 +174,12 @@ class WeightsSettings(SettingsSection):
     gets the full state. Costs one copy of the model in the serving dtype (the snapshot's, with async_push)
     and a comparison pass per push; pays only when tensors stay unchanged (frozen parts, sparse updates):
     after a full AdamW step nearly all change (docs/trainer.md "Changed-only sync")."""
+    changed_only: bool = False
+    """Send each version as only the tensors that changed (compared bit for bit in the serving dtype) since the
+    version the replicas serve; a replica that serves another (missed a push, restarted) refuses the diff and
+    gets the full state. Costs one copy of the model in the serving dtype (the snapshot's, with async_push)
+    and a comparison pass per push; pays only when tensors stay unchanged (frozen parts, sparse updates):
+    after a full AdamW step nearly all change (docs/trainer.md "Changed-only sync")."""
 
 
 class CheckpointSettings(SettingsSection):

@@ -34,6 +34,7 @@ from lodestar_trainer.settings import TrainerSettings
 from lodestar_trainer.status import Status, StatusBoard
 from lodestar_trainer.step.precision import ComputeCopy, set_matmul_precision
 from lodestar_trainer.weights.publish import FanoutPublisher, publisher_for
+from lodestar_trainer.weights.pushing import changed_only
 from lodestar_trainer.weights.replica_discovery import DiscoveredReplicas
 from lodestar_trainer.weights.transports import transport_publisher
 
@@ -151,7 +152,7 @@ def create_trainer(settings: TrainerSettings, parallel: Parallel | None = None, 
         vocab_size=int(model.config.vocab_size),
         parallel=parallel,
         source=rollout,
-        publisher=publisher_of(settings) if connect and main else None,
+        publisher=changed_only(settings.weights, publisher_of(settings)) if connect and main else None,
         metrics=MetricsWriter(settings.run_dir) if main else None,
         reference=reference,
         compute=copy,

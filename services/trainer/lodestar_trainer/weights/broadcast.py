@@ -29,6 +29,11 @@ once. A replica the broadcast missed (its group failed, it died mid-transfer, a 
 and, if it answers, gets the version over today's gRPC stream (publish.py); one that does not answer is
 skipped as FanoutPublisher skips an unreachable replica. A refusal (INVALID_ARGUMENT) stops training.
 
+Changed-only (`publish_delta`, weights/changes.py): the probe tells each replica's version; those serving
+the base get the changed tensors (the request names the base), the others the full state, each set in its
+own broadcast; a replica either broadcast missed gets the version over gRPC (the diff when it serves the
+base, else, or when it refuses the diff, the full state).
+
 `backend = "nccl"` is the same code with CUDA tensors (the payload is copied to the GPU bucket by bucket);
 it is written against c10d's ProcessGroupNCCL but untested: CI has no GPU.
 """
@@ -47,7 +52,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed
@@ -56,8 +61,11 @@ from lodestar import broadcast_auth
 from lodestar.errors import UnavailableError
 from lodestar.logging import get_logger
 from lodestar.v1 import inference_pb2
-from lodestar_trainer.weights.publish import PayloadPublisher, PublishResult
+from lodestar_trainer.weights.publish import PayloadPublisher, PublishResult, StaleBaseError, push_delta
 from lodestar_trainer.weights.replica_set import Outcome, ReplicaSet, ReplicaSetPublisher, Targets, collect
+
+if TYPE_CHECKING:
+    from lodestar_trainer.weights.changes import Delta, Payloads
 
 c10d: Any = torch.distributed
 """torch.distributed, untyped: its stubs leave out the stores and the process group options used here."""
@@ -158,10 +166,48 @@ class BroadcastPublisher(ReplicaSetPublisher, PayloadPublisher):
     def _stream(self, target: str, payload: bytes, tensors: int, version: int, started: float) -> PublishResult:
         return self.replicas.streamer(target).publish_payload(payload, tensors, version, started)
 
+    def publish_delta(self, delta: Delta) -> PublishResult:
+        """Broadcast the changed tensors to the live replicas at the base and the full state to the other live
+        ones; stream the version to those the broadcasts missed (see the module docstring)."""
+        from lodestar_trainer.weights.changes import Payloads
+
+        payloads = Payloads(delta)
+        targets = self.replicas.targets()
+        versions = self.replicas.live_versions(targets)
+        at_base = [target for target, served in versions.items() if delta.base and served == delta.base]
+        behind = [target for target in versions if target not in at_base]
+        outcomes: dict[str, Outcome] = {}
+        if at_base:
+            outcomes |= self._broadcast(at_base, payloads.diff(), delta.version, delta.started, delta.base)
+        if behind:
+            outcomes |= self._broadcast(behind, payloads.full(), delta.version, delta.started)
+        self.last_broadcast = [target for target in versions if isinstance(outcomes.get(target), PublishResult)]
+        missed = [target for target in targets if not isinstance(outcomes.get(target), PublishResult)]
+        diffable = [t for t in at_base if not isinstance(outcomes.get(t), StaleBaseError)]
+        if missed:
+            answering = self.replicas.live(missed) if versions else missed  # none answered: wait for them
+            outcomes.update(collect(self.replicas.submit(self._stream_delta, answering, payloads, diffable)))
+            for target in set(missed) - set(answering):
+                outcomes[target] = UnavailableError(f"inference at {target} does not answer GetModelInfo")
+        tensors = len(delta.changed) if delta.base else len(delta.state)
+        nbytes = len(payloads.diff() if at_base else payloads.full())
+        result = self.replicas.settle(delta.version, tensors, nbytes, delta.started, outcomes)
+        full = [t for t in behind if delta.base and t in self.last_broadcast]
+        full += [t for o in outcomes.values() if isinstance(o, PublishResult) for t in o.full_replicas]
+        return PublishResult(
+            delta.version, tensors, nbytes, result.seconds, result.attempts, tuple(full), payloads.full_bytes
+        )
+
+    def _stream_delta(self, target: str, payloads: Payloads, diffable: Sequence[str]) -> PublishResult:
+        return push_delta(self.replicas.streamer(target), payloads, try_diff=target in diffable)
+
     # -- the data plane ----------------------------------------------------------------------------------
 
-    def _broadcast(self, targets: Sequence[str], payload: bytes, version: int, started: float) -> dict[str, Outcome]:
-        """Each of `targets`' outcome of one broadcast of `payload` (UnavailableError for those it missed)."""
+    def _broadcast(
+        self, targets: Sequence[str], payload: bytes, version: int, started: float, base: int = 0
+    ) -> dict[str, Outcome]:
+        """Each of `targets`' outcome of one broadcast of `payload` (UnavailableError for those it missed; `base`:
+        the payload is changed-only against it)."""
         data_start, sizes = bucket_sizes(payload, self._bucket_bytes)
         host = self._host or _route_to(targets[0])
         store = _listening_store(host, self._port, self._timeout)
@@ -182,7 +228,7 @@ class BroadcastPublisher(ReplicaSetPublisher, PayloadPublisher):
         calls: dict[str, Future[Outcome]] = {}
         sends: list[Future[Any]] = []
         for index, target in enumerate(targets):
-            request = inference_pb2.UpdateWeightsRequest(policy_version=version)
+            request = inference_pb2.UpdateWeightsRequest(policy_version=version, base_version=base)
             request.broadcast.CopyFrom(spec)
             request.broadcast.group = f"{push}/{index}"
             joined = _in_thread(self._join, store, request.broadcast.group, host)  # rank 0 taken before the call

@@ -20,15 +20,20 @@ and the gateway routes no session to it; a replica that comes back is brought up
 as long as one replica took the version; it gets a single attempt at later pushes until it takes one again,
 so a dead replica costs a push milliseconds, not its retries. A refusal from any replica stops training as
 with one.
+
+Changed-only sync (`publish_delta`, weights/changes.py): the tensors that changed go to each replica with
+their base version in the header; a replica that does not serve the base refuses (FAILED_PRECONDITION,
+`StaleBaseError`) and gets the full state of the same version at once, as does a replica that missed the
+last push. Each payload is serialized once, the full one only when some replica needs it.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import torch
@@ -39,6 +44,9 @@ from lodestar.grpc.client import split_targets
 from lodestar.logging import get_logger
 from lodestar.v1 import inference_pb2, inference_pb2_grpc
 from lodestar_trainer.rpc import RETRYABLE, details_of, domain_error, status_of, sync_channel
+
+if TYPE_CHECKING:
+    from lodestar_trainer.weights.changes import Delta, Payloads
 
 CHUNK_BYTES = 4 * 1024 * 1024
 MAX_PARALLEL_PUSHES = 32
@@ -66,13 +74,23 @@ class WeightsRefusedError(FailedPreconditionError):
     """Inference refused an update; the message carries its reason. Training cannot continue on it."""
 
 
+class StaleBaseError(FailedPreconditionError):
+    """A replica refused a changed-only update: it does not serve the update's base version (it gets the full
+    state instead)."""
+
+
 @dataclass(frozen=True)
 class PublishResult:
     policy_version: int
     tensors: int
     payload_bytes: int
+    """Bytes of the payload one replica was sent (the changed-only one when there was a base)."""
     seconds: float
     attempts: int
+    full_replicas: tuple[str, ...] = ()
+    """Changed-only pushes: the replicas that got the full state instead (behind, restarted, or no base)."""
+    full_bytes: int = 0
+    """Changed-only pushes: bytes of the full payload when one was built (0: every replica took the diff)."""
 
 
 WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -86,8 +104,8 @@ def serialize(state: Mapping[str, torch.Tensor], dtype: torch.dtype | None = Non
     return save(dict(state))
 
 
-def _requests(payload: bytes, version: int) -> Iterator[inference_pb2.UpdateWeightsRequest]:
-    header = inference_pb2.WeightsHeader(total_bytes=len(payload), policy_version=version)
+def _requests(payload: bytes, version: int, base: int = 0) -> Iterator[inference_pb2.UpdateWeightsRequest]:
+    header = inference_pb2.WeightsHeader(total_bytes=len(payload), policy_version=version, base_version=base)
     yield inference_pb2.UpdateWeightsRequest(header=header)
     view = memoryview(payload)
     for start in range(0, len(payload), CHUNK_BYTES):
@@ -167,19 +185,22 @@ class WeightPublisher(PayloadPublisher):
         return int(info.policy_version.version)
 
     def publish_payload(
-        self, payload: bytes, tensors: int, version: int, started: float, attempts: int | None = None
+        self, payload: bytes, tensors: int, version: int, started: float, attempts: int | None = None, base: int = 0
     ) -> PublishResult:
         """`publish` of an already serialized state (`tensors` tensors); `started`: its perf_counter start;
-        `attempts`: this many instead of the configured number."""
+        `attempts`: this many instead of the configured number; `base`: the payload is changed-only against
+        that version (StaleBaseError when the replica serves another)."""
         last = ""
         attempts = self._attempts if attempts is None else max(1, attempts)
         for attempt in range(1, attempts + 1):
             try:
                 reply = self._stub.UpdateWeights(
-                    _requests(payload, version), timeout=self._timeout_s, wait_for_ready=self._wait_for_ready
+                    _requests(payload, version, base), timeout=self._timeout_s, wait_for_ready=self._wait_for_ready
                 )
             except grpc.RpcError as error:
                 code = status_of(error)
+                if code == grpc.StatusCode.FAILED_PRECONDITION and base:
+                    raise StaleBaseError(f"inference at {self.target}: {details_of(error)}") from error
                 if code == grpc.StatusCode.INVALID_ARGUMENT:
                     raise WeightsRefusedError(
                         f"inference at {self.target} refused the weights of policy version {version}: "
@@ -204,6 +225,12 @@ class WeightPublisher(PayloadPublisher):
         raise UnavailableError(
             f"could not push policy version {version} to inference at {self.target} after {attempts} attempts ({last})"
         )
+
+    def publish_delta(self, delta: Delta) -> PublishResult:
+        """Push a changed-only version (see the module docstring)."""
+        from lodestar_trainer.weights.changes import Payloads
+
+        return push_delta(self, Payloads(delta))
 
     def _landed(self, version: int) -> bool:
         """Whether a timed-out push was applied after all (inference already serves `version`)."""
@@ -293,6 +320,35 @@ class FanoutPublisher(PayloadPublisher):
             p.target: self._pool.submit(p.publish_payload, payload, tensors, version, started, self._tries(p.target))
             for p in self._live_publishers()
         }
+        results = self._collect(futures, version)
+        return PublishResult(
+            version, tensors, len(payload), time.perf_counter() - started, max(r.attempts for r in results)
+        )
+
+    def publish_delta(self, delta: Delta) -> PublishResult:
+        """A changed-only version to every replica at once; a replica that missed the last push gets the full
+        state without trying the diff (see the module docstring)."""
+        from lodestar_trainer.weights.changes import Payloads
+
+        payloads = Payloads(delta)
+        futures = {
+            p.target: self._pool.submit(push_delta, p, payloads, self._tries(p.target), p.target not in self._missed)
+            for p in self._live_publishers()
+        }
+        results = self._collect(futures, delta.version)
+        full = tuple(target for result in results for target in result.full_replicas)
+        return PublishResult(
+            delta.version,
+            min(r.tensors for r in results),
+            min(r.payload_bytes for r in results),
+            time.perf_counter() - delta.started,
+            max(r.attempts for r in results),
+            full,
+            payloads.full_bytes,
+        )
+
+    def _collect(self, futures: Mapping[str, Future[PublishResult]], version: int) -> list[PublishResult]:
+        """The replicas' results; the unreachable ones remembered and reported (none reached: UnavailableError)."""
         results: list[PublishResult] = []
         unreachable: dict[str, str] = {}
         for target, future in futures.items():
@@ -304,9 +360,24 @@ class FanoutPublisher(PayloadPublisher):
                 unreachable[target] = error.message
         self._missed = set(unreachable)
         report_missed(version, bool(results), unreachable)
-        return PublishResult(
-            version, tensors, len(payload), time.perf_counter() - started, max(r.attempts for r in results)
-        )
+        return results
+
+
+def push_delta(
+    publisher: WeightPublisher, payloads: Payloads, attempts: int | None = None, try_diff: bool = True
+) -> PublishResult:
+    """One replica's changed-only push: the diff against its base (unless `try_diff` is False or there is no
+    base), and the full state of the same version when the replica refuses it (StaleBaseError)."""
+    delta = payloads.delta
+    if delta.base and try_diff:
+        try:
+            return publisher.publish_payload(
+                payloads.diff(), len(delta.changed), delta.version, delta.started, attempts, base=delta.base
+            )
+        except StaleBaseError as stale:
+            _log.info("a replica refused the changed-only update; sending it the full state", reason=stale.message)
+    result = publisher.publish_payload(payloads.full(), len(delta.state), delta.version, delta.started, attempts)
+    return replace(result, full_replicas=(publisher.target,) if delta.base else ())
 
 
 def publisher_for(targets: str, **options: Any) -> WeightPublisher | FanoutPublisher:

@@ -12,6 +12,10 @@ first must have landed (`submit` waits for it): one version in flight, so sampli
 behind than with a synchronous push, and the wait is what `push_wait_s` reports. An error of the push (a
 refusal, no replica reachable) is raised in the trainer's thread by the next `submit` or `wait`: the trainer
 then fails as it would have one step earlier.
+
+With `weights.changed_only` the publisher is a `ChangedOnlyPublisher` (weights/changes.py): the trainer's
+thread then compares the state with the mirror of the last version and copies only what changed into it (the
+mirror takes the snapshot's place: no second copy), and the worker sends the Delta.
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import chain
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from lodestar.logging import get_logger
+from lodestar_trainer.settings import WeightsSettings
+from lodestar_trainer.weights.changes import Delta, Mirror
 from lodestar_trainer.weights.publish import PublishResult
 
 _log = get_logger("trainer.push")
@@ -93,6 +99,10 @@ class BackgroundPush:
         `state` may change once this returns (it is the model's memory), so push a snapshot of it. Returns
         (payload tensor bytes, seconds waited for the previous push)."""
         waited = self.wait()
+        if isinstance(self._publisher, ChangedOnlyPublisher):
+            delta = self._publisher.take(state, version)  # a copy into the mirror, whatever `copy` says
+            self._pending = self._pool.submit(self._send, self._publisher, delta)
+            return delta.diff_bytes, waited
         dtype = self._publisher.payload_dtype()
         pushed = self._snapshot.take(state, dtype) if copy else dict(state)
         self._pending = self._pool.submit(self._push, pushed, version)
@@ -115,6 +125,11 @@ class BackgroundPush:
             _log.error("the last weight push failed", error=str(error))
         self._pool.shutdown(wait=True)
 
+    def _send(self, publisher: ChangedOnlyPublisher, delta: Delta) -> PublishResult:
+        result = publisher.send(delta)  # logs the push
+        self._on_served(delta.version)
+        return result
+
     def _push(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
         result = self._publisher.publish(state, version)
         self._on_served(version)
@@ -125,3 +140,65 @@ class BackgroundPush:
             payload_bytes=result.payload_bytes,
         )
         return result
+
+
+class DeltaPublisher(Protocol):
+    """A transport that can push a Delta (publish.py, shared_fs.py, broadcast.py)."""
+
+    def payload_dtype(self) -> torch.dtype | None: ...
+    def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult: ...
+    def publish_delta(self, delta: Delta) -> PublishResult: ...
+    def served_version(self) -> int: ...
+    def close(self) -> None: ...
+
+
+class ChangedOnlyPublisher:
+    """A transport's publisher that sends changed-only versions (`weights.changed_only`). `take` (the trainer's
+    thread: the state may change once it returns) and `send` (any thread) split `publish` for async_push."""
+
+    def __init__(self, inner: DeltaPublisher) -> None:
+        self.inner = inner
+        self.mirror = Mirror()
+
+    @property
+    def target(self) -> str:
+        return str(getattr(self.inner, "target", ""))
+
+    def payload_dtype(self) -> torch.dtype | None:
+        return self.inner.payload_dtype()
+
+    def served_version(self) -> int:
+        return self.inner.served_version()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def take(self, state: Mapping[str, torch.Tensor], version: int) -> Delta:
+        return self.mirror.take(state, self.payload_dtype(), version)
+
+    def send(self, delta: Delta) -> PublishResult:
+        """Push `delta`; its version becomes the next diff's base once it landed (see the module docstring)."""
+        result = self.inner.publish_delta(delta)
+        self.mirror.confirm(delta.version)
+        _log.info(
+            "weights pushed (changed only)",
+            policy_version=delta.version,
+            base_version=delta.base,
+            tensors_changed=len(delta.changed) if delta.base else len(delta.state),
+            tensors=len(delta.state),
+            payload_bytes=result.payload_bytes,
+            full_bytes=result.full_bytes,
+            full_replicas=list(result.full_replicas),
+            seconds=round(result.seconds, 3),
+        )
+        return result
+
+    def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
+        return self.send(self.take(state, version))
+
+
+def changed_only(settings: WeightsSettings, publisher: Any) -> Any:
+    """`publisher` as a ChangedOnlyPublisher when `weights.changed_only` is on (None stays None)."""
+    if publisher is None or not settings.changed_only:
+        return publisher
+    return ChangedOnlyPublisher(publisher)

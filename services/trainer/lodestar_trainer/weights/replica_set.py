@@ -6,6 +6,8 @@ The outcome rules are FanoutPublisher's (publish.py): a refusal from any replica
 replica took the version (the next push brings it up to date); none taking it is an UnavailableError.
 `live` asks every replica's GetModelInfo with a short deadline and no wait-for-ready, so a dead replica
 costs a push a refused connection (or `probe_timeout_s` when it hangs), not the UpdateWeights deadline.
+A changed-only update (`base_version` set) that a replica refuses with FAILED_PRECONDITION is its
+`StaleBaseError` outcome: the publisher sends that replica the full state (weights/changes.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from lodestar_trainer.rpc import RETRYABLE, details_of, domain_error, status_of,
 from lodestar_trainer.weights.publish import (
     WIRE_DTYPES,
     PublishResult,
+    StaleBaseError,
     WeightPublisher,
     WeightsRefusedError,
     report_missed,
@@ -104,8 +107,12 @@ class ReplicaSet:
 
     def live(self, targets: Sequence[str]) -> list[str]:
         """Those of `targets` that answer a probe now."""
+        return list(self.live_versions(targets))
+
+    def live_versions(self, targets: Sequence[str]) -> dict[str, int]:
+        """The version each of `targets` that answers a probe now serves (the others left out)."""
         answers = dict(zip(targets, self.pool.map(self.probe, targets), strict=True))
-        return [target for target in targets if answers[target] is not None]
+        return {t: int(answer.policy_version.version) for t in targets if (answer := answers[t]) is not None}
 
     def wire_dtype(self) -> torch.dtype | None:
         """The replicas' common serving dtype (None when they differ or none said: the state goes as it is)."""
@@ -142,7 +149,7 @@ class ReplicaSet:
                 reply = self.stub(target).UpdateWeights(iter([request]), timeout=self.timeout_s)
             except grpc.RpcError as error:
                 code = status_of(error)
-                refused(error, target, version)
+                refused(error, target, version, request.base_version)
                 if code not in RETRYABLE:
                     raise domain_error(error, f"UpdateWeights to {target}") from error
                 last = f"{code.name}: {details_of(error)}"
@@ -165,7 +172,7 @@ class ReplicaSet:
         try:
             reply = self.stub(target).UpdateWeights(iter([request]), timeout=self.timeout_s)
         except grpc.RpcError as error:
-            refused(error, target, version)
+            refused(error, target, version, request.base_version)
             raise domain_error(error, f"UpdateWeights to {target}") from error
         seconds = time.perf_counter() - started
         return PublishResult(int(reply.policy_version), int(reply.tensors_updated), nbytes, seconds, 1)
@@ -191,10 +198,13 @@ class ReplicaSet:
         return PublishResult(version, tensors, nbytes, time.perf_counter() - started, attempts)
 
 
-def refused(error: grpc.RpcError, target: str, version: int) -> None:
+def refused(error: grpc.RpcError, target: str, version: int, base: int = 0) -> None:
     """Raise WeightsRefusedError when `error` is inference refusing the update (INVALID_ARGUMENT: names,
-    shapes, dtypes, version; PERMISSION_DENIED: a checkpoint_path outside its --checkpoint-dirs)."""
+    shapes, dtypes, version; PERMISSION_DENIED: a checkpoint_path outside its --checkpoint-dirs), and
+    StaleBaseError when it refuses a changed-only update against `base` (FAILED_PRECONDITION)."""
     code = status_of(error)
+    if code == grpc.StatusCode.FAILED_PRECONDITION and base:
+        raise StaleBaseError(f"inference at {target}: {details_of(error)}") from error
     if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED):
         raise WeightsRefusedError(
             f"inference at {target} refused the weights of policy version {version}: {details_of(error)}"

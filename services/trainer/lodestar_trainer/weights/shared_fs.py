@@ -10,6 +10,10 @@ that hint). A version's file is deleted once the next version is served, so only
 a replica has copied it in during the swap or, when it lies in memory (/dev/shm) and the dtype matches,
 maps it (the transformers engine: the replicas share its pages, which live until the last replica drops
 that version).
+
+Changed-only (`publish_delta`, weights/changes.py): the changed tensors are written to
+`policy-v<version>-from-v<base>.safetensors` and sent with the base; only when a replica refuses it (it
+does not serve the base) is the full `policy-v<version>.safetensors` written too, for those replicas.
 """
 
 from __future__ import annotations
@@ -20,14 +24,17 @@ import struct
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from lodestar.logging import get_logger
 from lodestar.v1 import inference_pb2
-from lodestar_trainer.weights.publish import PublishResult
-from lodestar_trainer.weights.replica_set import ReplicaSet, ReplicaSetPublisher, Targets, collect
+from lodestar_trainer.weights.publish import PublishResult, StaleBaseError
+from lodestar_trainer.weights.replica_set import Outcome, ReplicaSet, ReplicaSetPublisher, Targets, collect
+
+if TYPE_CHECKING:
+    from lodestar_trainer.weights.changes import Delta
 
 _log = get_logger("trainer.publish")
 
@@ -49,7 +56,7 @@ class SharedFsPublisher(ReplicaSetPublisher):
             targets, timeout_s=timeout_s, attempts=attempts, backoff_s=backoff_s, on_close=on_close
         )
         self.directory = directory.resolve()
-        self._previous: Path | None = None
+        self._previous: list[Path] = []
 
     def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
         """Write `state` as `version`'s file in the replicas' serving dtype, then make every replica load it."""
@@ -60,15 +67,53 @@ class SharedFsPublisher(ReplicaSetPublisher):
             self.replicas.call_update, self.replicas.targets(), request, version, size, started
         )
         result = self.replicas.settle(version, len(state), size, started, collect(futures))
-        if self._previous is not None and self._previous != path:
-            self._previous.unlink(missing_ok=True)
-        self._previous = path
+        self._keep([path])
         _log.debug("weights published through the shared filesystem", policy_version=version, path=str(path))
         return result
 
-    def _write(self, state: Mapping[str, torch.Tensor], version: int) -> tuple[Path, int]:
+    def publish_delta(self, delta: Delta) -> PublishResult:
+        """Write the changed tensors once and send their path with the base; the replicas that refuse it get the
+        full version's file (written only then)."""
+        targets = self.replicas.targets()
+        outcomes: dict[str, Outcome] = {}
+        written: list[Path] = []
+        size = 0
+        if delta.base:
+            path, size = self._write(delta.changed_state(), delta.version, f"-from-v{delta.base:06d}")
+            written.append(path)
+            request = inference_pb2.UpdateWeightsRequest(
+                checkpoint_path=str(path), policy_version=delta.version, base_version=delta.base
+            )
+            call = self.replicas.call_update
+            outcomes = collect(self.replicas.submit(call, targets, request, delta.version, size, delta.started))
+        behind = [t for t in targets if t not in outcomes or isinstance(outcomes[t], StaleBaseError)]
+        full_size = 0
+        if behind:
+            path, full_size = self._write(delta.state, delta.version)
+            written.append(path)
+            request = inference_pb2.UpdateWeightsRequest(checkpoint_path=str(path), policy_version=delta.version)
+            call = self.replicas.call_update
+            outcomes |= collect(self.replicas.submit(call, behind, request, delta.version, full_size, delta.started))
+        tensors = len(delta.changed) if delta.base else len(delta.state)
+        result = self.replicas.settle(delta.version, tensors, size or full_size, delta.started, outcomes)
+        self._keep(written)
+        full = tuple(behind) if delta.base else ()
+        return PublishResult(
+            result.policy_version, tensors, result.payload_bytes, result.seconds, result.attempts, full, full_size
+        )
+
+    def _keep(self, paths: list[Path]) -> None:
+        """Delete the previous version's files (`paths` are this version's)."""
+        for old in self._previous:
+            if old not in paths:
+                old.unlink(missing_ok=True)
+        self._previous = paths
+
+    def _write(self, state: Mapping[str, torch.Tensor], version: int, suffix: str = "") -> tuple[Path, int]:
+        """`state` as `version`'s file (`suffix` after the version in its name), in the serving dtype (a Delta's
+        tensors are in it already: no copy)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / f"policy-v{version:06d}.safetensors"
+        path = self.directory / f"policy-v{version:06d}{suffix}.safetensors"
         partial = path.with_suffix(f".partial-{os.getpid()}")
         size = write_safetensors(state, partial, self.payload_dtype())
         partial.replace(path)
