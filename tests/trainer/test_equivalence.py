@@ -3,7 +3,9 @@ same gradients (fp32, tiny model, to 1e-5), through the real path: build -> pack
 -> chunked log-softmax -> GRPO loss summed over micro-batches -> backward.
 
 The sessions have every kind of branch (sub-agents, compactions, retries), chain breaks and prefixes
-repeated across the samples of each group; two groups are packed together; the behaviour logprobs are
+repeated across the samples of each group; two groups that share their system prompt (as every session of
+a harness's run does) are built as one step (build_step: the tree builder makes one tree of the step) and
+packed together; the behaviour logprobs are
 near the model's own so that some targets are clipped and some are not; the KL term to a reference
 model is on.
 """
@@ -18,7 +20,9 @@ import pytest
 import torch
 
 from lodestar_trainer.builders import BuilderKind, build_sequences
+from lodestar_trainer.data.groups import GroupSamples
 from lodestar_trainer.data.pack import pack
+from lodestar_trainer.data.sequences import build_step
 from lodestar_trainer.data.synthetic import SMALL_SHAPE, synthetic_samples
 from lodestar_trainer.step.forward import target_logprobs
 from lodestar_trainer.step.loss import Aggregation, LossConfig, LossNormalizer, LossOutput, policy_loss
@@ -28,15 +32,27 @@ SHAPE = replace(SMALL_SHAPE, logprob_range=(-8.8, -7.8))
 TOLERANCE = 1e-5
 
 
-def _step(
-    model: Any, reference: Any, kind: BuilderKind, config: LossConfig
-) -> tuple[LossOutput, dict[str, torch.Tensor], int]:
-    """One step's loss and gradients under builder `kind` (the model's grads are reset first)."""
+def _groups() -> list[GroupSamples]:
+    """Two groups of 4 synthetic sessions whose calls open with the same system prompt (group 0's)."""
     groups = [
         synthetic_samples(SHAPE, group_size=4, seed=seed, group_id=f"g{seed}", first_sample_index=4 * seed)
         for seed in (0, 1)
     ]
-    sequences = [sequence for group in groups for sequence in build_sequences(kind, group).sequences]
+    system = list(groups[0][0].calls[0].prompt_token_ids[: SHAPE.prefix_tokens])
+    for sample in groups[1]:
+        for call in sample.calls:
+            call.prompt_token_ids[: SHAPE.prefix_tokens] = system
+    return [
+        GroupSamples(f"g{seed}", samples, [s.reward for s in samples], True, 0, 0, sum(len(s.calls) for s in samples))
+        for seed, samples in enumerate(groups)
+    ]
+
+
+def _step(
+    model: Any, reference: Any, kind: BuilderKind, config: LossConfig
+) -> tuple[LossOutput, dict[str, torch.Tensor], int]:
+    """One step's loss and gradients under builder `kind` (the model's grads are reset first)."""
+    sequences, _ = build_step(_groups(), kind)
     batches = pack(sequences, token_budget=300)
     norm = LossNormalizer.of(batches)
     model.zero_grad(set_to_none=True)
@@ -92,3 +108,13 @@ def test_the_sessions_have_branches_breaks_and_shared_prefixes() -> None:
     assert merged.breaks >= 2
     assert tree.sequences == 1
     assert tree.sequence_tokens < merged.sequence_tokens
+
+
+def test_the_tree_of_a_step_computes_the_shared_system_prompt_once() -> None:
+    groups = _groups()
+    per_group = [build_sequences(BuilderKind.TREE, group.samples).stats for group in groups]
+    sequences, step = build_step(groups, BuilderKind.TREE)
+    assert [stats.sequences for stats in per_group] == [1, 1]
+    assert len(sequences) == step.sequences == 1  # one root: the two groups' trees joined at the system prompt
+    assert step.sequence_tokens == sum(stats.sequence_tokens for stats in per_group) - SHAPE.prefix_tokens
+    assert step.call_tokens == sum(stats.call_tokens for stats in per_group)
