@@ -14,6 +14,10 @@ Weight updates load into a copy of the current model and publish it as a new ver
 already running keep decoding on the weights they started with (their group), new requests join the
 new group, and an old group is freed when its last sequence ends. The cost is a second copy of the
 weights while old requests finish.
+
+A LoRA adapter update (lodestar_inference/adapter.py) is merged onto the base weights loaded at start, held
+for the engine's life: the new version's model shares every other tensor with the base (no copy) and owns
+only the adapted weights, so base + adapter N is served with one copy of the base in memory.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from transformers.utils import logging as transformers_logging
 
 from lodestar.errors import InvalidArgumentError, UnavailableError
 from lodestar.logging import get_logger
+from lodestar_inference.adapter import check_adapter, is_adapter, merge_adapter
 from lodestar_inference.engine import (
     EngineFinishReason,
     EngineInfo,
@@ -110,6 +115,8 @@ class TransformersEngine:
         self._task: asyncio.Task[None] | None = None
         self._info: EngineInfo | None = None
         self._expected: dict[str, TensorMeta] = {}
+        self._base: dict[str, torch.nn.Parameter] = {}
+        """The parameters loaded at start, which every adapter update is merged onto (and shares)."""
 
     async def start(self) -> None:
         eos = TextTokenizer.load(self._model_dir).eos_token_ids
@@ -127,6 +134,7 @@ class TransformersEngine:
             name: TensorMeta(name, tuple(tensor.shape), _SAFETENSORS_DTYPES.get(tensor.dtype, str(tensor.dtype)))
             for name, tensor in model.state_dict().items()
         }
+        self._base = dict(model.named_parameters(remove_duplicate=False))
         self._current = _Group(version=0, model=model)
         self._groups = [self._current]
         self._task = asyncio.create_task(self._run(), name="transformers-scheduler")
@@ -187,7 +195,10 @@ class TransformersEngine:
     # -- weights -------------------------------------------------------------------------------------
 
     def validate_weights(self, tensors: Sequence[TensorMeta]) -> None:
-        check_tensors(self._expected, tensors)
+        if is_adapter([meta.name for meta in tensors]):
+            check_adapter(self._expected, tensors)
+        else:
+            check_tensors(self._expected, tensors)
 
     async def update_weights(self, update: WeightUpdate) -> int:
         self.validate_weights(update.tensors)
@@ -218,6 +229,9 @@ class TransformersEngine:
             tensors.update(load_file(str(file)))
         current = {**dict(base.named_parameters(remove_duplicate=False)), **dict(base.named_buffers())}
         memo: dict[int, Any] = {}
+        if is_adapter(list(tensors)):  # the adapted weights merged onto the base; the rest ARE the base's
+            tensors = merge_adapter(self._base, tensors)
+            memo = {id(current[name]): kept for name, kept in self._base.items() if name not in tensors}
         with torch.no_grad():
             for name, tensor in tensors.items():
                 old = current[name]
