@@ -32,6 +32,7 @@ from lodestar_trainer.parallel.sharded import load_sharded
 from lodestar_trainer.rollout_client import RolloutClient
 from lodestar_trainer.settings import TrainerSettings
 from lodestar_trainer.status import Status, StatusBoard
+from lodestar_trainer.step import adamw
 from lodestar_trainer.step.precision import ComputeCopy, set_matmul_precision
 from lodestar_trainer.weights.publish import FanoutPublisher, publisher_for
 from lodestar_trainer.weights.pushing import changed_only
@@ -113,16 +114,19 @@ def create_trainer(settings: TrainerSettings, parallel: Parallel | None = None, 
     if settings.loss.kl_coef:
         reference = load_model(settings.model or start, device=compute.device, dtype=compute.compute_dtype()).eval()
         reference.requires_grad_(False)
-    optimizer = torch.optim.AdamW(
+    impl = adamw.implementation(compute.device)
+    optimizer = adamw.adamw(
         [parameter for parameter in model.parameters() if parameter.requires_grad],  # all but a LoRA base
         lr=settings.optimizer.lr,
         weight_decay=settings.optimizer.weight_decay,
+        impl=impl,
     )
     if checkpoint is not None:
         if checkpoint.sharded is not None:  # written under torchrun: every rank reads its shards (sharded.py)
             load_sharded(checkpoint.sharded, parallel=parallel, model=model, optimizer=optimizer)
         else:
             parallel.load_optimizer_state(model, optimizer, checkpoint.optimizer)
+        adamw.conform(optimizer, impl)  # the checkpoint's groups name the implementation it was saved with
         state = checkpoint.state
         restore_rng(checkpoint.rng)
     else:
