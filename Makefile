@@ -19,7 +19,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # .tools/node/bin: the project's own Node.js, when the system's is missing or older than 20 (make node-deps).
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(CURDIR)/.tools/node/bin:$(PATH)
 
-.PHONY: help check pytest-fast config-reference run up test test-training test-docker setup system-deps node-deps test-deps venv node-tools vllm-venv harnesses node-client dashboard-assets proto proto-check lint sizes typecheck pytest bench bench-learning clean docker-deps images session-image compose-test
+.PHONY: help check pytest-fast config-reference run up test test-training test-docker setup system-deps node-deps test-deps venv node-tools vllm-venv harnesses node-client dashboard-assets proto proto-check lint sizes typecheck pytest bench bench-learning bench-chaos clean docker-deps images session-image compose-test
 
 ## run: set up, then train the bundled quickstart (examples/quickstart: local etcd + the four services, the tiny
 ## model, a live view) and exit with its summary (reward rise, plot, checkpoint). See docs/quickstart.md.
@@ -221,6 +221,15 @@ bench: setup vllm-venv
 bench-learning: setup vllm-venv
 	test -f .lodestar/models/smollm2/config.json || $(VENV)/bin/lodestar model import-gguf .lodestar/models/smollm2
 	$(PY) bench/learning.py
+
+## bench-chaos: the quickstart's training under a seeded fault schedule of every kind (SIGKILL and restart of each
+## process kind, SIGSTOP past a lease, the trainer killed at its worst moments), then the checks from durable
+## state (docs/chaos.md). CHAOS_DURATION seconds of faults (default the hour), CHAOS_SEED; report in
+## bench/results/chaos-SEED.json. bench/chaos.py
+CHAOS_DURATION ?= 3600
+CHAOS_SEED ?= 1
+bench-chaos: setup
+	$(PY) bench/chaos.py --duration $(CHAOS_DURATION) --seed $(CHAOS_SEED) --json bench/results/chaos-$(CHAOS_SEED).json
 
 ## clean: remove run data and tool caches (.lodestar, .mypy_cache, .ruff_cache, .pytest_cache).
 clean:

@@ -265,6 +265,7 @@ class RolloutCore:
 
     async def report_policy_version(self, version: int) -> int:
         await self._persist(self.scheduler.report_policy_version(version))
+        _log.info("policy version reported", policy_version=version)  # when rollout heard it (docs/chaos.md)
         return version
 
     # -- nodes -------------------------------------------------------------------------------------

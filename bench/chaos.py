@@ -1,0 +1,141 @@
+"""An hour of chaos (issue 44): the quickstart's training run on a stack of every kind of process, with a seeded
+fault schedule, and the checks made afterwards from durable state (docs/chaos.md).
+
+    python bench/chaos.py --duration 3600 --seed 1 [--work DIR] [--json OUT]
+
+The stack (bench/chaos_stack.py): three etcd members, two inference replicas found through etcd, two rollout
+instances on one store, two gateway nodes, the trainer. Faults start once the trainer has done its first step
+and go on for `--duration` seconds, one after another (bench/chaos_faults.py). Then the stack is stopped and
+the checks run (bench/chaos_checks.py); the fault schedule and a table of what each check found are printed,
+and the exit status is 1 when a check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.chaos_checks import Check, run_checks
+from bench.chaos_faults import KINDS, Fault, Injector, schedule
+from bench.chaos_stack import ChaosStack
+
+FIRST_STEP_TIMEOUT_S = 600.0
+SETTLE_S = 20.0
+"""After the last fault: time for the restarted processes to come back before the stack is stopped."""
+
+
+@dataclass
+class Report:
+    seed: int
+    duration_s: float
+    faults: list[Fault] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+
+def _first_step(stack: ChaosStack, timeout: float) -> None:
+    metrics = stack.run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if metrics.exists() and metrics.read_text().strip():
+            return
+        if not stack.procs["trainer"].alive:
+            raise RuntimeError(f"the trainer exited before its first step (see {stack.procs['trainer'].log})")
+        time.sleep(1.0)
+    raise RuntimeError(f"no trainer step within {timeout:.0f} s")
+
+
+def run(
+    work: Path,
+    *,
+    duration_s: float | None,
+    seed: int,
+    rounds: int | None = None,
+    model: Path | None = None,
+    kinds: tuple[str, ...] = KINDS,
+    out: Callable[[str], None] = lambda line: print(line, flush=True),
+) -> Report:
+    """Start the stack under `work`, inject faults for `duration_s` (or `rounds` rounds of every kind, however
+    long they take), stop it, check; the report."""
+    started = time.monotonic()
+    report = Report(seed, duration_s or 0.0)
+    stack = ChaosStack(work)
+    faults = schedule(seed, len(kinds) * (rounds or 100_000), kinds)
+    try:
+        stack.start(model=model)
+        _first_step(stack, FIRST_STEP_TIMEOUT_S)
+        injector = Injector(stack, seed)
+        end = time.monotonic() + (duration_s or float("inf"))
+        for fault in faults:
+            if time.monotonic() + fault.gap_s >= end:
+                break
+            time.sleep(fault.gap_s)
+            injector.inject(fault)
+            report.faults.append(fault)
+            out(_fault_line(len(report.faults), fault))
+        time.sleep(SETTLE_S)
+    finally:
+        stopped_at = time.time()
+        stack.stop()
+    report.checks = run_checks(stack, report.faults, stopped_at)
+    report.wall_s = round(time.monotonic() - started, 1)
+    report.duration_s = round(report.duration_s or stopped_at - SETTLE_S - report.faults[0].at, 1)
+    return report
+
+
+def _fault_line(index: int, fault: Fault) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(fault.at))
+    return f"{index:3d} {stamp} +{fault.gap_s:4.1f}s {fault.kind:22s} {fault.target:12s} {fault.hit}"
+
+
+def table(report: Report) -> str:
+    """The fault counts by kind and the checks, as Markdown."""
+    lines = [
+        f"seed {report.seed}, {report.duration_s:.0f} s of faults, {len(report.faults)} faults, "
+        f"{report.wall_s:.0f} s wall",
+        "",
+    ]
+    counts: dict[str, int] = {}
+    missed: dict[str, int] = {}
+    for fault in report.faults:
+        counts[fault.kind] = counts.get(fault.kind, 0) + 1
+        missed[fault.kind] = missed.get(fault.kind, 0) + fault.hit.startswith("missed")
+    lines += ["| fault | done | missed |", "|---|---|---|"]
+    lines += [f"| {kind} | {counts[kind] - missed[kind]} | {missed[kind]} |" for kind in sorted(counts)]
+    lines += ["", "| check | result | found |", "|---|---|---|"]
+    lines += [f"| {c.name} | {'pass' if c.ok else 'FAIL'} | {c.found} |" for c in report.checks]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=3600.0, help="seconds of faults (after the first step)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--work", type=Path, default=None, help="where the stack keeps its logs and stores")
+    parser.add_argument("--model", type=Path, default=None, help="a tiny model directory to use (default: build one)")
+    parser.add_argument("--json", type=Path, default=None, help="write the report here too")
+    args = parser.parse_args(argv)
+    work = args.work or Path(tempfile.mkdtemp(prefix="lodestar-chaos-"))
+    print(f"chaos: seed {args.seed}, {args.duration:.0f} s of faults, work dir {work}", flush=True)
+    report = run(work, duration_s=args.duration, seed=args.seed, model=args.model)
+    print(table(report))
+    if args.json is not None:
+        args.json.write_text(json.dumps(asdict(report), indent=2) + "\n")
+    return 0 if report.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""The chaos run's checks, made after the stack stopped, from what it left on disk: the rollout store (SQLite),
+the trainer's metrics.jsonl and checkpoints, the services' JSON logs and the processes' timelines
+(bench/chaos.py; what each check means: docs/chaos.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from bench.chaos_faults import Fault
+from bench.chaos_stack import ChaosStack, Proc
+from lodestar.v1 import common_pb2, rollout_pb2
+from lodestar_app.cli.train_view import reward_rise
+
+ERROR_WINDOW_S = 60.0
+"""An error logged within this long after a fault (or a restart it caused) is accounted for by it."""
+PUBLISHED = "policy version published"
+REGISTERED = "inference replica registered in etcd"
+GOOD_FINISH = (common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH, common_pb2.FINISH_REASON_STOP_SEQUENCE)
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    found: str
+
+
+def run_checks(stack: ChaosStack, faults: list[Fault], stopped_at: float) -> list[Check]:
+    with sqlite3.connect(f"file:{stack.store}?mode=ro", uri=True) as db:
+        results = _counted_results(db)
+        checks = [_scored_once(db), _trained_once(db, stack), _no_cut_call(results)]
+    heard = _heard(stack)
+    checks += [_served_before_heard(stack, heard), _versions_forward(results, heard)]
+    checks += [
+        _trainer_trains(stack),
+        _reward_rises(stack),
+        _nothing_left(stack),
+        _errors_accounted(stack, faults, stopped_at),
+    ]
+    return checks
+
+
+def _counted_results(db: sqlite3.Connection) -> list[rollout_pb2.SessionResult]:
+    found = []
+    for (blob,) in db.execute("SELECT result FROM results WHERE counted = 1"):
+        result = rollout_pb2.SessionResult()
+        result.ParseFromString(blob)
+        found.append(result)
+    return found
+
+
+def _scored_once(db: sqlite3.Connection) -> Check:
+    twice = db.execute(
+        "SELECT COUNT(*) FROM (SELECT 1 FROM sessions GROUP BY run_id, task_index, sample HAVING COUNT(*) > 1)"
+    ).fetchone()[0]
+    counted_twice = db.execute(
+        "SELECT COUNT(*) FROM (SELECT 1 FROM results WHERE counted = 1 GROUP BY session_id HAVING COUNT(*) > 1)"
+    ).fetchone()[0]
+    scored = db.execute("SELECT COUNT(*) FROM sessions WHERE status = 'scored'").fetchone()[0]
+    counted = db.execute("SELECT COUNT(*) FROM results WHERE counted = 1").fetchone()[0]
+    ok = twice == 0 and counted_twice == 0 and counted == scored
+    found = f"{scored} sessions scored, {counted} counted results; (task, sample) twice: {twice}; "
+    return Check("scored at most once", ok, found + f"session counted twice: {counted_twice}")
+
+
+def lineage(metrics: Path) -> list[dict[str, Any]]:
+    """The steps of the final weights: a resumed trainer writes the steps after its checkpoint again; the
+    last record of each step is the one its weights went on from."""
+    steps: dict[int, dict[str, Any]] = {}
+    for line in metrics.read_text().splitlines() if metrics.exists() else []:
+        record = json.loads(line)
+        steps[int(record["step"])] = record
+        for later in [s for s in steps if s > int(record["step"])]:
+            del steps[later]  # replaced by the resumed run's own
+    return [steps[s] for s in sorted(steps)]
+
+
+def _trained_once(db: sqlite3.Connection, stack: ChaosStack) -> Check:
+    seqs = [row[0] for row in db.execute("SELECT delivery_seq FROM groups WHERE delivery_seq > 0 ORDER BY 1")]
+    contiguous = seqs == list(range(1, len(seqs) + 1))
+    steps = lineage(stack.run_dir / "metrics.jsonl")
+    numbers = [int(r["step"]) for r in steps]
+    trained = sum(int(r["groups"]) + int(r.get("groups_stale", 0)) for r in steps)
+    ok = contiguous and numbers == list(range(1, len(numbers) + 1)) and trained <= len(seqs)
+    found = f"{len(seqs)} groups delivered (sequence {'1..n' if contiguous else 'with gaps or repeats'}), "
+    found += f"steps 1..{len(numbers)} in the final weights' lineage, {trained} groups read by them"
+    return Check("trained at most once", ok, found)
+
+
+def _no_cut_call(results: list[rollout_pb2.SessionResult]) -> Check:
+    cut = 0
+    for result in results:
+        calls = sorted(result.calls, key=lambda c: c.sequence)
+        whole = len(calls) >= 2 and all(
+            c.completion_token_ids
+            and len(c.completion_token_ids) == len(c.completion_logprobs)
+            and c.finish_reason in GOOD_FINISH
+            for c in calls
+        )
+        cut += not whole
+    return Check(
+        "no session scored from a cut call",
+        cut == 0,
+        f"{len(results)} counted results, {cut} with a cut or missing call",
+    )
+
+
+def _stamp(line: dict[str, Any]) -> float:
+    return datetime.fromisoformat(str(line["timestamp"]).replace("Z", "+00:00")).timestamp()
+
+
+ETCD_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+) ([DINWECP]) \| (.*)$")
+"""etcd's text log line: local time, level letter, message."""
+ETCD_LEVELS = {"E": "error", "C": "critical", "P": "panic", "W": "warning"}
+
+
+def _etcd_line(raw: str) -> dict[str, Any] | None:
+    match = ETCD_LINE.match(raw)
+    if match is None:
+        return None
+    when = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S.%f").astimezone()
+    return {"timestamp": when.isoformat(), "level": ETCD_LEVELS.get(match[2], "info"), "event": match[3]}
+
+
+def _json_lines(path: Path) -> list[dict[str, Any]]:
+    """The log's lines as mappings with a timestamp (JSON lines, and etcd's text lines); others skipped."""
+    found = []
+    for raw in path.read_bytes().splitlines() if path.exists() else []:
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            line = _etcd_line(raw.decode(errors="replace"))
+        if isinstance(line, dict) and "ts" in line and "timestamp" not in line:  # etcd's own format
+            line = {**line, "timestamp": str(line["ts"]), "event": line.get("msg", "")}
+        if isinstance(line, dict) and "timestamp" in line:
+            found.append(line)
+    return found
+
+
+def _heard(stack: ChaosStack) -> list[tuple[float, int]]:
+    """(time, version) of every policy version report the rollout leaders logged."""
+    heard = []
+    for proc in stack.of_kind("rollout"):
+        for line in _json_lines(proc.log):
+            if line.get("event") == "policy version reported":
+                heard.append((_stamp(line), int(line["policy_version"])))
+    return sorted(heard)
+
+
+def _alive_at(proc: Proc, at: float) -> bool:
+    """Whether `proc` ran (started, not killed or stopped) at `at`, by its timeline."""
+    state = False
+    for when, event in proc.timeline:
+        if when > at:
+            break
+        state = event in ("start", "cont")
+    return state
+
+
+def _served_before_heard(stack: ChaosStack, heard: list[tuple[float, int]]) -> Check:
+    """At each report, every replica that was running and registered in etcd (so the trainer pushes to it and
+    nodes send calls to it) since its last start had published that version or a newer one."""
+    late = []
+    for proc in stack.of_kind("inference"):
+        lines = _json_lines(proc.log)
+        published = [(_stamp(x), int(x["policy_version"])) for x in lines if x.get("event") == PUBLISHED]
+        registered = [_stamp(x) for x in lines if x.get("event") == REGISTERED]
+        for at, version in heard:
+            starts = [w for w, e in proc.timeline if e == "start" and w <= at]
+            if not starts or not _alive_at(proc, at) or not any(starts[-1] <= w <= at for w in registered):
+                continue
+            served = max((v for w, v in published if starts[-1] <= w <= at), default=0)
+            if served < version:
+                late.append(f"v{version} heard, {proc.name} served v{served}")
+    found = f"{len(heard)} version reports; served late: {len(late)}" + (f" ({'; '.join(late[:3])})" if late else "")
+    return Check("pushed version served before rollout heard it", not late and bool(heard), found)
+
+
+def _versions_forward(results: list[rollout_pb2.SessionResult], heard: list[tuple[float, int]]) -> Check:
+    backwards = behind = 0
+    for result in results:
+        calls = sorted(result.calls, key=lambda c: c.sequence)
+        versions = [c.policy_version for c in calls]
+        backwards += versions != sorted(versions)
+        for call in calls:
+            started = call.started_at.seconds + call.started_at.nanos / 1e9
+            known = max((v for at, v in heard if at < started), default=0)
+            behind += call.policy_version < known
+    found = f"{len(results)} sessions: {backwards} with a version going backwards, {behind} calls served older "
+    return Check("policy version never backwards", backwards == 0 and behind == 0, found + "than rollout already knew")
+
+
+def _trainer_trains(stack: ChaosStack) -> Check:
+    """The trainer never failed, trained after its last start, and how long its kills kept it from a step."""
+    trainer = stack.procs["trainer"]
+    failed = [str(x.get("error", ""))[:100] for x in _json_lines(trainer.log) if x.get("event") == "trainer failed"]
+    metrics = stack.run_dir / "metrics.jsonl"
+    times = sorted(float(json.loads(x)["time"]) for x in metrics.read_text().splitlines()) if metrics.exists() else []
+    kills = [when for when, event in trainer.timeline if event == "kill"]
+    idle = sum(next((t for t in times if t > kill), kill) - kill for kill in kills)
+    starts = [when for when, event in trainer.timeline if event == "start"]
+    after = [t for t in times if t > starts[-1]] if starts else []
+    found = f"{len(failed)} failures{f' ({failed[0]})' if failed else ''}, {len(after)} steps after its last start; "
+    found += f"{len(kills)} kills cost {idle:.0f} s until the next step"
+    return Check("trainer kept training", not failed and bool(after), found)
+
+
+def _reward_rises(stack: ChaosStack) -> Check:
+    rewards = [float(r["reward_mean"]) for r in lineage(stack.run_dir / "metrics.jsonl")]
+    rise = reward_rise(rewards)
+    found = (
+        f"{len(rewards)} steps, reward {rewards[0]:.2f} -> {rewards[-1]:.2f}, rise {rise:+.2f}"
+        if rewards
+        else "no step"
+    )
+    return Check("reward still rises", len(rewards) >= 2 and rise > 0, found)
+
+
+def _nothing_left(stack: ChaosStack) -> Check:
+    marker = str(stack.work)
+    left = []
+    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline and int(pid) != os.getpid():
+            left.append(f"{pid}: {cmdline[:80]}")
+    return Check(
+        "no process left behind", not left, f"{len(left)} processes naming {marker}" + (f": {left[:2]}" if left else "")
+    )
+
+
+def _errors_accounted(stack: ChaosStack, faults: list[Fault], stopped_at: float) -> Check:
+    windows = [(f.at, f.at + f.seconds + ERROR_WINDOW_S) for f in faults]
+    windows.append((stopped_at, float("inf")))
+    unaccounted: list[str] = []
+    total = 0
+    for proc in stack.procs.values():
+        for line in _json_lines(proc.log):
+            if str(line.get("level", "")).lower() not in ("error", "critical", "fatal", "panic"):
+                continue
+            total += 1
+            at = _stamp(line)
+            if not any(start <= at <= end for start, end in windows):
+                unaccounted.append(f"{proc.name}: {str(line.get('event') or line.get('msg'))[:80]}")
+    found = f"{total} error lines, {len(unaccounted)} not within {ERROR_WINDOW_S:.0f} s of a fault"
+    return Check(
+        "every log's errors accounted for", not unaccounted, found + (f": {unaccounted[:3]}" if unaccounted else "")
+    )
