@@ -333,6 +333,7 @@ def _report(
     done = len(rewards) >= config.steps and not error
     ending = None if done or error or interrupted else _ended_early(progress, len(rewards), groups)
     state = "done" if done else ending.state if ending else ("failed" if error else "stopped early")
+    records = train_view.run_records(config.run_dir)
     outcome = train_view.Outcome(
         run_id=progress.run_id,
         state=state,
@@ -347,7 +348,8 @@ def _report(
         error=error,
         warning=progress.trainer.warning,
         note=ending.why() if ending else "",
-        gaps=train_view.run_gaps(config.run_dir),
+        gaps=train_view.gaps(records),
+        costs=train_view.costs(records),
     )
     console.print(train_view.summary(outcome), highlight=False)
     return (0 if done or ending else 1), outcome, ending

@@ -154,7 +154,7 @@ def load_train_config(path: Path) -> TrainConfig:
         ready_buffer=int(table.get("ready_buffer", 4)),
         backend=str(table.get("backend", "transformers")),
         inference_replicas=_positive(path, "inference_replicas", table.get("inference_replicas", 1)),
-        max_new_tokens=_positive(path, "max_new_tokens", table["max_new_tokens"]) if "max_new_tokens" in table else None,
+        max_new_tokens=_optional_positive(path, "max_new_tokens", table.get("max_new_tokens")),
         timeout_s=float(table.get("timeout_s", 1800.0)),
         start_timeout_s=float(table.get("start_timeout_s", 180.0)),
         eval=_eval_config(path, base, document.get("eval")),
@@ -208,6 +208,10 @@ def _redteam_config(path: Path, table: object) -> RedTeamConfig:
         hacks=tuple(hacks),
         pass_threshold=float(table.get("pass_threshold", 1.0)),
     )
+
+
+def _optional_positive(path: Path, key: str, value: object) -> int | None:
+    return None if value is None else _positive(path, key, value)
 
 
 def _positive(path: Path, key: str, value: object, *, table: str = "train") -> int:

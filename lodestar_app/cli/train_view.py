@@ -14,6 +14,7 @@ the policy's own drift since sampling, shown apart as "policy drift" next to the
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -150,12 +151,56 @@ def gaps(records: Iterable[dict[str, float]]) -> Gaps:
     )
 
 
-def run_gaps(run_dir: Path) -> Gaps:
-    """`gaps` of `<run_dir>/metrics.jsonl` (empty when the file is missing)."""
+def run_records(run_dir: Path) -> list[dict[str, float]]:
+    """The records of `<run_dir>/metrics.jsonl` (none when the file is missing)."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
-        return Gaps()
-    return gaps(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_gaps(run_dir: Path) -> Gaps:
+    """`gaps` of `<run_dir>/metrics.jsonl` (empty when the file is missing)."""
+    return gaps(run_records(run_dir))
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What the run's steps cost: tokens per group and where the time between steps went."""
+
+    prompt_tokens: float = 0.0
+    """Mean prompt tokens per call (a harness's system prompt and tools are most of them)."""
+    trained_per_group: float = 0.0
+    """Tokens the trainer computed per group (the builder's sequences)."""
+    calls_per_group: float = 0.0
+    """Tokens in the group's calls, prompt + sampled, one by one: what a linear builder would compute."""
+    step_seconds: float = 0.0
+    """Median wall time of a step (its own time: build, forward/backward, optimizer, push)."""
+    push_share: float = 0.0
+    wait_share: float = 0.0
+    """Shares of the wall time from the first step's record to the last spent pushing weights and waiting
+    for groups (the time between steps that was not the step's own)."""
+
+
+def costs(records: Iterable[dict[str, float]]) -> Costs:
+    """The `Costs` of a run's metrics records (zeros without any)."""
+    items = [r for r in records if r.get("groups")]
+    if not items:
+        return Costs()
+    groups = sum(r["groups"] for r in items)
+    calls = sum(r.get("calls", 0.0) for r in items)
+    sampled = sum(r.get("target_tokens", 0.0) for r in items)
+    in_calls = sum(r.get("call_tokens", 0.0) for r in items)
+    span = items[-1]["time"] - items[0]["time"] + items[0].get("time_step", 0.0) if "time" in items[0] else 0.0
+    own = sum(r.get("time_step", 0.0) for r in items)
+    return Costs(
+        prompt_tokens=(in_calls - sampled) / calls if calls else 0.0,
+        trained_per_group=sum(r.get("tokens_trained", 0.0) for r in items) / groups,
+        calls_per_group=in_calls / groups,
+        step_seconds=statistics.median(r.get("time_step", 0.0) for r in items),
+        push_share=sum(r.get("time_push", 0.0) for r in items) / span if span > 0 else 0.0,
+        wait_share=max(span - own, 0.0) / span if span > 0 else 0.0,
+    )
 
 
 @dataclass(frozen=True)
@@ -179,6 +224,7 @@ class Outcome:
     """Why the training ended before its steps without an error (the run's groups ran out, or no reward signal
     was left in them)."""
     gaps: Gaps = field(default_factory=Gaps)
+    costs: Costs = field(default_factory=Costs)
 
 
 def summary(outcome: Outcome) -> Table:
@@ -192,6 +238,8 @@ def summary(outcome: Outcome) -> Table:
         (f"reward first {len(windows(outcome.rewards)[0])} -> last", _rise_text(outcome.rewards)),
         ("reward rise", f"{reward_rise(outcome.rewards):+.3f}"),
         ("merge ratio (mean)", f"{outcome.merge_ratio:.2f}"),
+        ("tokens per group", _tokens_text(outcome.costs)),
+        ("time per step", _time_text(outcome.costs)),
         ("logprob gap (max)", _gap_text(outcome.gaps)),
         ("policy drift (mean)", _drift_text(outcome.gaps)),
         ("run directory", str(outcome.run_dir)),
@@ -215,6 +263,23 @@ def _rise_text(rewards: list[float]) -> str:
         return "-"
     first, last = windows(rewards)
     return f"{sum(first) / len(first):.3f} -> {sum(last) / len(last):.3f}"
+
+
+def _tokens_text(found: Costs) -> str:
+    if not found.trained_per_group:
+        return "-"
+    return (
+        f"{found.trained_per_group:,.0f} trained, {found.calls_per_group:,.0f} in its calls one by one "
+        f"({found.prompt_tokens:,.0f} prompt tokens per call)"
+    )
+
+
+def _time_text(found: Costs) -> str:
+    if not found.step_seconds:
+        return "-"
+    return (
+        f"{found.step_seconds:.0f} s median; pushing {found.push_share:.0%}, waiting for groups {found.wait_share:.0%}"
+    )
 
 
 def _gap_text(found: Gaps) -> str:

@@ -1,4 +1,7 @@
-"""The `tree` builder: one prefix tree over every call of every session of a group, each shared prefix once.
+"""The `tree` builder: one prefix tree over every call of every session given, each shared prefix once.
+
+It is given a whole step (data/sequences.py): the groups of a run share their harness's system prompt and
+tools, and a group's samples share the task text too.
 
 Every call's path (prompt ids + sampled ids) is inserted into a radix tree (edges hold runs of tokens and
 split where paths diverge). The samples of a group share the system prompt, tools and task text, so the
