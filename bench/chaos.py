@@ -124,13 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=3600.0, help="seconds of faults (after the first step)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=None, help="instead: this many rounds of every kind of fault")
     parser.add_argument("--work", type=Path, default=None, help="where the stack keeps its logs and stores")
     parser.add_argument("--model", type=Path, default=None, help="a tiny model directory to use (default: build one)")
     parser.add_argument("--json", type=Path, default=None, help="write the report here too")
     args = parser.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="lodestar-chaos-"))
-    print(f"chaos: seed {args.seed}, {args.duration:.0f} s of faults, work dir {work}", flush=True)
-    report = run(work, duration_s=args.duration, seed=args.seed, model=args.model)
+    length = f"{args.rounds} rounds" if args.rounds else f"{args.duration:.0f} s"
+    print(f"chaos: seed {args.seed}, {length} of faults, work dir {work}", flush=True)
+    duration = None if args.rounds else args.duration
+    report = run(work, duration_s=duration, seed=args.seed, rounds=args.rounds, model=args.model)
     print(table(report))
     if args.json is not None:
         args.json.write_text(json.dumps(asdict(report), indent=2) + "\n")

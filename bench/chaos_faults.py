@@ -38,6 +38,10 @@ KINDS = (
     "trainer-push-report",
     "trainer-checkpoint",
 )
+GROUPS_PER_STEP = 4
+"""The quickstart's `[trainer.batch] groups_per_step`."""
+STEP_WAIT_S = 15.0
+"""How long the rollout leader stays paused waiting for the begun step's push."""
 TRIGGER_TIMEOUT_S = 120.0
 """How long a trainer fault waits for its moment before it is recorded as missed."""
 
@@ -205,22 +209,46 @@ class Injector:
         return _until(found)
 
     def _between_push_and_report(self, trainer: Proc) -> str | None:
-        leader = self.stack.leader()
-        if leader is None:
-            return None
+        """After a step line, once rollout has delivered a step's groups (the next step has begun): pause the
+        leader, wait for every live replica to serve a new version (the report now waits on the paused leader),
+        then stop the trainer. A step that does not come (stale groups: it needs more) is tried again."""
+        tails = [LogTail(p.log) for p in self.stack.of_kind("rollout")]
+        trainer_tail = LogTail(trainer.log)
+        delivered: list[int] = [-1]  # groups delivered since the last step line; -1: no step line yet
+
+        def step_begun() -> str | None:
+            if any(line.get("event") == "step" for line in trainer_tail.lines()):
+                delivered[0] = 0
+            got = sum(1 for tail in tails for line in tail.lines() if line.get("method", "").endswith("/StreamGroups"))
+            delivered[0] += got if delivered[0] >= 0 else 0
+            return "begun" if delivered[0] >= GROUPS_PER_STEP else None
+
+        deadline = time.monotonic() + TRIGGER_TIMEOUT_S
+        while time.monotonic() < deadline and _until(step_begun, deadline - time.monotonic()):
+            delivered[0] = -1
+            leader = self.stack.leader()
+            if leader is None:
+                continue
+            hit = self._paused_push(trainer, leader)
+            if hit is not None:
+                return hit
+        return None
+
+    def _paused_push(self, trainer: Proc, leader: Proc) -> str | None:
+        """Pause `leader` until every live replica serves a new version, then stop the trainer (None: no push)."""
         before = _served(self.stack)
+        live = [p for p in self.stack.of_kind("inference") if p.alive and not p.paused]
         leader.signal_stop()
+
+        def pushed() -> str | None:
+            versions = [_served_by(p) for p in live]
+            if versions and min(versions) > before:
+                trainer.signal_stop()
+                return f"v{min(versions)} served by every live replica, rollout leader {leader.name} paused"
+            return None
+
         try:
-            live = [p for p in self.stack.of_kind("inference") if p.alive and not p.paused]
-
-            def found() -> str | None:
-                versions = [_served_by(p) for p in live]
-                if versions and min(versions) > before:
-                    trainer.signal_stop()
-                    return f"v{min(versions)} served by every live replica, rollout leader {leader.name} paused"
-                return None
-
-            return _until(found, timeout=LEASE_TTL_S * 6, poll=0.1)
+            return _until(pushed, timeout=STEP_WAIT_S, poll=0.1)
         finally:
             leader.signal_cont()
 
