@@ -15,6 +15,7 @@ command and the machine's CPU count. A config without an [eval] table gives no r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -23,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from lodestar_app.cli import train_view
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / "examples" / "smollm2-capitals" / "smollm2-capitals.toml"
@@ -90,6 +93,7 @@ def row(run: Path, *, example: str, commit: str, dirty: bool, when: datetime.dat
         "intervals_apart": after["low"] > before["high"] or after["high"] < before["low"],
         "wall_minutes": None if wall_s is None else round(wall_s / 60, 1),
         "cpus": os.cpu_count(),
+        "costs": {key: round(value, 3) for key, value in dataclasses.asdict(train_view.costs(steps)).items()},
     }
 
 
@@ -109,8 +113,8 @@ def markdown(rows: list[Row]) -> str:
     """The rows as a markdown table, oldest first."""
     lines = [
         "| date | commit | example | steps | pass@1 before [95%] | pass@1 after [95%] | change | apart | pass@k before"
-        " -> after | minutes |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        " -> after | minutes | prompt tokens/call | tokens/group trained (in calls) | s/step; push, wait |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for entry in rows:
         before, after = entry["before"], entry["after"]
@@ -120,9 +124,20 @@ def markdown(rows: list[Row]) -> str:
             f"| {entry['date'][:10]} | {commit} | {entry['example']} | {entry['steps']} "
             f"| {_interval(before)} | {_interval(after)} | {entry['change_points']:+.1f} "
             f"| {'yes' if entry['intervals_apart'] else 'no'} "
-            f"| {before['pass@k']:.2f} -> {after['pass@k']:.2f} (k={before['k']}) | {minutes} |"
+            f"| {before['pass@k']:.2f} -> {after['pass@k']:.2f} (k={before['k']}) | {minutes} | {_costs(entry)} |"
         )
     return "\n".join(lines)
+
+
+def _costs(entry: Row) -> str:
+    """Prompt tokens per call | tokens per group | time per step (rows from before the costs: dashes)."""
+    found = entry.get("costs")
+    if not found:
+        return "- | - | -"
+    return (
+        f"{found['prompt_tokens']:,.0f} | {found['trained_per_group']:,.0f} ({found['calls_per_group']:,.0f}) "
+        f"| {found['step_seconds']:.0f}; {found['push_share']:.0%}, {found['wait_share']:.0%}"
+    )
 
 
 def _interval(score: dict[str, Any]) -> str:

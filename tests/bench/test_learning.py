@@ -27,7 +27,11 @@ def _run(tmp_path: Path, *, after: tuple[float, float, float] = (0.455, 0.39, 0.
     run.mkdir(parents=True)
     evaluation = {"before": _score(0.135, 0.10, 0.18), "after": _score(*after), "after_step": steps}
     (run / "eval.json").write_text(json.dumps(evaluation))
-    lines = [json.dumps({"step": step, "policy_version": step, "time": 1e9 + step}) for step in range(1, steps + 1)]
+    costs = {"groups": 4.0, "calls": 32.0, "call_tokens": 48_000.0, "target_tokens": 320.0, "tokens_trained": 2_000.0}
+    lines = [
+        json.dumps({"step": step, "policy_version": step, "time": 1e9 + step, "time_step": 0.5, **costs})
+        for step in range(1, steps + 1)
+    ]
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     return run
 
@@ -38,6 +42,8 @@ def test_a_row_has_both_scores_their_intervals_the_commit_and_the_date(tmp_path:
     assert entry["date"] == "2026-12-06T00:30:00+00:00"
     assert (entry["commit"][:7], entry["dirty"], entry["steps"]) == ("c160404", False, 37)
     assert entry["run_id"] == "run-0123456789ab"
+    assert (entry["costs"]["prompt_tokens"], entry["costs"]["trained_per_group"]) == (1490.0, 500.0)
+    assert "| 1,490 | 500 (12,000) | 0; " in learning.markdown([entry])
     assert entry["before"] == {"pass@1": 0.135, "low": 0.10, "high": 0.18, "k": 4, "pass@k": 0.27, "tasks": 100,
                                "samples": 400, "unscored_tasks": 0}  # fmt: skip
     assert entry["after"]["pass@1"] == 0.455
