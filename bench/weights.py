@@ -37,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -196,11 +196,13 @@ STEP_MODES = (
 )
 
 
-def step_waits(addresses: list[str], model_dir: Path, steps: int) -> dict[str, dict[str, float]]:
+def step_waits(
+    addresses: list[str], model_dir: Path, steps: int, modes: Sequence[tuple[str, bool, str]] = STEP_MODES
+) -> dict[str, dict[str, float]]:
     """Real SmolLM2 steps, each followed by a push to `addresses`, per STEP_MODES entry (transport, async_push,
     what is pushed). Per mode: median step seconds, median seconds waited on publishing, bytes pushed."""
     results: dict[str, dict[str, float]] = {}
-    for transport, background, what in STEP_MODES:
+    for transport, background, what in modes:
         model = load_model(model_dir)
         if "top" in what:
             layers = int(model.config.num_hidden_layers)
@@ -264,17 +266,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 with replicas(model_dir, 3, work, dtype, engine) as servers:
                     for count in (1, 3):
                         addresses = [server.address for server in servers[:count]]
-                        for transport in TRANSPORTS:
+                        for transport in args.transports.split(","):
                             for mode in MODES:
                                 row = time_pushes(transport, addresses, state, args.repeats, mode, layers)
                                 check_alive(servers)
-                                row |= {"engine": engine, "model": name, "params": params, "replicas": count,
-                                        "transport": transport, "mode": mode}  # fmt: skip
+                                row |= {"engine": engine, "model": name, "params": params}
+                                row |= {"replicas": count, "transport": transport, "mode": mode}
                                 print(json.dumps(row), flush=True)
                                 rows.append(row)
                     if engine == "transformers" and model_dir == SMOLLM2 and not args.skip_steps:
                         del model, state
-                        steps = step_waits([server.address for server in servers], model_dir, args.steps)
+                        chosen = [STEP_MODES[int(index)] for index in args.step_modes.split(",")]
+                        steps = step_waits([server.address for server in servers], model_dir, args.steps, chosen)
                         check_alive(servers)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -335,6 +338,9 @@ def main(argv: list[str] | None = None, *, report: Callable[[str], None] = print
     parser.add_argument("--skip-large", action="store_true", help="SmolLM2-135M only")
     parser.add_argument("--skip-steps", action="store_true", help="no trainer step table")
     parser.add_argument("--engines", default="transformers,vllm", help="comma-separated: transformers, vllm")
+    parser.add_argument("--transports", default=",".join(TRANSPORTS), help="comma-separated, of " + str(TRANSPORTS))
+    every = ",".join(str(index) for index in range(len(STEP_MODES)))
+    parser.add_argument("--step-modes", default=every, help="indexes into STEP_MODES (default all)")
     parser.add_argument("--commit", default="", help="the commit measured, for the docs section")
     parser.add_argument("--write-docs", action="store_true", help="replace the section of docs/benchmarks.md")
     args = parser.parse_args(argv)
