@@ -101,6 +101,10 @@ def _fault_line(index: int, fault: Fault) -> str:
     return f"{index:3d} {stamp} +{fault.gap_s:4.1f}s {fault.kind:22s} {fault.target:12s} {fault.hit}"
 
 
+def _verdict(check: Check) -> str:
+    return "n/a (too short)" if not check.judged else "pass" if check.ok else "FAIL"
+
+
 def table(report: Report) -> str:
     """The fault counts by kind and the checks, as Markdown."""
     lines = [
@@ -116,7 +120,7 @@ def table(report: Report) -> str:
     lines += ["| fault | done | missed |", "|---|---|---|"]
     lines += [f"| {kind} | {counts[kind] - missed[kind]} | {missed[kind]} |" for kind in sorted(counts)]
     lines += ["", "| check | result | found |", "|---|---|---|"]
-    lines += [f"| {c.name} | {'pass' if c.ok else 'FAIL'} | {c.found} |" for c in report.checks]
+    lines += [f"| {c.name} | {_verdict(c)} | {c.found} |" for c in report.checks]
     return "\n".join(lines)
 
 

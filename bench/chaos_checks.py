@@ -26,11 +26,18 @@ REGISTERED = "inference replica registered in etcd"
 GOOD_FINISH = (common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH, common_pb2.FINISH_REASON_STOP_SEQUENCE)
 
 
+MIN_STEPS_FOR_REWARD = 12
+"""The quickstart's reward takes off between steps 6 and 15 (tests/e2e/test_quickstart.py): fewer steps in the
+final lineage judge nothing (the check says n/a)."""
+
+
 @dataclass
 class Check:
     name: str
     ok: bool
     found: str
+    judged: bool = True
+    """False: the run was too short for this check to say anything (shown as n/a, not a pass)."""
 
 
 def run_checks(stack: ChaosStack, faults: list[Fault], stopped_at: float) -> list[Check]:
@@ -221,7 +228,8 @@ def _reward_rises(stack: ChaosStack) -> Check:
         if rewards
         else "no step"
     )
-    return Check("reward still rises", len(rewards) >= 2 and rise > 0, found)
+    judged = len(rewards) >= MIN_STEPS_FOR_REWARD
+    return Check("reward still rises", rise > 0 or not judged, found, judged=judged)
 
 
 def _nothing_left(stack: ChaosStack) -> Check:

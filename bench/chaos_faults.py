@@ -42,8 +42,9 @@ GROUPS_PER_STEP = 4
 """The quickstart's `[trainer.batch] groups_per_step`."""
 STEP_WAIT_S = 15.0
 """How long the rollout leader stays paused waiting for the begun step's push."""
-TRIGGER_TIMEOUT_S = 120.0
-"""How long a trainer fault waits for its moment before it is recorded as missed."""
+TRIGGER_TIMEOUT_S = 600.0
+"""How long a trainer fault waits for its moment before it is recorded as missed: a restarted trainer imports torch
+again and must do up to `checkpoints.every` steps first, minutes on a loaded 2-core machine."""
 
 
 @dataclass
@@ -126,12 +127,16 @@ class Injector:
         self.rng = random.Random(seed + 1)
 
     def _pick(self, kind: str) -> Proc | None:
-        if kind == "rollout-leader":
-            return self.stack.leader()
-        if kind == "rollout-standby":
-            leader = self.stack.leader()
+        """A live process of `kind`; the rollout leader or standby once there is a leader (a takeover may be
+        under way: waited for up to TRIGGER_TIMEOUT_S)."""
+        if kind.startswith("rollout-"):
+            deadline = time.monotonic() + TRIGGER_TIMEOUT_S
+            while (leader := self.stack.leader()) is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+            if kind == "rollout-leader":
+                return leader
             others = [p for p in self.stack.of_kind("rollout") if p is not leader and p.alive]
-            return others[0] if others else None
+            return others[0] if others and leader is not None else None
         alive = [p for p in self.stack.of_kind(kind) if p.alive and not p.paused]
         return self.rng.choice(alive) if alive else None
 

@@ -16,8 +16,11 @@ from bench.chaos_faults import KINDS
 
 pytestmark = [pytest.mark.slow]
 SEED = 44
+TIMEOUT_S = 1500
+"""The stack's start, one round of faults (four trainer restarts, each importing torch again) and the checks."""
 
 
+@pytest.mark.timeout(TIMEOUT_S)
 def test_chaos_keeps_every_promise(tmp_path: Path) -> None:
     report = run(tmp_path / "chaos", duration_s=None, seed=SEED, rounds=1)
     print(table(report))
