@@ -90,6 +90,8 @@ def run(
     finally:
         stopped_at = time.time()
         stack.stop()
+        timelines = {name: proc.timeline for name, proc in stack.procs.items()}
+        (work / "timelines.json").write_text(json.dumps(timelines) + "\n")  # when each process lived
     report.checks = run_checks(stack, report.faults, stopped_at)
     report.wall_s = round(time.monotonic() - started, 1)
     report.duration_s = round(report.duration_s or stopped_at - SETTLE_S - report.faults[0].at, 1)
