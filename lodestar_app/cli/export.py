@@ -5,6 +5,10 @@ local stores that holds the run: `lodestar up`'s `.lodestar/up/rollout.sqlite`, 
 `.lodestar/train/rollout.sqlite`), keeps the scored sessions of the run whose reward is >= `--min-reward`,
 and writes one record per chain end (`services/rollout/lodestar_rollout/export.py` says what a record holds). Prints a
 summary table to stderr and the output path on stdout.
+
+`lodestar export --checkpoint DIR --out OUT [--merged] [--base MODEL]`: the LoRA adapter of a trainer
+checkpoint (`[trainer.lora]`), alone in peft's format or merged onto its base model as a plain Hugging Face
+model directory (services/trainer/lodestar_trainer/lora.py `export_adapter`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from lodestar.errors import NotFoundError
+from lodestar.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from lodestar_app.cli.missing import register_missing
 
 LOCAL_STORES = (Path(".lodestar/up/rollout.sqlite"), Path(".lodestar/train/rollout.sqlite"))
@@ -42,7 +46,25 @@ def find_store(run_id: str, candidates: Sequence[Path] = LOCAL_STORES) -> str:
     raise NotFoundError(f"run {run_id} is in none of {looked} (give --store)")
 
 
+def _export_model(args: argparse.Namespace) -> int:
+    """`--checkpoint`: the adapter alone, or merged onto its base model."""
+    if args.out is None:
+        raise InvalidArgumentError("--checkpoint needs --out DIR (where the adapter or the merged model goes)")
+    try:
+        from lodestar_trainer.lora import export_adapter
+    except ModuleNotFoundError as missing:
+        raise FailedPreconditionError(
+            "exporting a checkpoint needs the trainer: pip install 'lodestar[trainer]'"
+        ) from missing
+    print(export_adapter(args.checkpoint, args.out, merged=args.merged, base=args.base))
+    return 0
+
+
 def _export(args: argparse.Namespace) -> int:
+    if args.checkpoint is not None:
+        return _export_model(args)
+    if args.run_id is None:
+        raise InvalidArgumentError("give RUN_ID (trajectories as SFT data) or --checkpoint DIR (a LoRA adapter)")
     from lodestar_rollout import sft_files
     from lodestar_rollout.export import accepted_records
     from lodestar_rollout.stores import describe, is_postgres, open_store
@@ -78,7 +100,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         register_missing(subparsers, "export", "rollout", help_text)
         return
     command = subparsers.add_parser("export", help=help_text)
-    command.add_argument("run_id", metavar="RUN_ID", help="the run to export")
+    command.add_argument("run_id", metavar="RUN_ID", nargs="?", help="the run to export")
     command.add_argument("--min-reward", type=float, default=1.0, help="keep sessions with reward >= R (default 1)")
     command.add_argument("--format", choices=FORMATS, default="chat-jsonl", help="output format (default chat-jsonl)")
     command.add_argument("--out", type=Path, default=None, help="output file (default RUN_ID-sft.jsonl|.parquet)")
@@ -88,5 +110,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="rollout store: SQLite file or postgresql:// URL (default: the first of "
         + ", ".join(str(path) for path in LOCAL_STORES)
         + " that holds the run)",
+    )
+    command.add_argument(
+        "--checkpoint", type=Path, default=None, help="instead: a LoRA trainer checkpoint's adapter, to --out DIR"
+    )
+    command.add_argument("--merged", action="store_true", help="with --checkpoint: merged onto its base model")
+    command.add_argument(
+        "--base", type=Path, default=None, help="with --merged: the base model (default: the adapter's)"
     )
     command.set_defaults(handler=_export)

@@ -11,7 +11,8 @@ in three forms, all keyed by the base model's module names:
 - **push** (`push_state`): `<module>.lora_A.weight` and `<module>.lora_B.weight` with B already multiplied by
   alpha / rank, so a replica adds `B @ A` to its base weight `<module>.weight` and needs no configuration
   (lodestar_inference/adapter.py is the replica's side);
-- **merged** (`merge_into`): base weights plus every adapter's delta, a plain model state dict.
+- **merged** (`merge_into`): base weights plus every adapter's delta, a plain model state dict
+  (`export_adapter`: `lodestar export --checkpoint DIR --merged`).
 """
 
 from __future__ import annotations
@@ -185,3 +186,27 @@ def merge_into(base: Mapping[str, torch.Tensor], adapter: Mapping[str, torch.Ten
         delta = scale * (second.to(torch.float32) @ first.to(torch.float32))
         merged[f"{module}.weight"] = (weight.to(torch.float32) + delta).to(weight.dtype)
     return merged
+
+
+def export_adapter(checkpoint: Path, out: Path, *, merged: bool = False, base: Path | None = None) -> Path:
+    """Write the adapter of a LoRA checkpoint to `out`: alone (peft's format: `PeftModel.from_pretrained`
+    loads it), or `merged` onto its base model (`base`, else the one its config names) as a plain Hugging Face
+    model directory in fp32 that transformers, `lodestar inference serve --model` and `--model` load."""
+    from lodestar_trainer.model import load_model, model_files
+
+    adapter, config = read_adapter(checkpoint)
+    out.mkdir(parents=True, exist_ok=True)
+    if not merged:
+        save_adapter(out, adapter, (checkpoint / ADAPTER_CONFIG).read_text())
+        return out
+    named = config.get("base_model_name_or_path")
+    source = base or (Path(named) if named else None)
+    if source is None:
+        raise InvalidArgumentError(f"the adapter in {checkpoint} names no base model: give the base directory")
+    settings = settings_of_adapter(config)
+    model = load_model(source).eval()
+    for file in model_files(source):  # tokenizer and chat template; save_pretrained writes the configs
+        (out / file.name).write_bytes(file.read_bytes())
+    model.load_state_dict(merge_into(dict(model.state_dict()), adapter, settings.alpha / settings.rank))
+    model.save_pretrained(str(out))
+    return out
