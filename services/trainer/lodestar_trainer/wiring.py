@@ -33,6 +33,7 @@ from lodestar_trainer.rollout_client import RolloutClient
 from lodestar_trainer.settings import TrainerSettings
 from lodestar_trainer.status import Status, StatusBoard
 from lodestar_trainer.step import adamw
+from lodestar_trainer.step.flex import warm_up_model
 from lodestar_trainer.step.precision import ComputeCopy, set_matmul_precision
 from lodestar_trainer.weights.publish import FanoutPublisher, publisher_for
 from lodestar_trainer.weights.pushing import changed_only
@@ -56,6 +57,11 @@ def check(settings: TrainerSettings) -> None:
     settings.compute.attention_backend()
     if settings.lora.enabled:
         lora_config(settings.lora)
+        if settings.weights.changed_only:
+            raise InvalidArgumentError(
+                "lora.enabled pushes the adapter alone (each version whole, merged onto the base): "
+                "weights.changed_only does not apply to it; leave it off"
+            )
 
 
 def with_lora_base(settings: TrainerSettings) -> TrainerSettings:
@@ -110,6 +116,10 @@ def create_trainer(settings: TrainerSettings, parallel: Parallel | None = None, 
             f"checkpoint {settings.resume} is of run {checkpoint.state.run_id!r}, not {settings.run!r}"
         )
     model, copy = _model(settings, start, parallel)
+    if compute.attention_backend() == "flex":  # every bucket of the budget compiled now, not in a step (flex.py)
+        dtype = DTYPES[compute.compute_dtype()]
+        budget, kl = settings.batch.micro_batch_tokens, bool(settings.loss.kl_coef)
+        warm_up_model(model, budget=budget, device=compute.device, dtype=dtype, reference=kl)
     reference: Any = None
     if settings.loss.kl_coef:
         reference = load_model(settings.model or start, device=compute.device, dtype=compute.compute_dtype()).eval()
