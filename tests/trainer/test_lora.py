@@ -125,3 +125,11 @@ def test_lora_under_torchrun_is_refused(trainer_model_dir: Path, tmp_path: Path)
     parallel = Parallel(rank=0, world=2)
     with pytest.raises(InvalidArgumentError, match="under torchrun"):
         create_trainer(settings, parallel, connect=False)
+
+
+def test_lora_with_changed_only_sync_is_refused(trainer_model_dir: Path, tmp_path: Path) -> None:
+    settings = trainer_settings(
+        run=RUN, model=trainer_model_dir, run_dir=tmp_path, lora=LORA, weights={"changed_only": True}
+    )
+    with pytest.raises(InvalidArgumentError, match="changed_only does not apply"):
+        create_trainer(settings, connect=False)
