@@ -119,6 +119,9 @@ class MicroBatch:
     """Sampling temperature of each target (per-target list, length N); empty: 1.0 for every target."""
     versions: list[int] = field(default_factory=list)
     """Policy version that sampled each target (length N; empty: unknown)."""
+    chunk_tokens: int = 0
+    """0: one forward pass. Else the micro-batch is longer than the budget (one part whose path is longer than
+    it) and its forward runs in chunks of this many tokens with KV reuse (step/forward.py)."""
 
 
 def sampled_temperature(call: common_pb2.CallRecord) -> float:

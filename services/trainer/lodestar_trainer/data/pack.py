@@ -4,7 +4,8 @@ A sequence longer than the budget is first split into parts that fit (lodestar_t
 recomputes the ancestors of its tokens as context, every target stays exactly one loss term, the gradient
 is the unsplit one). Then first-fit decreasing: sequences and parts sorted by length (longest first, ties
 in input order) go into the first micro-batch with room, else into a new one. Only a part that holds a
-target whose path from the root is longer than the budget is longer than it; it goes alone. The attention
+target whose path from the root is longer than the budget is longer than it; it goes alone, and its forward
+runs in chunks of the budget with KV reuse (`MicroBatch.chunk_tokens`, step/forward.py). The attention
 and the vocabulary chunking of lodestar_trainer/step/forward.py keep the memory linear in the micro-batch's
 tokens, so the budget bounds the memory of a pass.
 
@@ -55,7 +56,11 @@ def pack_step(sequences: Sequence[TrainingSequence], token_budget: int) -> tuple
         else:
             bins.append([sequence])
             room.append(token_budget - size)
-    return [_concatenate(members) for members in bins], stats
+    batches = [_concatenate(members) for members in bins]
+    for batch in batches:
+        if len(batch.token_ids) > token_budget:
+            batch.chunk_tokens = token_budget  # one part over the budget: its forward runs in chunks of it
+    return batches, stats
 
 
 def pack(sequences: Sequence[TrainingSequence], token_budget: int) -> list[MicroBatch]:

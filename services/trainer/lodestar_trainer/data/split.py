@@ -20,9 +20,9 @@ The limit of recompute: a part holds the whole path of each of its targets, so a
 budget (its path from the root is longer than `budget` tokens) cannot go into a part that fits. Such
 targets are not an error (a long linear session would then never train): below the last ancestor whose
 path still fits (the anchor), everything goes into ONE part over the budget, with the targets on the
-anchor's path. For a linear chain that is the whole chain, as packing did before splitting existed.
-Reusing the prefix's keys and values across parts (as DTA does) would lift the limit; docs/trainer.md says
-why it is not done. Tokens no target needs (a trailing tool result) are dropped from split sequences.
+anchor's path. For a linear chain that is the whole chain. Its forward then runs in chunks of the budget
+with KV reuse (pack.py marks it, step/forward.py runs it): the same gradient, no pass over the budget's
+queries. Tokens no target needs (a trailing tool result) are dropped from split sequences.
 
 Pure: lists in, lists out, no torch.
 """

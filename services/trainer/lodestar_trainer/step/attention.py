@@ -50,10 +50,15 @@ class TreeLayout:
     block: int
     keys: list[slice | torch.Tensor]
     """Per query block: the keys it may see, as one contiguous slice or an index tensor."""
+    offset: int = 0
+    """The queries are tokens offset..T-1 (the keys all T): a chunk over the earlier chunks' keys and values."""
 
     @classmethod
-    def of(cls, parents: list[int], *, block: int = DEFAULT_BLOCK, device: torch.device | None = None) -> TreeLayout:
-        """Check that `parents` is a pre-order forest and precompute the block structure.
+    def of(
+        cls, parents: list[int], *, block: int = DEFAULT_BLOCK, device: torch.device | None = None, start: int = 0
+    ) -> TreeLayout:
+        """Check that `parents` is a pre-order forest and precompute the block structure for the queries from
+        token `start` on (keys: every token).
 
         Raises ValueError when a token's parent is not on the path to the previous token (not pre-order).
         """
@@ -64,14 +69,14 @@ class TreeLayout:
         block_end = torch.zeros(blocks, dtype=torch.int64)
         block_end.scatter_reduce_(0, torch.arange(size) // block, end_tensor, reduce="amax")
         keys: list[slice | torch.Tensor] = []
-        for index in range(blocks):
-            q_start = index * block
-            needed = torch.nonzero(block_end[: index + 1] > q_start).flatten().tolist()
-            keys.append(_key_span(needed, block, min(size, q_start + block)))
+        for q_start in range(start, size, block):
+            q_end = min(size, q_start + block)
+            needed = torch.nonzero(block_end[: (q_end - 1) // block + 1] > q_start).flatten().tolist()
+            keys.append(_key_span(needed, block, q_end))
         if device is not None:
             end_tensor = end_tensor.to(device)
             keys = [key if isinstance(key, slice) else key.to(device) for key in keys]
-        return cls(end_tensor, block, keys)
+        return cls(end_tensor, block, keys, start)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
         return tree_attention(q, k, v, self, scale)
@@ -115,8 +120,8 @@ def _key_index(key: slice | torch.Tensor, device: torch.device) -> torch.Tensor:
 def _block(
     layout: TreeLayout, index: int, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[slice, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(query span, keys, values, mask) of query block `index`; k/v are [B, Hkv, T, D], mask [Bq, K]."""
-    q_start = index * layout.block
+    """(query span in q, keys, values, mask) of query block `index`; k/v are [B, Hkv, T, D], mask [Bq, K]."""
+    q_start = layout.offset + index * layout.block
     q_end = min(k.shape[2], q_start + layout.block)
     key = layout.keys[index]
     if isinstance(key, slice):
@@ -126,7 +131,7 @@ def _block(
     k_index = _key_index(key, k.device)
     q_index = torch.arange(q_start, q_end, device=k.device)[:, None]
     mask = (k_index[None, :] <= q_index) & (q_index < layout.end[k_index][None, :])
-    return slice(q_start, q_end), k_block, v_block, mask
+    return slice(q_start - layout.offset, q_end - layout.offset), k_block, v_block, mask
 
 
 def _wide(tensor: torch.Tensor) -> torch.Tensor:
@@ -228,8 +233,35 @@ def transformers_attention(
         raise ValueError("tree attention does not support sliding-window layers")
     if dropout:
         raise ValueError("tree attention does not support attention dropout")
-    attended: torch.Tensor = layout.attend(query, key, value, scaling)
+    if isinstance(layout, ChunkLayout):
+        attended = layout.attend_layer(int(getattr(module, "layer_idx", 0)), query, key, value, scaling)
+    else:
+        attended = layout.attend(query, key, value, scaling)
     return attended.transpose(1, 2).contiguous(), None
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """One chunk of a micro-batch longer than its chunk size (KV reuse, forward.py): the chunk's queries attend to
+    the keys and values the earlier chunks computed, per layer, and to its own; the chunk's own are recorded for
+    the next chunk. The earlier ones stay in the autograd graph, so the gradient flows back into the chunks that
+    made them and equals the one-pass gradient."""
+
+    tree: TreeLayout
+    """The chunk's queries (offset = the earlier chunks' tokens) over every key so far."""
+    earlier: dict[int, tuple[torch.Tensor, torch.Tensor]]
+    """Per layer: the earlier chunks' keys and values [B, Hkv, offset, D] (never changed once made)."""
+    produced: dict[int, tuple[torch.Tensor, torch.Tensor]]
+    """Per layer: this chunk's keys and values, filled by the forward pass."""
+
+    def attend_layer(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+    ) -> torch.Tensor:
+        self.produced[layer] = (k, v)
+        if layer in self.earlier:
+            before_k, before_v = self.earlier[layer]
+            k, v = torch.cat((before_k, k), 2), torch.cat((before_v, v), 2)
+        return tree_attention(q, k, v, self.tree, scale)
 
 
 def use_tree_attention(model: torch.nn.Module) -> None:

@@ -13,6 +13,13 @@ Function that recomputes each chunk's logits in the backward pass, so neither th
 [N, V] logits of the targets ever exist: the extra memory is [row_chunk, vocab_chunk] (fp32) at a time.
 (A 32K-token sequence with Qwen's 151,936 entries would need ~20 GB of fp32 logits.)
 
+A micro-batch longer than its `chunk_tokens` (a part the splitter could not bring under the budget: a path from
+the root longer than it, e.g. one long linear session; data/pack.py sets it) runs its base in chunks of that many
+tokens with KV reuse: each chunk's queries attend to the keys and values the earlier chunks computed, layer by
+layer (attention.py `ChunkLayout`), which stay in the autograd graph, so the logprobs and the gradient are the
+one-pass ones and no pass computes more than `chunk_tokens` queries. The chunks use the explicit attention
+whatever `attention` says (flex would compile per pair of query and key lengths).
+
 Assumptions: the LM head is a plain linear map (optionally with bias; tied weights are fine); models
 that scale or soft-cap their logits (Gemma 2, Cohere) are not supported and raise. The logsumexp and the
 target logits are computed in fp32 whatever the model dtype.
@@ -26,7 +33,7 @@ import torch
 
 from lodestar_trainer.data.batch import MicroBatch
 from lodestar_trainer.model import TiedHead
-from lodestar_trainer.step.attention import LAYOUT_KWARG, Layout, TreeLayout, use_tree_attention
+from lodestar_trainer.step.attention import LAYOUT_KWARG, ChunkLayout, Layout, TreeLayout, use_tree_attention
 from lodestar_trainer.step.flex import FlexLayout
 
 DEFAULT_ROW_CHUNK = 4096
@@ -172,16 +179,20 @@ def target_logprobs(
     if bool((read_at < 0).any()):
         raise ValueError("a target token has no parent (a sampled token cannot start a sequence)")
     block = {"block": attention_block} if attention_block else {}
-    layout: Layout = (
-        FlexLayout.of(batch.parents, device=device)
-        if attention == "flex"
-        else TreeLayout.of(batch.parents, device=device, **block)
-    )
     input_ids = torch.tensor([batch.token_ids], dtype=torch.int64, device=device)
     position_ids = torch.tensor([batch.position_ids], dtype=torch.int64, device=device)
     base: Any = model.model
-    output = base(input_ids=input_ids, position_ids=position_ids, use_cache=False, **{LAYOUT_KWARG: layout})
-    hidden = output.last_hidden_state[0].index_select(0, read_at.to(device))
+    if batch.chunk_tokens and len(batch.token_ids) > batch.chunk_tokens:
+        states = _chunked_states(base, batch, input_ids, position_ids, block)
+    else:
+        layout: Layout = (
+            FlexLayout.of(batch.parents, device=device)
+            if attention == "flex"
+            else TreeLayout.of(batch.parents, device=device, **block)
+        )
+        output = base(input_ids=input_ids, position_ids=position_ids, use_cache=False, **{LAYOUT_KWARG: layout})
+        states = output.last_hidden_state[0]
+    hidden = states.index_select(0, read_at.to(device))
     token_ids = input_ids[0].index_select(0, targets.to(device))
     temperatures = None
     if batch.temperatures and any(value != 1.0 for value in batch.temperatures):
@@ -197,3 +208,31 @@ def target_logprobs(
         vocab_chunk=vocab_chunk,
         row_chunk=row_chunk,
     )
+
+
+def _chunked_states(
+    base: Any, batch: MicroBatch, input_ids: torch.Tensor, position_ids: torch.Tensor, block: dict[str, int]
+) -> torch.Tensor:
+    """The base's last hidden states [T, H] of `batch`, computed in chunks of `batch.chunk_tokens` queries with
+    KV reuse (module docstring)."""
+    chunk, size = batch.chunk_tokens, len(batch.token_ids)
+    earlier: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    states = []
+    for start in range(0, size, chunk):
+        stop = min(size, start + chunk)
+        tree = TreeLayout.of(batch.parents[:stop], device=input_ids.device, start=start, **block)
+        layout = ChunkLayout(tree, earlier, {})
+        output = base(
+            input_ids=input_ids[:, start:stop],
+            position_ids=position_ids[:, start:stop],
+            use_cache=False,
+            **{LAYOUT_KWARG: layout},
+        )
+        states.append(output.last_hidden_state[0])
+        earlier = {  # a new dict: a recompute of this chunk (activation checkpointing) reads the old one
+            layer: (torch.cat((earlier[layer][0], k), 2), torch.cat((earlier[layer][1], v), 2))
+            if layer in earlier
+            else (k, v)
+            for layer, (k, v) in layout.produced.items()
+        }
+    return torch.cat(states)
