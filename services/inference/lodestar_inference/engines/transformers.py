@@ -217,7 +217,7 @@ class TransformersEngine:
 
     def _load_update(self, base: Any, update: WeightUpdate) -> Any:
         """A copy of `base` with the update's tensors, each written once: the replaced parameters and buffers
-        are made from the (memory-mapped) files and handed to the deep copy, which copies only the rest
+        are made from the (memory-mapped) files and handed to the deep copy, which shares the rest with `base`
         (copying a tensor and then overwriting it took a second pass over every updated byte). Files held in
         memory (/dev/shm: a spooled stream or broadcast, a `shared_fs` version) are not copied at all when
         the dtype and device match: the parameters are the file's pages, mapped copy-on-write, shared by the
@@ -239,6 +239,8 @@ class TransformersEngine:
                 if isinstance(old, torch.nn.Parameter):
                     new = torch.nn.Parameter(new, requires_grad=old.requires_grad)
                 memo[id(old)] = new
+        for kept in current.values():  # the tensors an update leaves are the previous version's, shared, not
+            memo.setdefault(id(kept), kept)  # copied (no version writes its weights): a changed-only update is cheap
         model = copy.deepcopy(base, memo)
         return model.eval()
 
