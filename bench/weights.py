@@ -146,7 +146,13 @@ def changing(state: dict[str, torch.Tensor], mode: str, layers: int) -> list[str
 
 
 def time_pushes(
-    transport: str, addresses: list[str], state: dict[str, torch.Tensor], repeats: int, mode: str, layers: int
+    transport: str,
+    addresses: list[str],
+    state: dict[str, torch.Tensor],
+    repeats: int,
+    mode: str,
+    layers: int,
+    after: int = 0,
 ) -> dict[str, Any]:
     """Median seconds of `repeats` pushes after one warm-up (a full push either way), the payload one replica
     is sent, and for changed-only the trainer's CPU seconds finding the changes. Before each changed-only push
@@ -156,7 +162,7 @@ def time_pushes(
         pub = ChangedOnlyPublisher(pub)
     moving = changing(state, mode, layers)
     try:
-        version = pub.served_version() + 1
+        version = max(pub.served_version(), after) + 1  # `after`: the newest any replica serves
         pub.publish(state, version)  # warm-up: channels, the replicas' first swap
         seconds, payload, compare, full = [], 0, [], 0
         for repeat in range(repeats):
@@ -182,7 +188,7 @@ def time_pushes(
     moved = payload if transport == "shared_fs" else payload * len(addresses)
     return {"seconds": statistics.median(seconds), "all": seconds, "payload": payload, "moved": moved,
             "by_broadcast": by_broadcast, "compare_cpu": statistics.median(compare) if compare else 0.0,
-            "full_replicas": full}  # fmt: skip
+            "full_replicas": full, "version": version}  # fmt: skip
 
 
 STEP_MODES = (
@@ -264,11 +270,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 layers = int(model.config.num_hidden_layers)
                 params = sum(t.numel() for t in state.values())
                 with replicas(model_dir, 3, work, dtype, engine) as servers:
+                    newest = 0  # the first replica serves versions the others never got
                     for count in (1, 3):
                         addresses = [server.address for server in servers[:count]]
                         for transport in args.transports.split(","):
                             for mode in MODES:
-                                row = time_pushes(transport, addresses, state, args.repeats, mode, layers)
+                                row = time_pushes(transport, addresses, state, args.repeats, mode, layers, newest)
+                                newest = row["version"]
                                 check_alive(servers)
                                 row |= {"engine": engine, "model": name, "params": params}
                                 row |= {"replicas": count, "transport": transport, "mode": mode}
