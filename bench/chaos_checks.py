@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sqlite3
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -232,19 +233,34 @@ def _reward_rises(stack: ChaosStack) -> Check:
     return Check("reward still rises", rise > 0 or not judged, found, judged=judged)
 
 
+SANDBOX_MARK = "lodestar_gateway/node/harnesses/"
+"""In the command line of a gateway node's session sandbox (bwrap around netns_child.py)."""
+
+
+def _started_at(pid: str) -> float:
+    """When process `pid` started (seconds since the epoch), from /proc."""
+    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _nothing_left(stack: ChaosStack) -> Check:
+    """No process names the run's work directory, and no orphaned session sandbox started during the run (a
+    killed node's sandboxes are reparented to init: their command lines name the harness code, not the run)."""
     marker = str(stack.work)
+    began = min((when for proc in stack.procs.values() for when, _ in proc.timeline), default=time.time())
     left = []
-    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+    for pid in [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]:
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
+            orphan = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] == "1"
+            sandbox = orphan and SANDBOX_MARK in cmdline and _started_at(pid) >= began
+        except (OSError, IndexError, ValueError):
             continue
-        if marker in cmdline and int(pid) != os.getpid():
+        if marker in cmdline or sandbox:
             left.append(f"{pid}: {cmdline[:80]}")
-    return Check(
-        "no process left behind", not left, f"{len(left)} processes naming {marker}" + (f": {left[:2]}" if left else "")
-    )
+    found = f"{len(left)} processes naming {marker} or orphaned sandboxes of the run"
+    return Check("no process left behind", not left, found + (f": {left[:2]}" if left else ""))
 
 
 def _stalls(stack: ChaosStack) -> list[float]:
