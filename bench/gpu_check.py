@@ -2,14 +2,17 @@
 
 Rows, by section:
 1. versions (Python, torch, CUDA, triton, transformers, lodestar's commit) and the device;
-2. the three builders (per_request, prefix_merging, tree) give the same loss and every gradient to 1e-5 in
+2. activation checkpointing gives the same loss and gradients as none (fp32, flex on CUDA); the three builders
+   (per_request, prefix_merging, tree) give the same loss and every gradient to 1e-5 in
    fp32 through the real path (build -> pack -> target logprobs -> GRPO loss with KL -> backward), per
    attention backend; the same in bf16 compute, where the differences are reported, not judged;
 3. tree attention against a dense masked SDPA in fp64 on the same inputs: outputs and gradients of the
    flex (FlexAttention, compiled) and explicit backends, fp32 and bf16, on a random tree and on packed
    documents (Qwen3's head shape: 16 query heads over 8 key/value heads of 128);
-4. throughput of the trainer's step on random-weight Qwen3-shaped models (0.6B, 1.7B, 4B; vocabulary
-   151,936) in bf16 compute over fp32 master weights with activation checkpointing, flex attention: on
+4. throughput of the trainer's step on random-weight Qwen3-shaped models (4B first, then 1.7B and 0.6B;
+   vocabulary 151,936) in bf16 compute over fp32 master weights with activation checkpointing, flex
+   attention and the trainer's AdamW (fused on CUDA), with a FAIL verdict when a loss, a gradient or a stepped
+   weight is not finite, the peak memory next to step/memory.py's prediction: on
    bench/trainer.py's 19-call session shape at full length (16K system+tools prefix) for a group of
    `--group-size` sessions, and on one ~32K-token session, per builder: tokens/s, MFU, peak memory;
 5. the transformers inference engine: sampled logprobs equal a teacher-forced recompute (fp32: to 1e-4;
@@ -21,8 +24,11 @@ their forward+backward seconds; MFU = model FLOPs of those micro-batches (6 x de
 token, 12 x attention pairs x query heads x head size per layer, 6 x hidden x vocabulary per target; no
 recompute counted) / seconds / the GPU's dense bf16 peak (989 TFLOP/s for H100/H200 SXM, else
 `--peak-tflops`); peak memory = torch.cuda.max_memory_allocated over the builder's passes and one AdamW
-step (model, master weights, optimizer state included). Cases run in order until `--budget-s` has passed;
-the rest are listed as skipped. Sections run 1, 2, 3, 5, 4 so the budget only ever cuts throughput cases.
+step (model, master weights, optimizer state included); the micro-batch budget is the largest of 32,768 and
+16,384 tokens that step/memory.py predicts to fit the GPU. Cases run in order until `--budget-s` has passed;
+the rest are listed as skipped. Sections run 1, 4, 2, 3, 5: the 4B rows first (the ones a cut-short run must
+not lose); the budget only ever cuts throughput cases. Before importing anything else the script checks the
+packages lodestar's modules need (protobuf >= 7.35.1 among them) and exits naming the missing ones.
 
 `--device cpu` runs every section on tiny shapes (explicit attention; flex forward only, since torch has no
 flex backward on CPU) in well under a minute: tests/bench/test_gpu_check.py runs it in `make test`, so the
@@ -48,6 +54,30 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+NEEDS = {"protobuf": (7, 35, 1), "structlog": (0,), "pydantic": (2, 7), "rich": (0,), "transformers": (0,)}
+"""What lodestar's modules import beyond torch, with the least version (lodestar/v1 needs protobuf >= 7.35.1)."""
+
+
+def missing_packages() -> list[str]:
+    """The packages of NEEDS absent or too old here, as pip requirement strings (checked before importing any)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    missing = []
+    for name, least in NEEDS.items():
+        try:
+            have = tuple(int(part) for part in version(name).split(".")[:3] if part.isdigit())
+        except PackageNotFoundError:
+            have = ()
+        if not have or have < least:
+            missing.append(f"{name}>={'.'.join(map(str, least))}" if least != (0,) else name)
+    return missing
+
+
+if __name__ == "__main__" and (_missing := missing_packages()):
+    sys.exit(
+        f"gpu_check: missing or too old: {' '.join(_missing)}. Install them first, e.g. offline from wheels carried "
+        f"along: pip install --no-index --find-links .whl/gpu {' '.join(repr(m) for m in _missing)} (docs/gpu.md)"
+    )
 
 import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -59,17 +89,19 @@ from lodestar_trainer.builders import BuilderKind, build_sequences  # noqa: E402
 from lodestar_trainer.data.pack import pack  # noqa: E402
 from lodestar_trainer.data.synthetic import SMALL_SHAPE, SessionShape, synthetic_samples  # noqa: E402
 from lodestar_trainer.model import enable_activation_checkpointing  # noqa: E402
+from lodestar_trainer.step import adamw  # noqa: E402
 from lodestar_trainer.step.flex import padded_length  # noqa: E402
 from lodestar_trainer.step.forward import AttentionBackend, target_logprobs  # noqa: E402
 from lodestar_trainer.step.loss import LossConfig, LossNormalizer, LossOutput, policy_loss  # noqa: E402
+from lodestar_trainer.step.memory import GIB, ModelShape, step_memory  # noqa: E402
 from lodestar_trainer.step.precision import ComputeCopy  # noqa: E402
 
 TOLERANCE = 1e-5
 """Section 2: loss and every gradient element, fp32, builder vs per_request (tests/trainer/test_equivalence)."""
 QWEN3 = {  # the released configs' shapes (hidden, intermediate, layers, query heads); 8 KV heads of 128
-    "Qwen3-0.6B": (1024, 3072, 28, 16),
+    "Qwen3-4B": (2560, 9728, 36, 32),  # first: the rows a short run must not lose
     "Qwen3-1.7B": (2048, 6144, 28, 16),
-    "Qwen3-4B": (2560, 9728, 36, 32),
+    "Qwen3-0.6B": (1024, 3072, 28, 16),
 }
 VOCAB = 151_936
 CPU_VOCAB = 4_096
@@ -221,6 +253,43 @@ def builders_equal(check: Check) -> None:
     )
 
 
+def checkpointing_equal(check: Check) -> None:
+    """Activation checkpointing recomputes each layer in the backward, the tree layout passed through to the
+    attention again: the loss and every gradient element equal the ones without it (fp32), on flex on CUDA."""
+    attention: AttentionBackend = "flex" if check.cuda else "explicit"
+    model = tiny_qwen(SMALL_SHAPE.vocab_size).to(check.device)
+    samples = synthetic_samples(SMALL_SHAPE, group_size=3, seed=1)
+    batches = pack(build_sequences(BuilderKind.TREE, samples).sequences, 300)
+    norm, config = LossNormalizer.of(batches), LossConfig()
+    results = []
+    for checkpointing in (False, True):
+        net = copy.deepcopy(model)
+        if checkpointing:
+            enable_activation_checkpointing(net)
+        total = 0.0
+        for batch in batches:
+            loss = policy_loss(target_logprobs(net, batch, vocab_chunk=1000, attention=attention), batch, config, norm)
+            loss.loss.backward()
+            total += float(loss.loss)
+        results.append((total, {name: p.grad.detach().clone() for name, p in net.named_parameters()}))
+    (plain_loss, plain), (ckpt_loss, ckpt) = results
+    worst = max(float((ckpt[name] - grad).abs().max()) for name, grad in plain.items())
+    finite = all(bool(grad.isfinite().all()) for grad in plain.values())
+    ok = finite and abs(plain_loss - ckpt_loss) <= TOLERANCE and worst <= TOLERANCE
+    check.add(
+        2,
+        f"activation checkpointing = none, fp32, {attention}",
+        "pass" if ok else "FAIL",
+        f"|loss diff| {abs(plain_loss - ckpt_loss):.1e}, max |grad diff| {worst:.1e} over {len(plain)} tensors "
+        f"(tolerance {TOLERANCE:g}); {len(batches)} micro-batches of the tree builder; finite: {finite}",
+    )
+
+
+def builders_and_checkpointing(check: Check) -> None:
+    checkpointing_equal(check)
+    builders_equal(check)
+
+
 # -- 5. the transformers inference engine --------------------------------------------------------------
 
 
@@ -355,8 +424,14 @@ def throughput(check: Check) -> None:
         master = qwen3(model_name, check.device)
         enable_activation_checkpointing(master)
         compute = ComputeCopy(master, torch.bfloat16)
-        optimizer = torch.optim.AdamW(master.parameters(), lr=1e-6)
+        impl = adamw.implementation(str(check.device))  # fused on CUDA: no full-size temporary (step/adamw.py)
+        optimizer = adamw.adamw(master.parameters(), lr=1e-6, weight_decay=0.0, impl=impl)
         dims = Dims.of(master)
+        if check.cuda:  # the largest budget the estimator says fits this GPU (step/memory.py)
+            total = torch.cuda.get_device_properties(check.device).total_memory / GIB
+            shape = ModelShape.of(master.config)
+            budget = next((b for b in (32_768, 16_384) if step_memory(shape, tokens=b).fits(total, 4.0)), 8_192)
+            check.predicted = step_memory(shape, tokens=budget).peak / GIB
         params = sum(p.numel() for p in master.parameters())
         for shape_name, shape, group_size in shapes:
             vocab = int(master.config.vocab_size)
@@ -370,8 +445,8 @@ def throughput(check: Check) -> None:
                 sequences = build_sequences(kind, group).sequences
                 try:
                     batches = pack(sequences, budget)
-                    detail = measure(check, compute, optimizer, dims, batches, budget, attention, peak)
-                    check.add(4, label, "measured", detail)
+                    finite, detail = measure(check, compute, optimizer, dims, batches, budget, attention, peak)
+                    check.add(4, label, "measured" if finite else "FAIL", detail)
                 except torch.cuda.OutOfMemoryError as error:
                     longest = max(len(sequence) for sequence in sequences)
                     check.add(4, label, "error", f"out of memory (longest sequence {longest:,} tokens): {error}"[:300])
@@ -405,9 +480,10 @@ def measure(
     budget: int,
     attention: AttentionBackend,
     peak: float | None,
-) -> str:
+) -> tuple[bool, str]:
     """Untimed pass on the longest micro-batch, timed passes on up to `check.sample` others of its padded
-    length (or on it again), one optimizer step; the figures as a table cell."""
+    length (or on it again), one optimizer step; whether every loss, gradient and stepped weight is finite, and
+    the figures as a table cell."""
     norm, config = LossNormalizer.of(batches), LossConfig()
     ordered = sorted(batches, key=lambda batch: len(batch.token_ids), reverse=True)
     warm, bucket = ordered[0], padded_length(len(ordered[0].token_ids))
@@ -415,9 +491,13 @@ def measure(
     if check.cuda:
         torch.cuda.reset_peak_memory_stats(check.device)
 
+    losses: list[torch.Tensor] = []
+
     def run(batch: Any) -> None:
         new = target_logprobs(compute.model, batch, attention=attention)
-        policy_loss(new, batch, config, norm).loss.backward()
+        loss = policy_loss(new, batch, config, norm).loss
+        loss.backward()
+        losses.append(loss.detach())
 
     started = time.perf_counter()
     run(warm)
@@ -429,19 +509,29 @@ def measure(
     check.sync()
     seconds = time.perf_counter() - started
     compute.grads_to_master()
+    grads_finite = all(bool(p.grad.isfinite().all()) for p in compute.master.parameters() if p.grad is not None)
     started = time.perf_counter()
     optimizer.step()
     compute.weights_from_master()
     check.sync()
     step_s = time.perf_counter() - started
+    finite = {
+        "loss": all(bool(loss.isfinite()) for loss in losses),
+        "gradients": grads_finite,
+        "weights after AdamW": all(bool(p.isfinite().all()) for p in compute.master.parameters()),
+    }
+    bad = [name for name, ok in finite.items() if not ok]
     tokens = sum(len(batch.token_ids) for batch in timed)
     all_tokens = sum(len(batch.token_ids) for batch in batches)
     rate = tokens / seconds
     flops = sum(dims.flops(batch) for batch in timed)
     mfu = f"{100 * flops / seconds / peak:.1f}%" if peak else "n/a (unknown peak)"
     memory = f"{torch.cuda.max_memory_allocated(check.device) / 2**30:.1f} GiB" if check.cuda else "n/a on CPU"
+    if check.cuda and check.predicted:
+        memory += f" (predicted {check.predicted:.1f})"
     over = sum(len(batch.token_ids) > budget for batch in batches)
-    return (
+    verdict = f"NON-FINITE {', '.join(bad)}; " if bad else "loss, gradients and weights finite; "
+    return not bad, verdict + (
         f"{rate:,.0f} tokens/s, MFU {mfu}, peak {memory}; step ~{all_tokens / rate + step_s:.0f} s for "
         f"{all_tokens:,} tokens in {len(batches)} micro-batches ({over} over the {budget:,}-token budget), timed "
         f"{len(timed)} ({tokens:,} tokens, {seconds:.1f} s) after a {warm_s:.1f} s first pass; AdamW {step_s:.1f} s"
@@ -455,11 +545,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--device", default="cuda", help="cuda (the check) or cpu (reduced: tiny shapes)")
     parser.add_argument("--out", type=Path, help="write the markdown table here too (rewritten after every row)")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="start no throughput case after this")
+    parser.add_argument("--budget-s", type=float, default=300.0, help="start no throughput case after this")
     parser.add_argument("--group-size", type=int, default=2, help="sessions per group in section 4's full shape")
     parser.add_argument("--sample", type=int, help="timed micro-batches per builder in section 4 (2; CPU: 1)")
     parser.add_argument("--peak-tflops", type=float, help="dense bf16 peak of the GPU (default: by name)")
-    parser.add_argument("--sections", default="1,2,3,5,4", help="which sections, in this order")
+    parser.add_argument("--sections", default="1,4,2,3,5", help="which sections, in this order")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     sample = args.sample or (2 if device.type == "cuda" else 1)
@@ -468,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True)
     sections: dict[str, tuple[str, Callable[[Check], None]]] = {
         "1": ("versions", versions),
-        "2": ("builders equal", builders_equal),
+        "2": ("builders equal", builders_and_checkpointing),
         "3": ("attention vs dense", attention_vs_dense),
         "4": ("throughput", throughput),
         "5": ("engine logprobs", engine_logprobs),

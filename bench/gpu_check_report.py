@@ -35,6 +35,8 @@ class Check:
     peak_tflops: float | None
     started: float = field(default_factory=time.perf_counter)
     rows: list[Row] = field(default_factory=list)
+    predicted: float = 0.0
+    """Section 4: the step's peak GiB step/memory.py predicts for the model being measured (0: none)."""
 
     @property
     def cuda(self) -> bool:

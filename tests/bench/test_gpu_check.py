@@ -29,6 +29,10 @@ def test_gpu_check_runs_every_section_on_cpu(tmp_path: Path) -> None:
     results = {(row[0].lstrip("| "), row[1]): row[2] for row in rows}
     assert {section for section, _ in results} == {"1", "2", "3", "4", "5"}
     assert not [key for key, result in results.items() if result in ("FAIL", "error")]
+    assert [row[0].lstrip("| ") for row in rows] == sorted((row[0].lstrip("| ") for row in rows), key="14235".index), (
+        "sections in the order 1, 4, 2, 3, 5 (the 4B rows first on a GPU)"
+    )
+    assert results["2", "activation checkpointing = none, fp32, explicit"] == "pass"
     assert results["2", "builders equal, fp32, explicit"] == "pass"
     assert results["2", "builders equal, fp32, flex"] == "skipped"  # no flex backward on CPU
     assert results["3", "flex vs dense, float32, random tree of 300"] == "pass"
@@ -37,3 +41,17 @@ def test_gpu_check_runs_every_section_on_cpu(tmp_path: Path) -> None:
     throughput = [key for key in results if key[0] == "4"]
     assert len(throughput) == 3, "one row per builder"
     assert all(results[key] == "measured" for key in throughput)
+    details = {(row[0].lstrip("| "), row[1]): row[3] for row in rows}
+    assert all("loss, gradients and weights finite" in details[key] for key in throughput)
+
+
+def test_missing_packages_are_named_before_anything_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the GPU machine a missing small package (protobuf >= 7.35.1 above all) must stop the check at once
+    with its name, not as an ImportError deep in lodestar."""
+    sys.path.insert(0, str(SCRIPT.parent.parent))
+    import bench.gpu_check as gpu_check
+
+    assert gpu_check.missing_packages() == []
+    monkeypatch.setitem(gpu_check.NEEDS, "protobuf", (99, 0))
+    monkeypatch.setitem(gpu_check.NEEDS, "no-such-package-lodestar", (0,))
+    assert gpu_check.missing_packages() == ["protobuf>=99.0", "no-such-package-lodestar"]
