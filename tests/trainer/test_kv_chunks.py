@@ -53,6 +53,7 @@ def _assert_chunked_equals_one_pass(model: Any, batch: MicroBatch) -> None:
         torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.slow
 def test_a_linear_session_over_the_budget_is_packed_to_run_in_chunks_of_it(tiny_lm: Any) -> None:
     """600 tokens in one linear chain under a 256-token budget: one micro-batch (recompute cannot cut one path),
     run as chunks of 256, 256 and 88 queries over the keys before them; the same logprobs and gradients."""
@@ -63,6 +64,7 @@ def test_a_linear_session_over_the_budget_is_packed_to_run_in_chunks_of_it(tiny_
     _assert_chunked_equals_one_pass(tiny_lm, batch)
 
 
+@pytest.mark.slow
 def test_chunks_with_activation_checkpointing_keep_the_gradient(tiny_lm: Any) -> None:
     """The CUDA default: every layer recomputed in the backward, the earlier chunks' keys and values still
     reaching the chunks that made them."""
@@ -73,6 +75,7 @@ def test_chunks_with_activation_checkpointing_keep_the_gradient(tiny_lm: Any) ->
     _assert_chunked_equals_one_pass(tiny_lm, batch)
 
 
+@pytest.mark.slow
 def test_a_tree_deeper_than_the_chunk_runs_in_chunks_too(tiny_lm: Any) -> None:
     sequence = _sequence(random_forest(500, seed=4), tiny_lm.config.vocab_size, seed=3)
     (batch,), _ = pack_step([sequence], token_budget=100_000)
