@@ -19,7 +19,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # .tools/node/bin: the project's own Node.js, when the system's is missing or older than 20 (make node-deps).
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(CURDIR)/.tools/node/bin:$(PATH)
 
-.PHONY: help check pytest-fast config-reference run up test test-training test-docker setup system-deps node-deps test-deps venv node-tools vllm-venv harnesses node-client dashboard-assets proto proto-check lint sizes typecheck pytest bench bench-learning bench-chaos clean docker-deps images session-image compose-test
+.PHONY: help check pytest-fast config-reference run up test test-training test-docker setup system-deps node-deps test-deps venv node-tools vllm-venv harnesses node-client dashboard-assets proto proto-check lint sizes typecheck pytest bench bench-learning bench-chaos test-chaos clean docker-deps images session-image compose-test
 
 ## run: set up, then train the bundled quickstart (examples/quickstart: local etcd + the four services, the tiny
 ## model, a live view) and exit with its summary (reward rise, plot, checkpoint). See docs/quickstart.md.
@@ -164,9 +164,14 @@ sizes: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-## pytest: the whole test suite but the Docker tests (needs what `make test` sets up).
+## pytest: the whole test suite but the Docker tests and the chaos run (needs what `make test` sets up).
 pytest: venv
-	$(VENV)/bin/pytest -q -ra -m "not docker"
+	$(VENV)/bin/pytest -q -ra -m "not (docker or chaos)"
+
+## test-chaos: the short seeded chaos run (tests/e2e/test_chaos.py, docs/chaos.md); not yet in `make test`: it has
+## not passed on the 2-core machine (issue 44).
+test-chaos: setup
+	$(VENV)/bin/pytest -q -ra -m chaos
 
 FAST_TESTS := -m "not (slow or harness or vllm or docker or training_e2e)" --ignore=tests/e2e --ignore=tests/deploy
 ## pytest-fast: only the fast unit tests (`make check`'s): FAST_TESTS.

@@ -14,7 +14,7 @@ import pytest
 from bench.chaos import run, table
 from bench.chaos_faults import KINDS
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 SEED = 44
 TIMEOUT_S = 1500
 """The stack's start, one round of faults (four trainer restarts, each importing torch again) and the checks."""

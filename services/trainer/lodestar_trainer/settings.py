@@ -73,7 +73,8 @@ class BatchSettings(SettingsSection):
     """What one step trains on (the planner, planner.py): which groups, built and packed how."""
 
     builder: Literal["per_request", "prefix_merging", "tree"] = "prefix_merging"
-    """How a group's calls become training sequences."""
+    """How calls become training sequences: `per_request` (each alone), `prefix_merging` (a session's chain of
+    calls), `tree` (one prefix tree of the whole step: what all sessions share is computed once)."""
     advantage: Literal["zscore", "mean", "leave_one_out"] = "zscore"
     """Group-relative advantage."""
     groups_per_step: int = 1
@@ -168,12 +169,6 @@ class WeightsSettings(SettingsSection):
     broadcast_bucket_mb: int = 256
     """broadcast: tensors travel in buckets of whole tensors of up to this many MiB (each bucket one
     collective, with the timeout above)."""
-    changed_only: bool = False
-    """Send each version as only the tensors that changed (compared bit for bit in the serving dtype) since the
-    version the replicas serve; a replica that serves another (missed a push, restarted) refuses the diff and
-    gets the full state. Costs one copy of the model in the serving dtype (the snapshot's, with async_push)
-    and a comparison pass per push; pays only when tensors stay unchanged (frozen parts, sparse updates):
-    after a full AdamW step nearly all change (docs/trainer.md "Changed-only sync")."""
     changed_only: bool = False
     """Send each version as only the tensors that changed (compared bit for bit in the serving dtype) since the
     version the replicas serve; a replica that serves another (missed a push, restarted) refuses the diff and
