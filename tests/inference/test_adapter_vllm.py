@@ -29,7 +29,7 @@ async def probe(model: Path, adapters: list[Path]) -> dict[str, Any]:
     from lodestar_inference.settings import InferenceSettings
     from lodestar_inference.weights import read_safetensors_meta
 
-    engine = create_engine(InferenceSettings(backend="vllm", model=model, kv_cache_bytes=64 * 1024**2))
+    engine = create_engine(InferenceSettings(backend="vllm", model=model, kv_cache_bytes=128 * 1024**2))
     await engine.start()
     out: dict[str, Any] = {}
     try:
