@@ -114,9 +114,9 @@ class VllmEngine:
         self._version = 0
         self._expected: dict[str, TensorMeta] = {}
         self._sources: dict[str, Path] = {}
+        """Where the current value of every checkpoint tensor lives (model files, then update files)."""
         self._base_sources: dict[str, Path] = {}
         """Where each base weight lives in the model directory: LoRA adapters are merged onto these."""
-        """Where the current value of every checkpoint tensor lives (model files, then update files)."""
         self._packed_of: dict[str, str] = {}
         self._shm = Path()
         """Directory of the reload files, made at the first update in the spool dir setting, else /dev/shm."""
