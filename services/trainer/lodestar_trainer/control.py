@@ -50,7 +50,7 @@ class GroupSource(Protocol):
 class Publisher(Protocol):
     def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult: ...
     def payload_dtype(self) -> torch.dtype | None: ...
-    def served_version(self, *, newest: bool = False) -> int: ...
+    def served_version(self) -> int: ...
 
 
 class ControlPlane:
@@ -236,36 +236,20 @@ class ControlPlane:
 
     # -- publishing ----------------------------------------------------------------------------------------
 
-    def sync_inference(self) -> int:
-        """Make inference serve the trainer's weights when it serves another version; returns the version the
-        trainer goes on from. Every replica older (a resumed run; inference restarted): the resumed weights are
-        pushed under their version. One newer (the trainer died after pushing versions its checkpoint does not
-        have, or started afresh on a run whose policy moved on), or as new while another is older: they are pushed
-        as the newest served version + 1, so versions only grow and no replica refuses the push as not newer."""
+    def sync_inference(self) -> None:
+        """On a resumed run, make inference serve the resumed weights if it serves an older version."""
         version = self.state().policy_version
-        target = None
+        if not version:
+            return
+        behind = None
         if self.parallel.is_main and self.publisher is not None:
-            try:
-                newest = self.publisher.served_version(newest=True)
-            except LodestarError:
-                if version:
-                    raise
-                newest = 0  # a fresh start before inference answers: its first push will tell
-            if newest < version:  # every replica behind: the resumed weights under their own version
-                target = version
-            elif newest > version or (
-                version and self.publisher.served_version() < version
-            ):  # any replica would refuse it
-                target = newest + 1
-        target = self.parallel.broadcast(target)
-        if target is None:
-            return version
+            behind = self.publisher.served_version() < version
+        if not self.parallel.broadcast(behind):
+            return
         weights = self._pushed()
         if self.parallel.is_main and self.publisher is not None:
-            self.publisher.publish(weights, target)
-            _log.info("resumed weights pushed", policy_version=target, checkpoint_version=version)
-            self._report_version(target)
-        return int(target)
+            self.publisher.publish(weights, version)
+            _log.info("resumed weights pushed", policy_version=version)
 
     def publish(self) -> tuple[int, float]:
         """Push the new weights to inference and tell rollout (rank 0; the state gather is collective); with

@@ -176,8 +176,8 @@ class WeightPublisher(PayloadPublisher):
         """The dtype inference serves (None when it does not say: the state goes as it is)."""
         return WIRE_DTYPES.get(self.wire_dtype())
 
-    def served_version(self, *, newest: bool = False) -> int:
-        """The version inference serves now (`newest`: the same, for one replica)."""
+    def served_version(self) -> int:
+        """The version inference serves now."""
         try:
             info = self._stub.GetModelInfo(inference_pb2.GetModelInfoRequest(), timeout=min(self._timeout_s, 30.0))
         except grpc.RpcError as error:
@@ -296,8 +296,8 @@ class FanoutPublisher(PayloadPublisher):
         if self._on_close is not None:
             self._on_close()
 
-    def served_version(self, *, newest: bool = False) -> int:
-        """The oldest (`newest`: the newest) version a reachable replica serves (LodestarError when none answers)."""
+    def served_version(self) -> int:
+        """The oldest version a reachable replica serves (LodestarError when none answers)."""
         versions: list[int] = []
         last: LodestarError = UnavailableError("no inference replica is registered")
         for publisher in self._live_publishers():
@@ -307,7 +307,7 @@ class FanoutPublisher(PayloadPublisher):
                 last = error
         if not versions:
             raise last
-        return max(versions) if newest else min(versions)
+        return min(versions)
 
     def payload_dtype(self) -> torch.dtype | None:
         """The replicas' common serving dtype (None when they differ or do not say: the state goes as it is)."""

@@ -148,7 +148,7 @@ class DeltaPublisher(Protocol):
     def payload_dtype(self) -> torch.dtype | None: ...
     def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult: ...
     def publish_delta(self, delta: Delta) -> PublishResult: ...
-    def served_version(self, *, newest: bool = False) -> int: ...
+    def served_version(self) -> int: ...
     def close(self) -> None: ...
 
 
@@ -167,8 +167,8 @@ class ChangedOnlyPublisher:
     def payload_dtype(self) -> torch.dtype | None:
         return self.inner.payload_dtype()
 
-    def served_version(self, *, newest: bool = False) -> int:
-        return self.inner.served_version(newest=newest)
+    def served_version(self) -> int:
+        return self.inner.served_version()
 
     def close(self) -> None:
         self.inner.close()

@@ -122,8 +122,8 @@ class ReplicaSet:
         wire = {self._dtypes.get(target, "") for target in self.targets()}
         return WIRE_DTYPES.get(wire.pop()) if len(wire) == 1 else None
 
-    def served_version(self, *, newest: bool = False) -> int:
-        """The oldest (`newest`: the newest) version a reachable replica serves (LodestarError when none answers)."""
+    def served_version(self) -> int:
+        """The oldest version a reachable replica serves (LodestarError when none answers)."""
         versions: list[int] = []
         last: LodestarError | None = None
         for target in self.targets():
@@ -133,7 +133,7 @@ class ReplicaSet:
                 last = error
         if not versions:
             raise last or UnavailableError("no inference replica to ask for its policy version")
-        return max(versions) if newest else min(versions)
+        return min(versions)
 
     def submit(self, call: Callable[..., Outcome], targets: Sequence[str], *args: Any) -> dict[str, Future[Outcome]]:
         return {target: self.pool.submit(_outcome, call, target, *args) for target in targets}
@@ -238,8 +238,8 @@ class ReplicaSetPublisher:
     def close(self) -> None:
         self.replicas.close()
 
-    def served_version(self, *, newest: bool = False) -> int:
-        return self.replicas.served_version(newest=newest)
+    def served_version(self) -> int:
+        return self.replicas.served_version()
 
     def payload_dtype(self) -> torch.dtype | None:
         """The replicas' common serving dtype (None: the state goes as it is)."""
