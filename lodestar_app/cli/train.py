@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
 import signal
 import time
 from dataclasses import dataclass
@@ -104,17 +103,11 @@ async def _finish(stub: trainer_pb2_grpc.TrainerServiceAsyncStub, progress: trai
     return reply.checkpoint_path or status.last_checkpoint_path
 
 
-def _rewards(run_dir: Path) -> tuple[list[float], list[float], int]:
+def _rewards(records: list[dict[str, float]]) -> tuple[list[float], list[float], int]:
     """Reward mean and merge ratio of every step, and the groups trained on."""
-    rewards, merges, groups = [], [], 0
-    path = run_dir / "metrics.jsonl"
-    if path.exists():
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            rewards.append(float(record.get("reward_mean", 0.0)))
-            merges.append(float(record.get("merge_ratio", 0.0)))
-            groups += int(record.get("groups", 0))
-    return rewards, merges, groups
+    rewards = [float(record.get("reward_mean", 0.0)) for record in records]
+    merges = [float(record.get("merge_ratio", 0.0)) for record in records]
+    return rewards, merges, sum(int(record.get("groups", 0)) for record in records)
 
 
 @dataclass(frozen=True)
@@ -327,13 +320,13 @@ def _report(
     failure: `Ending`), and what the summary showed, typed."""
     from lodestar_trainer.plot import plot_run  # matplotlib: only at the end
 
-    rewards, merges, groups = _rewards(config.run_dir)
+    records = train_view.run_records(config.run_dir)
+    rewards, merges, groups = _rewards(records)
     plots = plot_run(config.run_dir) if rewards else []
     metrics = [p for p in (config.run_dir / "metrics.jsonl", config.run_dir / "tensorboard") if p.exists()]
     done = len(rewards) >= config.steps and not error
     ending = None if done or error or interrupted else _ended_early(progress, len(rewards), groups)
     state = "done" if done else ending.state if ending else ("failed" if error else "stopped early")
-    records = train_view.run_records(config.run_dir)
     outcome = train_view.Outcome(
         run_id=progress.run_id,
         state=state,
