@@ -22,26 +22,14 @@ from lodestar_trainer.lora import apply_lora, lora_layers, push_state
 from lodestar_trainer.model import load_model
 from lodestar_trainer.settings import LoraSettings
 from lodestar_trainer.weights.publish import WeightPublisher, WeightsRefusedError
+from tests.inference.lora_helpers import adapted
 from tests.trainer.inference_helpers import InferenceThread, generate, served_version, text_message, trainer_logprobs
-
-LORA = LoraSettings(enabled=True, rank=8, alpha=16.0)
 
 
 @pytest.fixture(scope="module")
 def inference(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferenceThread]:
     with InferenceThread.start(tiny_model_dir, tmp_path_factory.mktemp("spool")) as server:
         yield server
-
-
-def adapted(model_dir: Path, seed: int) -> Any:
-    """The tiny model with a LoRA adapter whose B is random (a trained adapter: the output differs from base)."""
-    model = apply_lora(load_model(model_dir), LORA)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in lora_layers(model).values():
-            weight = module.lora_B["default"].weight
-            weight.copy_(torch.randn(weight.shape, generator=generator) * 0.05)
-    return model.eval()
 
 
 def push(address: str, model: Any, version: int) -> int:

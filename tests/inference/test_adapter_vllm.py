@@ -60,9 +60,7 @@ def test_vllm_serves_a_pushed_adapter_with_the_trainers_logprobs(tiny_model_dir:
     from safetensors.torch import save_file
 
     from lodestar_trainer.lora import push_state
-    from tests.inference.test_adapter import (
-        adapted,
-    )  # here: the script side runs in .venv-vllm, without torch's trainer
+    from tests.inference.lora_helpers import adapted
 
     models, files = [], []
     for seed in (1, 2):
