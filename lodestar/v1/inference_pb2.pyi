@@ -503,6 +503,7 @@ class WeightsHeader(_message.Message):
     TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
     BASE_VERSION_FIELD_NUMBER: _builtins.int
+    WRITER_FIELD_NUMBER: _builtins.int
     total_bytes: _builtins.int
     """Size of the safetensors payload that the chunks carry, in bytes."""
     policy_version: _builtins.int
@@ -512,16 +513,23 @@ class WeightsHeader(_message.Message):
     replica must serve exactly it (else FAILED_PRECONDITION, nothing applied: send the full state). 0: the
     payload is not tied to a base (the full state, or a partial update applied over whatever is served).
     """
+    writer: _builtins.str
+    """Who publishes this version: the pushing trainer's run id (empty: a writer that names none). The replica
+    records it with the version (GetModelInfoResponse.policy_writer) and names it when it refuses an older
+    version, so a trainer that restarts behind the served version can tell the versions its own run pushed
+    before it died (it goes on past them) from another writer's (it must not overtake them).
+    """
     def __init__(
         self,
         *,
         total_bytes: _builtins.int = ...,
         policy_version: _builtins.int = ...,
         base_version: _builtins.int = ...,
+        writer: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "policy_version", b"policy_version", "total_bytes", b"total_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "policy_version", b"policy_version", "total_bytes", b"total_bytes", "writer", b"writer"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -537,6 +545,7 @@ class UpdateWeightsRequest(_message.Message):
     BROADCAST_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
     BASE_VERSION_FIELD_NUMBER: _builtins.int
+    WRITER_FIELD_NUMBER: _builtins.int
     chunk: _builtins.bytes
     """The next bytes of the safetensors payload."""
     checkpoint_path: _builtins.str
@@ -550,6 +559,8 @@ class UpdateWeightsRequest(_message.Message):
     """
     base_version: _builtins.int
     """With `checkpoint_path` or `broadcast`: WeightsHeader.base_version (changed-only against this version)."""
+    writer: _builtins.str
+    """With `checkpoint_path` or `broadcast`: WeightsHeader.writer (who publishes this version)."""
     @_builtins.property
     def header(self) -> Global___WeightsHeader: ...
     @_builtins.property
@@ -567,10 +578,11 @@ class UpdateWeightsRequest(_message.Message):
         broadcast: Global___WeightsBroadcast | None = ...,
         policy_version: _builtins.int = ...,
         base_version: _builtins.int = ...,
+        writer: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["broadcast", b"broadcast", "checkpoint_path", b"checkpoint_path", "chunk", b"chunk", "header", b"header", "payload", b"payload"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "broadcast", b"broadcast", "checkpoint_path", b"checkpoint_path", "chunk", b"chunk", "header", b"header", "payload", b"payload", "policy_version", b"policy_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "broadcast", b"broadcast", "checkpoint_path", b"checkpoint_path", "chunk", b"chunk", "header", b"header", "payload", b"payload", "policy_version", b"policy_version", "writer", b"writer"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["header", "chunk", "checkpoint_path", "broadcast"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
@@ -704,6 +716,7 @@ class GetModelInfoResponse(_message.Message):
     TOOL_CALL_FORMAT_FIELD_NUMBER: _builtins.int
     EOS_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     SERVING_DTYPE_FIELD_NUMBER: _builtins.int
+    POLICY_WRITER_FIELD_NUMBER: _builtins.int
     model_name: _builtins.str
     """Served model name (the model directory's name unless configured)."""
     backend: _builtins.str
@@ -718,6 +731,10 @@ class GetModelInfoResponse(_message.Message):
     serving_dtype: _builtins.str
     """The dtype the weights are served in ("float32", "bfloat16", "float16"; empty: unknown). A trainer
     pushes its weights in it: bf16 on a GPU is half the bytes of its fp32 master.
+    """
+    policy_writer: _builtins.str
+    """Who published the served version: the `writer` of the UpdateWeights that made it (a trainer's run id).
+    Empty: the weights the replica started with, or an update that named no writer.
     """
     @_builtins.property
     def policy_version(self) -> _common_pb2.PolicyVersion: ...
@@ -737,10 +754,11 @@ class GetModelInfoResponse(_message.Message):
         tool_call_format: _builtins.str = ...,
         eos_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         serving_dtype: _builtins.str = ...,
+        policy_writer: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy_version", b"policy_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "context_length", b"context_length", "eos_token_ids", b"eos_token_ids", "max_new_tokens", b"max_new_tokens", "model_name", b"model_name", "policy_version", b"policy_version", "serving_dtype", b"serving_dtype", "tool_call_format", b"tool_call_format", "vocab_size", b"vocab_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "context_length", b"context_length", "eos_token_ids", b"eos_token_ids", "max_new_tokens", b"max_new_tokens", "model_name", b"model_name", "policy_version", b"policy_version", "policy_writer", b"policy_writer", "serving_dtype", b"serving_dtype", "tool_call_format", b"tool_call_format", "vocab_size", b"vocab_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

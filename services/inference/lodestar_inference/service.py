@@ -3,7 +3,8 @@
 `InferenceService` answers the four RPCs with protobuf messages in and out (no grpc import): Generate via
 `Generation`, CountTokens via the chat template, UpdateWeights (one at a time: read the update within its
 limits (a checkpoint_path under --checkpoint-dirs, a stream of at most --max-weights-bytes), validate its
-tensors against the engine, swap, publish the version), and GetModelInfo.
+tensors against the engine, swap, publish the version and record its writer), and GetModelInfo (which
+reports the served version's writer: `policy_writer`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from lodestar_inference.toolcalls import format_for
 from lodestar_inference.weights import (
     UpdateLimits,
     check_base,
+    check_newer,
     default_spool_dir,
     read_checkpoint_meta,
     receive_update,
@@ -59,6 +61,8 @@ class InferenceService:
             max_bytes=upload_limit(settings.model, settings.max_weights_bytes),
         )
         self._published_at = timestamp_pb2.Timestamp()
+        self._writer = ""
+        """The writer of the served version (UpdateWeights' `writer`); empty: the weights loaded at start."""
         self._ready = False
         self.on_published: list[Callable[[int], None]] = []
         """Called with each policy version once it serves it (the etcd registration rewrites its record)."""
@@ -118,7 +122,7 @@ class InferenceService:
         self._check_ready()
         spool = self._settings.weights_spool_dir or default_spool_dir()
         async with self._spool_lock:  # one update spools at a time: at most max_bytes of the spool dir
-            path, requested, spooled, base = await receive_update(
+            path, requested, spooled, base, writer = await receive_update(
                 requests, spool, self._limits, lambda base: check_base(base, self._engine.policy_version)
             )
         try:
@@ -129,13 +133,11 @@ class InferenceService:
                 self._engine.validate_weights(tensors)
                 current = self._engine.policy_version
                 version = requested or current + 1
-                if version <= current:
-                    raise InvalidArgumentError(
-                        f"policy version {version} is not newer than the served version {current}"
-                    )
+                check_newer(version, current, writer, self._writer)
                 update = WeightUpdate(path=path, tensors=tuple(tensors), version=version, files=tuple(files))
                 served = await self._engine.update_weights(update)
                 self._published_at.GetCurrentTime()
+                self._writer = writer
                 seconds = time.perf_counter() - started
         finally:
             if spooled:
@@ -145,6 +147,7 @@ class InferenceService:
             policy_version=served,
             tensors=len(tensors),
             base_version=base,
+            writer=writer,
             swap_seconds=seconds,
         )
         for listener in self.on_published:
@@ -168,4 +171,5 @@ class InferenceService:
             tool_call_format=self.tool_format.name,
             eos_token_ids=info.eos_token_ids,
             serving_dtype=info.dtype,
+            policy_writer=self._writer,
         )

@@ -9,6 +9,10 @@ A changed-only update (`base_version` set: the trainer's weights/changes.py) car
 changed since that version; `check_base` refuses it with FAILED_PRECONDITION unless the replica serves
 exactly that version (it missed one, restarted, or took another), before any of its bytes are read and
 again under the update lock, so a diff is never applied over weights it was not made against.
+
+Versions only grow: `check_newer` refuses an update whose version is not newer than the served one, naming
+the writer of each (`WeightsHeader.writer`: a trainer's run id), so the refused trainer's reason says whose
+version stands in its way.
 """
 
 from __future__ import annotations
@@ -153,14 +157,29 @@ def check_base(base_version: int, served: int) -> None:
         )
 
 
+def check_newer(version: int, served: int, writer: str, served_writer: str) -> None:
+    """Refuse (INVALID_ARGUMENT) publishing `version` of `writer` over `served`, published by `served_writer`,
+    unless it is newer; the reason names both writers."""
+    if version <= served:
+        raise InvalidArgumentError(
+            f"policy version {version} is not newer than the served version {served} "
+            f"(published by {_named(served_writer)}; this update is by {_named(writer)})"
+        )
+
+
+def _named(writer: str) -> str:
+    return f"writer {writer!r}" if writer else "an unnamed writer"
+
+
 class ReceivedUpdate(NamedTuple):
     """An UpdateWeights stream, read: the safetensors file or checkpoint path, the requested version, whether
-    the file was spooled (the caller deletes it), and the changed-only base (0: none)."""
+    the file was spooled (the caller deletes it), the changed-only base (0: none) and the writer it names."""
 
     path: Path
     version: int
     spooled: bool
     base_version: int
+    writer: str = ""
 
 
 async def receive_update(
@@ -185,10 +204,11 @@ async def receive_update(
         if await anext(aiter(requests), None) is not None:
             raise InvalidArgumentError(f"a {kind} update must be the only message of the stream")
         base_check(first.base_version)
-        version, base = first.policy_version, first.base_version
+        version, base, writer = first.policy_version, first.base_version, first.writer
         if kind == "checkpoint_path":
-            return ReceivedUpdate(checkpoint_files(first.checkpoint_path, limits.checkpoint_dirs), version, False, base)
-        return ReceivedUpdate(await _receive_broadcast(first.broadcast, spool_dir, limits), version, True, base)
+            path = checkpoint_files(first.checkpoint_path, limits.checkpoint_dirs)
+            return ReceivedUpdate(path, version, False, base, writer)
+        return ReceivedUpdate(await _receive_broadcast(first.broadcast, spool_dir, limits), version, True, base, writer)
     if kind != "header":
         raise InvalidArgumentError("a weight update stream starts with a header or a checkpoint_path")
     header = first.header
@@ -217,7 +237,7 @@ async def receive_update(
     except BaseException:
         os.unlink(path)
         raise
-    return ReceivedUpdate(path, header.policy_version, True, header.base_version)
+    return ReceivedUpdate(path, header.policy_version, True, header.base_version, header.writer)
 
 
 async def _receive_broadcast(spec: inference_pb2.WeightsBroadcast, spool_dir: Path, limits: UpdateLimits) -> Path:

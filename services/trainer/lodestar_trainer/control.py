@@ -6,7 +6,9 @@
 - Checkpoints (`save`): one process gathers the full state, torchrun ranks write their shards (sharded.py);
   with LoRA the adapter alone (lora.py), and each version pushed is the adapter alone too.
 - Publishing: each new version to inference (publish.py), synchronously or overlapping the next step
-  (pushing.py), rollout told the version inference serves; a resumed run's weights pushed first.
+  (pushing.py), rollout told the version inference serves; before the first step, the trainer's weights
+  pushed when the replicas serve other versions (`sync_inference`: a resumed run's version to replicas
+  behind it, or past its own run's versions served beyond its checkpoint: weights/versions.py).
 
 Status itself is the StatusBoard (status.py), which the loop and this plane update and GetStatus reads.
 """
@@ -33,8 +35,9 @@ from lodestar_trainer.parallel.sharded import save_sharded
 from lodestar_trainer.planner import Plan
 from lodestar_trainer.settings import LoraSettings
 from lodestar_trainer.status import StatusBoard, StopReason
-from lodestar_trainer.weights.publish import PublishResult
+from lodestar_trainer.weights.publish import PublishResult, ServedVersion
 from lodestar_trainer.weights.pushing import BackgroundPush, shares_memory
+from lodestar_trainer.weights.versions import start_version
 
 _log = get_logger("trainer")
 
@@ -50,7 +53,11 @@ class GroupSource(Protocol):
 class Publisher(Protocol):
     def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult: ...
     def payload_dtype(self) -> torch.dtype | None: ...
-    def served_version(self) -> int: ...
+    def served_versions(self) -> dict[str, ServedVersion]: ...
+    @property
+    def writer(self) -> str:
+        """The identity every push carries (the run id: wiring.py `publisher_of`)."""
+        ...
 
 
 class ControlPlane:
@@ -236,20 +243,43 @@ class ControlPlane:
 
     # -- publishing ----------------------------------------------------------------------------------------
 
-    def sync_inference(self) -> None:
-        """On a resumed run, make inference serve the resumed weights if it serves an older version."""
+    def sync_inference(self) -> int:
+        """Before the first step: push the trainer's weights when the replicas serve other versions, as the
+        version `start_version` names (weights/versions.py: the state's own version to replicas behind it, or
+        past the newest version when replicas serve this run's versions past it); returns the policy version
+        the trainer goes on from (the state's, or the one pushed)."""
         version = self.state().policy_version
-        if not version:
-            return
-        behind = None
+        target = None
         if self.parallel.is_main and self.publisher is not None:
-            behind = self.publisher.served_version() < version
-        if not self.parallel.broadcast(behind):
-            return
+            target = start_version(version, self._served(version), self.publisher.writer)
+        target = self.parallel.broadcast(target)
+        if target is None:
+            return version
         weights = self._pushed()
         if self.parallel.is_main and self.publisher is not None:
-            self.publisher.publish(weights, version)
-            _log.info("resumed weights pushed", policy_version=version)
+            self.publisher.publish(weights, target)
+            if target == version:
+                _log.info("resumed weights pushed", policy_version=version)
+            else:
+                _log.warning(
+                    "the run's versions were served past this state: its weights pushed past them",
+                    policy_version=target,
+                    state_version=version,
+                    newest_served=target - 1,
+                )
+                self._report_version(target)
+        return int(target)
+
+    def _served(self, version: int) -> dict[str, ServedVersion]:
+        """What the replicas serve; none when a fresh trainer (`version` 0) cannot ask yet (its first push will
+        tell), an error when a resumed one cannot."""
+        assert self.publisher is not None
+        try:
+            return self.publisher.served_versions()
+        except LodestarError:
+            if version:
+                raise
+            return {}
 
     def publish(self) -> tuple[int, float]:
         """Push the new weights to inference and tell rollout (rank 0; the state gather is collective); with

@@ -149,7 +149,10 @@ class Trainer:
             device = self._device()
             if device.type == "cuda":  # the current CUDA device is per thread: set it in the one that trains
                 torch.cuda.set_device(device)
-            self.control.sync_inference()
+            version = self.control.sync_inference()  # newer than the state's: past the run's own served versions
+            if version != self.state.policy_version:
+                self._advance(steps=0, version=version - self.state.policy_version, read=0)
+                self.board.update(policy_version=version)
             if self.parallel.is_main:
                 self.control.open_inbox()
             last = self.state.step + self.settings.steps if self.settings.steps else None

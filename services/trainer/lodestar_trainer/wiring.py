@@ -76,21 +76,24 @@ def with_lora_base(settings: TrainerSettings) -> TrainerSettings:
 
 def publisher_of(settings: TrainerSettings) -> Publisher | None:
     """Where weights go: `--inference` (None when empty), or every replica registered in etcd; over the
-    transport of `weights.transport` (services/trainer/lodestar_trainer/weights/transports.py)."""
-    weights = settings.weights
-    options = {"timeout_s": weights.push_timeout_s, "attempts": weights.push_attempts}
+    transport of `weights.transport` (services/trainer/lodestar_trainer/weights/transports.py); every push
+    names the run (`--run`) as its writer (control.py `sync_inference`)."""
+    weights, writer = settings.weights, settings.run or ""
+    options = {"timeout_s": weights.push_timeout_s, "attempts": weights.push_attempts, "writer": writer}
     if settings.inference_discovery == "static":
         if not settings.inference:
             return None
         if weights.transport != "grpc":
-            return transport_publisher(weights, settings.weights_dir(), split_targets(settings.inference))
+            targets = split_targets(settings.inference)
+            return transport_publisher(weights, settings.weights_dir(), targets, writer=writer)
         return publisher_for(settings.inference, **options)
     if not settings.etcd:
         raise InvalidArgumentError("--inference-discovery etcd needs --etcd: replicas register there")
     tls = tls_from_settings(settings.etcd, settings)
     replicas = DiscoveredReplicas(settings.etcd, prefix=settings.etcd_prefix, tls=tls)
     if weights.transport != "grpc":
-        return transport_publisher(weights, settings.weights_dir(), replicas.addresses, on_close=replicas.close)
+        directory = settings.weights_dir()
+        return transport_publisher(weights, directory, replicas.addresses, on_close=replicas.close, writer=writer)
     return FanoutPublisher(replicas.addresses, on_close=replicas.close, **options)
 
 

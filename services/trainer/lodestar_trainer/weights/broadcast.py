@@ -121,6 +121,7 @@ class BroadcastPublisher(ReplicaSetPublisher, PayloadPublisher):
         backoff_s: float = 2.0,
         probe_timeout_s: float = 5.0,
         on_close: Callable[[], None] | None = None,
+        writer: str = "",
     ) -> None:
         """`host`: the address replicas reach the trainer's store and gloo sockets at (default: this host's
         address on the route to the first replica); `port`: the store's port (0: a free one)."""
@@ -131,6 +132,7 @@ class BroadcastPublisher(ReplicaSetPublisher, PayloadPublisher):
             backoff_s=backoff_s,
             probe_timeout_s=probe_timeout_s,
             on_close=on_close,
+            writer=writer,
         )
         self.backend: Backend = backend
         self._host = host
@@ -228,7 +230,7 @@ class BroadcastPublisher(ReplicaSetPublisher, PayloadPublisher):
         calls: dict[str, Future[Outcome]] = {}
         sends: list[Future[Any]] = []
         for index, target in enumerate(targets):
-            request = inference_pb2.UpdateWeightsRequest(policy_version=version, base_version=base)
+            request = self.replicas.update_request(version, base)
             request.broadcast.CopyFrom(spec)
             request.broadcast.group = f"{push}/{index}"
             joined = _in_thread(self._join, store, request.broadcast.group, host)  # rank 0 taken before the call

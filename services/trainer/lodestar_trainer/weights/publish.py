@@ -1,6 +1,9 @@
 """Push the policy's weights to InferenceService.UpdateWeights as one streamed safetensors payload.
 
-The stream is a `WeightsHeader` (total bytes, the version to publish) and chunks of the payload.
+The stream is a `WeightsHeader` (total bytes, the version to publish, the writer: the trainer's run id) and
+chunks of the payload. The replica records the writer with the version it publishes and reports both
+(`served_versions`: GetModelInfo's `policy_version` and `policy_writer`), so a restarted trainer can tell its
+own run's versions from another writer's (weights/versions.py).
 Inference validates the whole update before it swaps, and keeps serving the old version until the new
 one is complete, so a push that fails midway changes nothing there. Each attempt has a deadline and waits
 for the channel within it (an inference server that is restarting is waited for, not failed on);
@@ -33,7 +36,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import grpc
 import torch
@@ -93,6 +96,17 @@ class PublishResult:
     """Changed-only pushes: bytes of the full payload when one was built (0: every replica took the diff)."""
 
 
+class ServedVersion(NamedTuple):
+    """What a replica serves: the policy version and who published it (its pusher's run id; "" when unnamed)."""
+
+    version: int
+    writer: str
+
+
+def served_of(info: inference_pb2.GetModelInfoResponse) -> ServedVersion:
+    return ServedVersion(int(info.policy_version.version), info.policy_writer)
+
+
 WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -104,8 +118,12 @@ def serialize(state: Mapping[str, torch.Tensor], dtype: torch.dtype | None = Non
     return save(dict(state))
 
 
-def _requests(payload: bytes, version: int, base: int = 0) -> Iterator[inference_pb2.UpdateWeightsRequest]:
-    header = inference_pb2.WeightsHeader(total_bytes=len(payload), policy_version=version, base_version=base)
+def _requests(
+    payload: bytes, version: int, base: int = 0, writer: str = ""
+) -> Iterator[inference_pb2.UpdateWeightsRequest]:
+    header = inference_pb2.WeightsHeader(
+        total_bytes=len(payload), policy_version=version, base_version=base, writer=writer
+    )
     yield inference_pb2.UpdateWeightsRequest(header=header)
     view = memoryview(payload)
     for start in range(0, len(payload), CHUNK_BYTES):
@@ -147,10 +165,13 @@ class WeightPublisher(PayloadPublisher):
         attempts: int = 3,
         backoff_s: float = 2.0,
         wait_for_ready: bool = True,
+        writer: str = "",
     ) -> None:
         """`wait_for_ready=False`: a replica that refuses connections fails its attempt at once instead of
-        being waited for until the deadline (the fan-out's choice: the other replicas take the version)."""
+        being waited for until the deadline (the fan-out's choice: the other replicas take the version);
+        `writer`: the identity every push carries (the trainer's run id)."""
         self.target = target
+        self.writer = writer
         self._timeout_s = timeout_s
         self._attempts = max(1, attempts)
         self._backoff_s = backoff_s
@@ -176,13 +197,21 @@ class WeightPublisher(PayloadPublisher):
         """The dtype inference serves (None when it does not say: the state goes as it is)."""
         return WIRE_DTYPES.get(self.wire_dtype())
 
-    def served_version(self) -> int:
-        """The version inference serves now."""
+    def served(self) -> ServedVersion:
+        """The version inference serves now, and its writer."""
         try:
             info = self._stub.GetModelInfo(inference_pb2.GetModelInfoRequest(), timeout=min(self._timeout_s, 30.0))
         except grpc.RpcError as error:
             raise domain_error(error, f"GetModelInfo to {self.target}") from error
-        return int(info.policy_version.version)
+        return served_of(info)
+
+    def served_version(self) -> int:
+        """The version inference serves now."""
+        return self.served().version
+
+    def served_versions(self) -> dict[str, ServedVersion]:
+        """{this replica: what it serves} (LodestarError when it does not answer)."""
+        return {self.target: self.served()}
 
     def publish_payload(
         self, payload: bytes, tensors: int, version: int, started: float, attempts: int | None = None, base: int = 0
@@ -195,7 +224,9 @@ class WeightPublisher(PayloadPublisher):
         for attempt in range(1, attempts + 1):
             try:
                 reply = self._stub.UpdateWeights(
-                    _requests(payload, version, base), timeout=self._timeout_s, wait_for_ready=self._wait_for_ready
+                    _requests(payload, version, base, self.writer),
+                    timeout=self._timeout_s,
+                    wait_for_ready=self._wait_for_ready,
                 )
             except grpc.RpcError as error:
                 code = status_of(error)
@@ -251,7 +282,8 @@ class FanoutPublisher(PayloadPublisher):
         on_close: Callable[[], None] | None = None,
         **options: Any,
     ) -> None:
-        """`on_close`: called by `close()` (stops the discovery behind `targets`); `options`: WeightPublisher's."""
+        """`on_close`: called by `close()` (stops the discovery behind `targets`); `options`: WeightPublisher's
+        (`writer`: the identity every push carries)."""
         if not callable(targets) and not targets:
             raise InvalidArgumentError("no inference replica to publish weights to")
         self._targets = targets if callable(targets) else lambda: targets
@@ -265,6 +297,10 @@ class FanoutPublisher(PayloadPublisher):
     @property
     def target(self) -> str:
         return ",".join(self._targets())
+
+    @property
+    def writer(self) -> str:
+        return str(self._options.get("writer", ""))
 
     @property
     def publishers(self) -> list[WeightPublisher]:
@@ -298,16 +334,20 @@ class FanoutPublisher(PayloadPublisher):
 
     def served_version(self) -> int:
         """The oldest version a reachable replica serves (LodestarError when none answers)."""
-        versions: list[int] = []
+        return min(served.version for served in self.served_versions().values())
+
+    def served_versions(self) -> dict[str, ServedVersion]:
+        """What each reachable replica serves (LodestarError when none answers)."""
+        served: dict[str, ServedVersion] = {}
         last: LodestarError = UnavailableError("no inference replica is registered")
         for publisher in self._live_publishers():
             try:
-                versions.append(publisher.served_version())
+                served[publisher.target] = publisher.served()
             except LodestarError as error:
                 last = error
-        if not versions:
+        if not served:
             raise last
-        return min(versions)
+        return served
 
     def payload_dtype(self) -> torch.dtype | None:
         """The replicas' common serving dtype (None when they differ or do not say: the state goes as it is)."""

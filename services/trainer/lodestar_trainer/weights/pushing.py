@@ -32,7 +32,7 @@ from torch.distributed.tensor import DTensor
 from lodestar.logging import get_logger
 from lodestar_trainer.settings import WeightsSettings
 from lodestar_trainer.weights.changes import Delta, Mirror
-from lodestar_trainer.weights.publish import PublishResult
+from lodestar_trainer.weights.publish import PublishResult, ServedVersion
 
 _log = get_logger("trainer.push")
 
@@ -149,6 +149,9 @@ class DeltaPublisher(Protocol):
     def publish(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult: ...
     def publish_delta(self, delta: Delta) -> PublishResult: ...
     def served_version(self) -> int: ...
+    def served_versions(self) -> dict[str, ServedVersion]: ...
+    @property
+    def writer(self) -> str: ...
     def close(self) -> None: ...
 
 
@@ -167,8 +170,15 @@ class ChangedOnlyPublisher:
     def payload_dtype(self) -> torch.dtype | None:
         return self.inner.payload_dtype()
 
+    @property
+    def writer(self) -> str:
+        return self.inner.writer
+
     def served_version(self) -> int:
         return self.inner.served_version()
+
+    def served_versions(self) -> dict[str, ServedVersion]:
+        return self.inner.served_versions()
 
     def close(self) -> None:
         self.inner.close()

@@ -8,6 +8,7 @@ replica took the version (the next push brings it up to date); none taking it is
 costs a push a refused connection (or `probe_timeout_s` when it hangs), not the UpdateWeights deadline.
 A changed-only update (`base_version` set) that a replica refuses with FAILED_PRECONDITION is its
 `StaleBaseError` outcome: the publisher sends that replica the full state (weights/changes.py).
+Every update names the set's `writer` (the trainer's run id: `update_request`, and the fallback streams).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from lodestar_trainer.rpc import RETRYABLE, details_of, domain_error, status_of,
 from lodestar_trainer.weights.publish import (
     WIRE_DTYPES,
     PublishResult,
+    ServedVersion,
     StaleBaseError,
     WeightPublisher,
     WeightsRefusedError,
@@ -54,11 +56,14 @@ class ReplicaSet:
         backoff_s: float = 2.0,
         probe_timeout_s: float = 5.0,
         on_close: Callable[[], None] | None = None,
+        writer: str = "",
     ) -> None:
-        """`on_close`: called by `close()` (stops the discovery behind `targets`)."""
+        """`on_close`: called by `close()` (stops the discovery behind `targets`); `writer`: the identity every
+        update carries (the trainer's run id)."""
         if not callable(targets) and not targets:
             raise InvalidArgumentError("no inference replica to publish weights to")
         self._targets = targets
+        self.writer = writer
         self.timeout_s = timeout_s
         self.attempts = max(1, attempts)
         self.backoff_s = backoff_s
@@ -83,7 +88,7 @@ class ReplicaSet:
         """The gRPC stream publisher of `target` (today's path: the fallback of the other transports)."""
         if target not in self._streams:
             self._streams[target] = WeightPublisher(
-                target, timeout_s=self.timeout_s, attempts=self.attempts, backoff_s=self.backoff_s
+                target, timeout_s=self.timeout_s, attempts=self.attempts, backoff_s=self.backoff_s, writer=self.writer
             )
         return self._streams[target]
 
@@ -122,18 +127,29 @@ class ReplicaSet:
         wire = {self._dtypes.get(target, "") for target in self.targets()}
         return WIRE_DTYPES.get(wire.pop()) if len(wire) == 1 else None
 
+    def update_request(self, version: int, base: int = 0, **payload: Any) -> inference_pb2.UpdateWeightsRequest:
+        """A one-message UpdateWeights of `version` (changed-only against `base`) by this set's writer;
+        `payload`: its checkpoint_path or broadcast."""
+        return inference_pb2.UpdateWeightsRequest(
+            policy_version=version, base_version=base, writer=self.writer, **payload
+        )
+
     def served_version(self) -> int:
         """The oldest version a reachable replica serves (LodestarError when none answers)."""
-        versions: list[int] = []
+        return min(served.version for served in self.served_versions().values())
+
+    def served_versions(self) -> dict[str, ServedVersion]:
+        """What each reachable replica serves, and who published it (LodestarError when none answers)."""
+        served: dict[str, ServedVersion] = {}
         last: LodestarError | None = None
         for target in self.targets():
             try:
-                versions.append(self.streamer(target).served_version())
+                served[target] = self.streamer(target).served()
             except LodestarError as error:
                 last = error
-        if not versions:
+        if not served:
             raise last or UnavailableError("no inference replica to ask for its policy version")
-        return min(versions)
+        return served
 
     def submit(self, call: Callable[..., Outcome], targets: Sequence[str], *args: Any) -> dict[str, Future[Outcome]]:
         return {target: self.pool.submit(_outcome, call, target, *args) for target in targets}
@@ -238,8 +254,15 @@ class ReplicaSetPublisher:
     def close(self) -> None:
         self.replicas.close()
 
+    @property
+    def writer(self) -> str:
+        return self.replicas.writer
+
     def served_version(self) -> int:
         return self.replicas.served_version()
+
+    def served_versions(self) -> dict[str, ServedVersion]:
+        return self.replicas.served_versions()
 
     def payload_dtype(self) -> torch.dtype | None:
         """The replicas' common serving dtype (None: the state goes as it is)."""

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lodestar.logging import get_logger
-from lodestar.v1 import inference_pb2
 from lodestar_trainer.weights.publish import PublishResult, StaleBaseError
 from lodestar_trainer.weights.replica_set import Outcome, ReplicaSet, ReplicaSetPublisher, Targets, collect
 
@@ -51,9 +50,11 @@ class SharedFsPublisher(ReplicaSetPublisher):
         attempts: int = 3,
         backoff_s: float = 2.0,
         on_close: Callable[[], None] | None = None,
+        writer: str = "",
     ) -> None:
+        """`writer`: the identity every update carries (the trainer's run id)."""
         self.replicas = ReplicaSet(
-            targets, timeout_s=timeout_s, attempts=attempts, backoff_s=backoff_s, on_close=on_close
+            targets, timeout_s=timeout_s, attempts=attempts, backoff_s=backoff_s, on_close=on_close, writer=writer
         )
         self.directory = directory.resolve()
         self._previous: list[Path] = []
@@ -62,7 +63,7 @@ class SharedFsPublisher(ReplicaSetPublisher):
         """Write `state` as `version`'s file in the replicas' serving dtype, then make every replica load it."""
         started = time.perf_counter()
         path, size = self._write(state, version)
-        request = inference_pb2.UpdateWeightsRequest(checkpoint_path=str(path), policy_version=version)
+        request = self.replicas.update_request(version, checkpoint_path=str(path))
         futures = self.replicas.submit(
             self.replicas.call_update, self.replicas.targets(), request, version, size, started
         )
@@ -81,9 +82,7 @@ class SharedFsPublisher(ReplicaSetPublisher):
         if delta.base:
             path, size = self._write(delta.changed_state(), delta.version, f"-from-v{delta.base:06d}")
             written.append(path)
-            request = inference_pb2.UpdateWeightsRequest(
-                checkpoint_path=str(path), policy_version=delta.version, base_version=delta.base
-            )
+            request = self.replicas.update_request(delta.version, delta.base, checkpoint_path=str(path))
             call = self.replicas.call_update
             outcomes = collect(self.replicas.submit(call, targets, request, delta.version, size, delta.started))
         behind = [t for t in targets if t not in outcomes or isinstance(outcomes[t], StaleBaseError)]
@@ -91,7 +90,7 @@ class SharedFsPublisher(ReplicaSetPublisher):
         if behind:
             path, full_size = self._write(delta.state, delta.version)
             written.append(path)
-            request = inference_pb2.UpdateWeightsRequest(checkpoint_path=str(path), policy_version=delta.version)
+            request = self.replicas.update_request(delta.version, checkpoint_path=str(path))
             call = self.replicas.call_update
             outcomes |= collect(self.replicas.submit(call, behind, request, delta.version, full_size, delta.started))
         tensors = len(delta.changed) if delta.base else len(delta.state)

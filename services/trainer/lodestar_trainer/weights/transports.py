@@ -14,13 +14,19 @@ from lodestar_trainer.weights.shared_fs import SharedFsPublisher
 
 
 def transport_publisher(
-    settings: WeightsSettings, directory: Path, targets: Targets, on_close: Callable[[], None] | None = None
+    settings: WeightsSettings,
+    directory: Path,
+    targets: Targets,
+    on_close: Callable[[], None] | None = None,
+    writer: str = "",
 ) -> SharedFsPublisher | BroadcastPublisher:
-    """The shared_fs (writing into `directory`) or broadcast publisher of the `weights` settings
-    (InvalidArgumentError for "grpc" or bad values)."""
+    """The shared_fs (writing into `directory`) or broadcast publisher of the `weights` settings, its updates by
+    `writer` (the trainer's run id) (InvalidArgumentError for "grpc" or bad values)."""
     timeout_s, attempts = settings.push_timeout_s, settings.push_attempts
     if settings.transport == "shared_fs":
-        return SharedFsPublisher(targets, directory, timeout_s=timeout_s, attempts=attempts, on_close=on_close)
+        return SharedFsPublisher(
+            targets, directory, timeout_s=timeout_s, attempts=attempts, on_close=on_close, writer=writer
+        )
     if settings.transport != "broadcast":
         raise InvalidArgumentError(f"weights.transport {settings.transport!r} has no transport publisher")
     if not settings.broadcast_timeout_s > 0 or settings.broadcast_bucket_mb < 1:
@@ -35,4 +41,5 @@ def transport_publisher(
         timeout_s=timeout_s,
         attempts=attempts,
         on_close=on_close,
+        writer=writer,
     )
