@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from lodestar_inference.engines.vllm import CPU_KV_CACHE_BYTES, engine_args
+from lodestar_inference.engines.vllm_lora import LORA_SLOTS
 from lodestar_inference.settings import InferenceSettings
 
 MODEL = Path("/models/policy")
@@ -51,3 +52,12 @@ def test_serving_dtype_follows_the_device() -> None:
     assert InferenceSettings().serving_dtype() == "float32"
     assert InferenceSettings(device="cuda:1").serving_dtype() == "bfloat16"
     assert InferenceSettings(dtype="float32", device="cuda").serving_dtype() == "float32"
+
+
+def test_native_lora_enables_vllm_lora_with_a_rank_vllm_supports() -> None:
+    assert "enable_lora" not in engine_args(InferenceSettings(backend="vllm"), MODEL, 2048, cpu=True), "merge default"
+    settings = InferenceSettings(backend="vllm", vllm_lora="native", vllm_lora_max_rank=12)
+    args = engine_args(settings, MODEL, 2048, cpu=True)
+    assert (args["enable_lora"], args["max_lora_rank"], args["max_loras"]) == (True, 16, LORA_SLOTS)
+    settings = InferenceSettings(backend="vllm", vllm_lora="native", vllm_lora_max_rank=64)
+    assert engine_args(settings, MODEL, 2048, cpu=False)["max_lora_rank"] == 64

@@ -81,6 +81,14 @@ class InferenceSettings(EtcdClientSettings):
     recorded per range: `policy_version_spans`); the swap waits for no request. drain: new requests wait
     while every running one finishes on the old weights; a swap waits for the longest of them. Both reset
     the prefix cache. The transformers backend always keeps old requests on their old weights."""
+    vllm_lora: Literal["merge", "native"] = "merge"
+    """vLLM backend, how a LoRA adapter push (the trainer's `[trainer.lora]`) is served. merge: merged onto the
+    base weights and reloaded like a full update (`weight_swap` applies). native: vLLM's own LoRA serving
+    (`enable_lora`): each version's adapter is hot-loaded (`add_lora`) and new requests run with it, while a
+    request keeps the adapter it started with (no spans); full-weight updates are refused."""
+    vllm_lora_max_rank: int = Field(default=16, ge=1, le=512)
+    """vLLM backend with `vllm_lora = "native"`: the largest adapter rank accepted (vLLM reserves room for it
+    at start, rounded up to a rank it supports: 8, 16, 32, 64, ...)."""
 
     def serving_dtype(self, cuda: bool | None = None) -> Literal["float32", "bfloat16", "float16"]:
         """The dtype to serve in: `dtype`, or when unset bfloat16 on CUDA (`cuda`, default: `device` names a

