@@ -48,6 +48,7 @@ OWNERS: dict[str, dict[str, str]] = {
     "vllm": {
         "lodestar_inference.engines.vllm": "the vLLM engine adapter",
         "lodestar_inference.engines.vllm_worker": "the weight-update extension loaded into vLLM's workers",
+        "lodestar_inference.engines.vllm_lora": "vLLM's own LoRA serving of adapter pushes (LoRARequest)",
     },
     "psycopg": {"lodestar_rollout.pgstore": "rollout's PostgreSQL store"},
 }
