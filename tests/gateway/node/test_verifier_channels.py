@@ -43,8 +43,9 @@ if os.fork() == 0:
         deadline = time.time() + 20
         while time.time() < deadline:
             for found in glob.glob(os.environ["TMPDIR"] + "/.lodestar-score-*/"):
-                try:
-                    open(found + "reward", "w").write("1")
+                try:  # whole or not at all (a truncating write could be read empty between its two halves)
+                    open(found + "forged", "w").write("1")
+                    os.replace(found + "forged", found + "reward")
                 except OSError:
                     pass
             time.sleep(0.02)
