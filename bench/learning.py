@@ -113,7 +113,8 @@ def markdown(rows: list[Row]) -> str:
     """The rows as a markdown table, oldest first."""
     lines = [
         "| date | commit | example | steps | pass@1 before [95%] | pass@1 after [95%] | change | apart | pass@k before"
-        " -> after | minutes | prompt tokens/call | tokens/group trained (in calls) | s/step; push, wait |",
+        " -> after | minutes | prompt tokens/call | tokens/group trained (in calls)"
+        " | s/step; push, wait; trainer peak |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for entry in rows:
@@ -130,13 +131,15 @@ def markdown(rows: list[Row]) -> str:
 
 
 def _costs(entry: Row) -> str:
-    """Prompt tokens per call | tokens per group | time per step (rows from before the costs: dashes)."""
+    """Prompt tokens per call | tokens per group | time per step, shares and the trainer's peak memory (rows from
+    before the costs: dashes; from before the memory metric: no memory)."""
     found = entry.get("costs")
     if not found:
         return "- | - | -"
     return (
         f"{found['prompt_tokens']:,.0f} | {found['trained_per_group']:,.0f} ({found['calls_per_group']:,.0f}) "
         f"| {found['step_seconds']:.0f}; {found['push_share']:.0%}, {found['wait_share']:.0%}"
+        + (f"; {found['memory_peak_mb']:,.0f} MB" if found.get("memory_peak_mb") else "")
     )
 
 

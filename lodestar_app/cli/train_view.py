@@ -180,6 +180,8 @@ class Costs:
     wait_share: float = 0.0
     """Shares of the wall time from the first step's record to the last spent pushing weights and waiting
     for groups (the time between steps that was not the step's own)."""
+    memory_peak_mb: float = 0.0
+    """The trainer process's peak resident memory (metrics `memory_peak_mb`; 0 in runs from before it)."""
 
 
 def costs(records: Iterable[dict[str, float]]) -> Costs:
@@ -200,6 +202,7 @@ def costs(records: Iterable[dict[str, float]]) -> Costs:
         step_seconds=statistics.median(r.get("time_step", 0.0) for r in items),
         push_share=sum(r.get("time_push", 0.0) for r in items) / span if span > 0 else 0.0,
         wait_share=max(span - own, 0.0) / span if span > 0 else 0.0,
+        memory_peak_mb=max(r.get("memory_peak_mb", 0.0) for r in items),
     )
 
 
@@ -277,8 +280,10 @@ def _tokens_text(found: Costs) -> str:
 def _time_text(found: Costs) -> str:
     if not found.step_seconds:
         return "-"
+    memory = f"; trainer peak memory {found.memory_peak_mb:,.0f} MB" if found.memory_peak_mb else ""
     return (
         f"{found.step_seconds:.0f} s median; pushing {found.push_share:.0%}, waiting for groups {found.wait_share:.0%}"
+        + memory
     )
 
 

@@ -29,7 +29,7 @@ def _run(tmp_path: Path, *, after: tuple[float, float, float] = (0.455, 0.39, 0.
     (run / "eval.json").write_text(json.dumps(evaluation))
     costs = {"groups": 4.0, "calls": 32.0, "call_tokens": 48_000.0, "target_tokens": 320.0, "tokens_trained": 2_000.0}
     lines = [
-        json.dumps({"step": step, "policy_version": step, "time": 1e9 + step, "time_step": 0.5, **costs})
+        json.dumps({"step": step, "time": 1e9 + step, "time_step": 0.5, "memory_peak_mb": 1000.0 + step, **costs})
         for step in range(1, steps + 1)
     ]
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
@@ -44,6 +44,7 @@ def test_a_row_has_both_scores_their_intervals_the_commit_and_the_date(tmp_path:
     assert entry["run_id"] == "run-0123456789ab"
     assert (entry["costs"]["prompt_tokens"], entry["costs"]["trained_per_group"]) == (1490.0, 500.0)
     assert "| 1,490 | 500 (12,000) | 0; " in learning.markdown([entry])
+    assert "; 1,037 MB |" in learning.markdown([entry]), "the trainer's peak memory: the run's highest"
     assert entry["before"] == {"pass@1": 0.135, "low": 0.10, "high": 0.18, "k": 4, "pass@k": 0.27, "tasks": 100,
                                "samples": 400, "unscored_tasks": 0}  # fmt: skip
     assert entry["after"]["pass@1"] == 0.455

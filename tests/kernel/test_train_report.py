@@ -216,8 +216,8 @@ def test_the_summary_gives_tokens_per_group_and_where_the_time_went() -> None:
     # Two steps of 4 groups: 10 s own time each, the second ending 30 s after the first (20 s of waiting).
     step = {"groups": 4.0, "calls": 32.0, "call_tokens": 48_000.0, "target_tokens": 320.0, "tokens_trained": 2_000.0}
     records = [
-        {**step, "step": 1, "time": 1000.0, "time_step": 10.0, "time_push": 2.0},
-        {**step, "step": 2, "time": 1030.0, "time_step": 10.0, "time_push": 3.0},
+        {**step, "step": 1, "time": 1000.0, "time_step": 10.0, "time_push": 2.0, "memory_peak_mb": 900.0},
+        {**step, "step": 2, "time": 1030.0, "time_step": 10.0, "time_push": 3.0, "memory_peak_mb": 1200.0},
     ]
     costs = train_view.costs(records)
     assert costs.trained_per_group == 500.0
@@ -226,6 +226,7 @@ def test_the_summary_gives_tokens_per_group_and_where_the_time_went() -> None:
     assert costs.step_seconds == 10.0
     assert costs.push_share == pytest.approx(5 / 40)
     assert costs.wait_share == pytest.approx(20 / 40)
+    assert costs.memory_peak_mb == 1200.0
     outcome = train_view.Outcome(
         run_id="run-1", state="done", steps=2, run_dir=Path("."), checkpoint="", metrics=[], plots=[],
         rewards=[0.1, 0.2], merge_ratio=24.0, seconds=40.0, costs=costs,
@@ -234,5 +235,5 @@ def test_the_summary_gives_tokens_per_group_and_where_the_time_went() -> None:
     console.print(train_view.summary(outcome))
     text = " ".join(console.file.getvalue().split())  # type: ignore[attr-defined]
     assert "tokens per group │ 500 trained, 12,000 in its calls one by one (1,490 prompt tokens per call)" in text
-    assert "time per step │ 10 s median; pushing 12%, waiting for groups 50%" in text
+    assert "time per step │ 10 s median; pushing 12%, waiting for groups 50%; trainer peak memory 1,200 MB" in text
     assert train_view.costs([]) == train_view.Costs()

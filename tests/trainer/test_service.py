@@ -137,6 +137,8 @@ async def _check_two_steps_streamed(stub: trainer_pb2_grpc.TrainerServiceStub, r
     assert seen[-1].values["policy_drift_max"] > 1e-3
     assert "logprob_diff_max" not in seen[-1].values, "a step of stale tokens has no same-version gap"
     assert seen[-1].values["staleness_max"] == 1
+    # The trainer process's peak memory: the tiny model's trainer is a Python process with torch, 100s of MB.
+    assert 100 < step_1["memory_peak_mb"] <= seen[-1].values["memory_peak_mb"] < 24 * 1024
 
 
 async def _check_save_checkpoint(stub: trainer_pb2_grpc.TrainerServiceStub, tmp_path: Path) -> None:

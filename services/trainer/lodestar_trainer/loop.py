@@ -42,6 +42,7 @@ Deviations from textbook GRPO (Shao et al. 2024), each on purpose:
 
 from __future__ import annotations
 
+import resource
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -240,7 +241,7 @@ class Trainer:
             counters=self.planner.counters,
             push=push,
         )
-        return self._record(values, gradient)
+        return self._record(values | _peak_memory(), gradient)
 
     def _record(self, values: dict[str, float], gradient: Gradient) -> StepRecord:
         """The step's record to the metrics, the log and the status board; a checkpoint when one is due."""
@@ -305,3 +306,11 @@ class Trainer:
 def _headline(values: dict[str, float]) -> dict[str, float]:
     keys = ("loss", "reward_mean", "merge_ratio", "time_step", "clip_fraction", "logprob_diff_max", "policy_drift_max")
     return {key: round(values[key], 5) for key in keys if key in values}
+
+
+def _peak_memory() -> dict[str, float]:
+    """`memory_peak_mb` and, where a GPU is in use, `cuda_memory_peak_mb` (lodestar_trainer/metrics.py)."""
+    values = {"memory_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # KiB on Linux
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        values["cuda_memory_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return values

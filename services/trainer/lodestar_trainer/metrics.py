@@ -23,6 +23,9 @@ Every step's values are a flat name -> float map (the same names in the JSONL, i
   same |trainer - inference|, which the updates since sampling explain (absent when no token is stale);
 - time (seconds): `time_build`, `time_forward_backward`, `time_optimizer`, `time_push`, `time_step`, and
   `tokens_per_second` (tokens_trained / time_forward_backward);
+- memory (MB): `memory_peak_mb`, the trainer process's peak resident memory since it started (Linux ru_maxrss:
+  weights, gradients, optimizer state, activations, all on the host on CPU), and on CUDA `cuda_memory_peak_mb`,
+  the peak of tensors allocated on the process's GPU;
 - staleness: `staleness_mean`, `staleness_max` (policy versions between sampling and this update);
 - counters since start: `groups_no_signal` (all-equal rewards, dropped), `sessions_dropped` (unscored).
 """
