@@ -24,7 +24,7 @@ import torch
 
 from lodestar_trainer.model import dedupe_tied, load_model
 from lodestar_trainer.settings import TrainerSettings
-from lodestar_trainer.status import Phase
+from lodestar_trainer.status import Phase, Status
 from lodestar_trainer.weights.broadcast import BroadcastPublisher
 from lodestar_trainer.weights.publish import FanoutPublisher, ServedVersion, WeightPublisher, WeightsRefusedError
 from lodestar_trainer.weights.pushing import ChangedOnlyPublisher
@@ -65,6 +65,26 @@ def _wired(settings: TrainerSettings) -> FanoutPublisher:
     assert isinstance(publisher, FanoutPublisher)
     assert publisher.writer == RUN
     return publisher
+
+
+def _one_step_after(
+    replicas: tuple[InferenceThread, InferenceThread],
+    model_dir: Path,
+    tmp_path: Path,
+    *,
+    served: tuple[tuple[int, str], tuple[int, str]],
+) -> Status:
+    """A fresh trainer of run RUN asked for one step, after each replica was pushed (version, writer) `served`."""
+    weights = _weights(model_dir)
+    for replica, (version, writer) in zip(replicas, served, strict=True):
+        _push(replica.address, weights, version, writer)
+    trainer, _ = trainer_for(model_dir, tmp_path, [make_group(0)], steps=1)
+    trainer.publisher = publisher = FanoutPublisher([r.address for r in replicas], timeout_s=30, writer=RUN)
+    try:
+        trainer.run()
+    finally:
+        publisher.close()
+    return trainer.board.snapshot()
 
 
 @pytest.fixture
@@ -160,16 +180,7 @@ def test_a_trainer_behind_another_writers_versions_fails_naming_it(
     replicas: tuple[InferenceThread, InferenceThread], trainer_model_dir: Path, tmp_path: Path
 ) -> None:
     a, b = replicas
-    weights = _weights(trainer_model_dir)
-    _push(a.address, weights, 3, OTHER)
-    _push(b.address, weights, 2, OTHER)
-    trainer, _ = trainer_for(trainer_model_dir, tmp_path, [make_group(0)], steps=1)
-    trainer.publisher = publisher = FanoutPublisher([a.address, b.address], timeout_s=30, writer=RUN)
-    try:
-        trainer.run()
-    finally:
-        publisher.close()
-    status = trainer.board.snapshot()
+    status = _one_step_after(replicas, trainer_model_dir, tmp_path, served=((3, OTHER), (2, OTHER)))
     assert status.phase is Phase.FAILED
     assert "refused the weights of policy version 1" in status.error
     assert f"(published by writer '{OTHER}'; this update is by writer '{RUN}')" in status.error
@@ -181,16 +192,7 @@ def test_this_runs_versions_beside_another_writers_fail_before_any_push(
     replicas: tuple[InferenceThread, InferenceThread], trainer_model_dir: Path, tmp_path: Path
 ) -> None:
     a, b = replicas
-    weights = _weights(trainer_model_dir)
-    _push(a.address, weights, 3, RUN)
-    _push(b.address, weights, 5, OTHER)
-    trainer, _ = trainer_for(trainer_model_dir, tmp_path, [make_group(0)], steps=1)
-    trainer.publisher = publisher = FanoutPublisher([a.address, b.address], timeout_s=30, writer=RUN)
-    try:
-        trainer.run()
-    finally:
-        publisher.close()
-    status = trainer.board.snapshot()
+    status = _one_step_after(replicas, trainer_model_dir, tmp_path, served=((3, RUN), (5, OTHER)))
     assert (status.phase, status.step) == (Phase.FAILED, 0)
     assert f"serves policy version 5 published by writer '{OTHER}', not by this run ('{RUN}')" in status.error
     assert (_served(a.address), _served(b.address)) == (ServedVersion(3, RUN), ServedVersion(5, OTHER))
