@@ -4,10 +4,13 @@ While this instance is not the leader every RPC answers UNAVAILABLE with the lea
 message and in the trailing metadata `lodestar-leader` (plus `grpc-retry-pushback-ms: -1`, so gRPC's
 own retry policy does not retry the follower); `lodestar.grpc.client.call_following_leader` retries
 there. A node's token acts only for its own node id (`lodestar.grpc.auth.check_node`: PERMISSION_DENIED).
+A redirect to a caller that went away before it was answered (grpc cannot send the status) is one info line,
+and the call ends cancelled (not an INTERNAL error with a traceback: issue 44, docs/chaos.md).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -16,11 +19,13 @@ import grpc.aio
 
 from lodestar.grpc.auth import check_node
 from lodestar.grpc.client import LEADER_METADATA_KEY
+from lodestar.logging import get_logger
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
 from lodestar_rollout.scheduler import Progress
 from lodestar_rollout.service import RolloutCore
 
 Context = grpc.aio.ServicerContext[Any, Any]
+_log = get_logger("rollout.servicer")
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
@@ -37,7 +42,15 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         if leader:
             metadata.append((LEADER_METADATA_KEY, leader))
         where = f"the leader is at {leader}" if leader else "no leader is elected yet, retry shortly"
-        await context.abort(grpc.StatusCode.UNAVAILABLE, f"not the rollout leader: {where}", tuple(metadata))
+        try:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"not the rollout leader: {where}", tuple(metadata))
+        except grpc.aio.AbortError:
+            raise  # the redirect is on its way
+        except Exception as error:
+            # grpc could not send the status (ExecuteBatchError): the call is over, the caller went away (a
+            # killed node) before it was answered. Nothing is wrong here: one line, and the call ends cancelled.
+            _log.info("redirect not sent: the caller went away", leader=leader or None, error=type(error).__name__)
+            raise asyncio.CancelledError from error
         raise AssertionError("abort returned")  # pragma: no cover
 
     async def CreateRun(self, request: rollout_pb2.CreateRunRequest, context: Context) -> rollout_pb2.CreateRunResponse:
