@@ -2,10 +2,13 @@
 fault schedule, and the checks made afterwards from durable state (docs/chaos.md).
 
     python bench/chaos.py --duration 3600 --seed 1 [--work DIR] [--json OUT]
+    python bench/chaos.py --short --seed 44      # the test's round: every kind once, in minutes
 
 The stack (bench/chaos_stack.py): three etcd members, two inference replicas found through etcd, two rollout
 instances on one store, two gateway nodes, the trainer. Faults start once the trainer has done its first step
-and go on for `--duration` seconds, one after another (bench/chaos_faults.py). Then the stack is stopped and
+and go on for `--duration` seconds, one after another (bench/chaos_faults.py); `--short` does one round of
+`short_round` instead. After the last fault the run waits for the trainer's first step since its last restart,
+then the stack is stopped and
 the checks run (bench/chaos_checks.py); the fault schedule and a table of what each check found are printed,
 and the exit status is 1 when a check failed.
 """
@@ -13,6 +16,7 @@ and the exit status is 1 when a check failed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -25,12 +29,13 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.chaos_checks import Check, run_checks
-from bench.chaos_faults import KINDS, Fault, Injector, schedule
+from bench.chaos_faults import KINDS, Fault, Injector, schedule, short_round
 from bench.chaos_stack import ChaosStack
 
 FIRST_STEP_TIMEOUT_S = 600.0
-SETTLE_S = 20.0
-"""After the last fault: time for the restarted processes to come back before the stack is stopped."""
+SETTLE_S = 5.0
+"""After the last fault and the trainer's step since its last restart: time for the processes restarted last to
+come back before the stack is stopped."""
 
 
 @dataclass
@@ -46,14 +51,19 @@ class Report:
         return bool(self.checks) and all(c.ok for c in self.checks)
 
 
-def _first_step(stack: ChaosStack, timeout: float) -> None:
+def _step_since_start(stack: ChaosStack, timeout: float) -> None:
+    """Wait until the trainer has logged a step since it last started (a restarted trainer imports torch again
+    and resumes: on a loaded machine minutes); raises when it exits first or none comes in `timeout`."""
     metrics = stack.run_dir / "metrics.jsonl"
+    started = max(when for when, event in stack.procs["trainer"].timeline if event == "start")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if metrics.exists() and metrics.read_text().strip():
+        text = metrics.read_text() if metrics.exists() else ""
+        lines = text[: text.rfind("\n") + 1].splitlines()  # whole lines: the last may be being written
+        if any(float(json.loads(line)["time"]) > started for line in lines if line.strip()):
             return
         if not stack.procs["trainer"].alive:
-            raise RuntimeError(f"the trainer exited before its first step (see {stack.procs['trainer'].log})")
+            raise RuntimeError(f"the trainer exited before a step (see {stack.procs['trainer'].log})")
         time.sleep(1.0)
     raise RuntimeError(f"no trainer step within {timeout:.0f} s")
 
@@ -64,19 +74,20 @@ def run(
     duration_s: float | None,
     seed: int,
     rounds: int | None = None,
+    short: bool = False,
     model: Path | None = None,
     kinds: tuple[str, ...] = KINDS,
     out: Callable[[str], None] = lambda line: print(line, flush=True),
 ) -> Report:
-    """Start the stack under `work`, inject faults for `duration_s` (or `rounds` rounds of every kind, however
-    long they take), stop it, check; the report."""
+    """Start the stack under `work`, inject faults for `duration_s` (or `rounds` rounds of every kind, or with
+    `short` the one round of `short_round`, however long they take), stop it, check; the report."""
     started = time.monotonic()
     report = Report(seed, duration_s or 0.0)
     stack = ChaosStack(work)
-    faults = schedule(seed, len(kinds) * (rounds or 100_000), kinds)
+    faults = short_round(seed) if short else schedule(seed, len(kinds) * (rounds or 100_000), kinds)
     try:
         stack.start(model=model)
-        _first_step(stack, FIRST_STEP_TIMEOUT_S)
+        _step_since_start(stack, FIRST_STEP_TIMEOUT_S)
         injector = Injector(stack, seed)
         end = time.monotonic() + (duration_s or float("inf"))
         for fault in faults:
@@ -86,6 +97,8 @@ def run(
             injector.inject(fault)
             report.faults.append(fault)
             out(_fault_line(len(report.faults), fault))
+        with contextlib.suppress(RuntimeError):  # the check "trainer kept training" says what was missing
+            _step_since_start(stack, FIRST_STEP_TIMEOUT_S)
         time.sleep(SETTLE_S)
     finally:
         stopped_at = time.time()
@@ -131,15 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=3600.0, help="seconds of faults (after the first step)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=None, help="instead: this many rounds of every kind of fault")
+    parser.add_argument("--short", action="store_true", help="instead: the test's short round (short_round)")
     parser.add_argument("--work", type=Path, default=None, help="where the stack keeps its logs and stores")
     parser.add_argument("--model", type=Path, default=None, help="a tiny model directory to use (default: build one)")
     parser.add_argument("--json", type=Path, default=None, help="write the report here too")
     args = parser.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="lodestar-chaos-"))
-    length = f"{args.rounds} rounds" if args.rounds else f"{args.duration:.0f} s"
+    length = "the short round" if args.short else f"{args.rounds} rounds" if args.rounds else f"{args.duration:.0f} s"
     print(f"chaos: seed {args.seed}, {length} of faults, work dir {work}", flush=True)
-    duration = None if args.rounds else args.duration
-    report = run(work, duration_s=duration, seed=args.seed, rounds=args.rounds, model=args.model)
+    duration = None if args.rounds or args.short else args.duration
+    report = run(work, duration_s=duration, seed=args.seed, rounds=args.rounds, short=args.short, model=args.model)
     print(table(report))
     if args.json is not None:
         args.json.write_text(json.dumps(asdict(report), indent=2) + "\n")

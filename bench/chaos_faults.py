@@ -1,8 +1,9 @@
 """The chaos run's seeded fault schedule and how each fault is done to the stack (bench/chaos.py).
 
 `schedule(seed, count)` draws `count` faults, every kind in each round of `KINDS` (shuffled), each with the
-pause before it. `inject` does one and returns what it hit: SIGKILL and restart of a process of a kind (the
-rollout leader and the standby told apart by their health), SIGSTOP for longer than a lease, and three
+pause before it; `short_round(seed)` is the test's one round, arranged so that it takes minutes (its
+docstring). `inject` does one and returns what it hit: SIGKILL and restart of a process of a kind (the rollout
+leader and the standby told apart by their health), SIGSTOP for longer than a lease, and three
 trainer kills aimed at its worst moments, found from the logs as they are written:
 - `trainer-push`: at the first replica's "policy version published" of a new version (the push still going to
   the other replica, or done and not yet reported);
@@ -70,6 +71,29 @@ def schedule(
         rng.shuffle(round_)
         faults += [Fault(kind, round(rng.uniform(*gap), 2)) for kind in round_]
     return faults[:count]
+
+
+TRAINER_KINDS = ("trainer-checkpoint", "trainer-push", "trainer-push-report", "kill-trainer")
+"""The faults that kill the trainer, in `short_round`'s order: the checkpoint moment first (the first trainer is
+already on its way to a checkpointed step), then the push of the resumed trainer (it pushes as it starts, behind
+the served versions), then a step's push before its report, then a random moment."""
+SHORT_GAP_S = (0.5, 2.0)
+
+
+def short_round(seed: int, gap: tuple[float, float] = SHORT_GAP_S) -> list[Fault]:
+    """One fault of every kind in `KINDS`: each trainer fault (`TRAINER_KINDS`' order) followed by two of the
+    others (shuffled by `seed`), so that the killed trainer restarts (imports torch again) while they are done
+    instead of after them, and shorter pauses between faults. The same kinds and moments as a round of
+    `schedule`; only the order and the pauses differ."""
+    rng = random.Random(seed)
+    others = [kind for kind in KINDS if kind not in TRAINER_KINDS]
+    rng.shuffle(others)
+    per_trainer = len(others) // len(TRAINER_KINDS)
+    order: list[str] = []
+    for i, kind in enumerate(TRAINER_KINDS):
+        order += [kind, *others[i * per_trainer : (i + 1) * per_trainer]]
+    order += others[len(TRAINER_KINDS) * per_trainer :]
+    return [Fault(kind, round(rng.uniform(*gap), 2)) for kind in order]
 
 
 class LogTail:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -266,11 +267,13 @@ class ChaosStack:
             proc.start()
 
     def stop(self) -> None:
-        """Stop everything: trainer and nodes first, then rollout and inference, etcd last."""
+        """Stop everything: trainer and nodes first, then rollout and inference, etcd last; the processes of one
+        kind at once (each drains in its own time)."""
         order = ["trainer", "gateway", "rollout", "inference", "etcd"]
         for kind in order:
-            for proc in self.of_kind(kind):
-                proc.terminate()
+            procs = self.of_kind(kind)
+            with ThreadPoolExecutor(max(1, len(procs))) as pool:
+                list(pool.map(Proc.terminate, procs))
 
 
 def _etcd_healthy(url: str) -> bool:
