@@ -57,6 +57,8 @@ class TrainConfig:
     inference_replicas: int = 1
     max_new_tokens: int | None = None
     """The inference service's cap on new tokens per call in the stack it starts (None: the service's own)."""
+    vllm_lora: str | None = None
+    """How the vllm backend of the stack it starts serves LoRA pushes (None: the service's own, `merge`)."""
     timeout_s: float = 1800.0
     start_timeout_s: float = 180.0
     eval: EvalConfig | None = None
@@ -87,6 +89,9 @@ KEYS: dict[str, str] = {
     "max_new_tokens": "Cap on new tokens per model call of the stack it starts (the inference service's "
     "`max_new_tokens`; unset: its default). For harnesses that ask for no limit (Pi) on tasks with short "
     "answers: a call that reaches it ends with finish reason `length`, as a harness's own limit would.",
+    "vllm_lora": 'With `backend = "vllm"` and `[trainer.lora]`: how the stack it starts serves each pushed '
+    "adapter (the inference service's `vllm_lora`): `merge` (unset: the default) merges it onto the base and "
+    "reloads, `native` hot-loads it into vLLM's own LoRA serving (docs/trainer.md, LoRA).",
     "timeout_s": "The training (from the trainer's start to its last step) must end within this many seconds; "
     "then it stops and reports.",
     "start_timeout_s": "Each service it starts must answer SERVING within this many seconds.",
@@ -155,11 +160,23 @@ def load_train_config(path: Path) -> TrainConfig:
         backend=str(table.get("backend", "transformers")),
         inference_replicas=_positive(path, "inference_replicas", table.get("inference_replicas", 1)),
         max_new_tokens=_optional_positive(path, "max_new_tokens", table.get("max_new_tokens")),
+        vllm_lora=_vllm_lora(path, table),
         timeout_s=float(table.get("timeout_s", 1800.0)),
         start_timeout_s=float(table.get("start_timeout_s", 180.0)),
         eval=_eval_config(path, base, document.get("eval")),
         redteam=_redteam_config(path, document.get("redteam", {})),
     )
+
+
+def _vllm_lora(path: Path, table: dict[str, object]) -> str | None:
+    value = table.get("vllm_lora")
+    if value is None:
+        return None
+    if value not in ("merge", "native"):
+        raise InvalidArgumentError(f'{path}: [train] vllm_lora must be "merge" or "native", not {value!r}')
+    if table.get("backend") != "vllm":
+        raise InvalidArgumentError(f'{path}: [train] vllm_lora needs backend = "vllm"')
+    return str(value)
 
 
 def _eval_config(path: Path, base: Path, table: object) -> EvalConfig | None:

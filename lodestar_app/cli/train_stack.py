@@ -118,6 +118,8 @@ async def _start_own(config: TrainConfig, console: Console) -> Stack:
         serve = ["--backend", config.backend, "--model", str(model)]
         if config.max_new_tokens is not None:
             serve += ["--max-new-tokens", str(config.max_new_tokens)]
+        if config.vllm_lora is not None:
+            serve += ["--vllm-lora", config.vllm_lora]
         if len(replicas) > 1:  # replicas register in etcd; the gateway and the trainer follow them there
             stack.discovery_etcd = cluster.etcd_url
             serve += ["--etcd", cluster.etcd_url, "--etcd-lease-ttl-s", str(REPLICA_LEASE_TTL_S)]
