@@ -1,16 +1,23 @@
 """In-namespace half of process isolation: runs as `unshare [--net] [--mount] -- python -I netns_child.py ...`.
 
 Standard library only (it runs with `python -I` and the harness's clean environment). Before exec'ing the
-program in its own place (same pid, same process group) it sets up what it was asked for:
+program in its own place (same pid, same process group; with `--parent` as its child) it sets up what it was
+asked for:
 
 - `--bind SRC:DST` (repeatable, needs a mount namespace): bind-mount the directory SRC onto DST (created
   if missing). This is how every session sees the same absolute HOME/TMPDIR/workspace paths: its private
   directories are mounted onto fixed paths that only this process tree sees (`unshare --mount` makes the
   new namespace's mounts private, so nothing propagates back to the host).
-- `--parent PID`: die (SIGKILL) when the process that started this one dies, even by SIGKILL, so a harness
-  never outlives its node (PR_SET_PDEATHSIG, kept across exec; set here rather than in a preexec_fn,
-  which would fork the node's multi-threaded gRPC process without exec'ing at once). Exit at once when
-  the parent is already gone (no longer PID).
+- `--parent PID`: no process of the run outlives its node, even one SIGKILLed (PID: the node). The helper
+  does not exec the program but stays as its keeper: the program runs as its child, every process the
+  program starts stays below the keeper (PR_SET_CHILD_SUBREAPER: orphans are reparented to it, not to init,
+  even after setsid), and when the node dies (PR_SET_PDEATHSIG delivers SIGCHLD, set here rather than in a
+  preexec_fn, which would fork the node's multi-threaded gRPC process without exec'ing at once; a 1 s poll
+  of the parent backs it) the keeper SIGKILLs every process below it and exits. A PDEATHSIG on the
+  program alone would not do: it is not inherited by the program's children (a harness's tools). The
+  keeper exits with the program's status (re-raising its signal); a SIGTERM to the process group is left
+  to the program. Exit at once when the parent is already gone (no longer PID). The sandbox (bwrap, no
+  `--parent`) needs no keeper: its PID namespace ends with its init, which dies with the node.
 - `--chdir DIR`: change into DIR after the mounts (the launcher cannot start the process in a directory
   that exists only inside the namespace).
 - `--listen HOSTS PORT` (needs a network namespace): bring `lo` up and bind a listening TCP socket on each
@@ -31,6 +38,7 @@ Usage: netns_child.py FD [--parent PID] [--bind SRC:DST]... [--chdir DIR] [--lis
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import fcntl
@@ -42,6 +50,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
@@ -49,6 +58,7 @@ IFF_UP = 0x1
 MS_BIND = 4096
 MS_REC = 16384
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def loopback_up() -> None:
@@ -84,12 +94,104 @@ def bind_mount(source: str, target: str) -> None:
         raise OSError(errno, f"bind mount {source} -> {target}: {os.strerror(errno)}")
 
 
-def die_with_parent(parent: int) -> None:
-    """SIGKILL this process when its parent dies; exit now if the parent already did."""
+KEEPER_SIGNALS = {signal.SIGCHLD, signal.SIGTERM}
+"""Blocked in the keeper and taken with sigtimedwait: a child's exit or the node's death (SIGCHLD), and a
+SIGTERM to the run's process group (the program's to act on; the keeper outlasts it)."""
+
+
+def become_keeper(parent: int) -> None:
+    """Prepare to keep the run (`--parent`): block KEEPER_SIGNALS, become the subreaper of every process
+    below, be sent SIGCHLD when the parent dies; exit now if the parent already did."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, KEEPER_SIGNALS)
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGCHLD)
     if os.getppid() != parent:
         os._exit(125)
+
+
+def keep(parent: int, argv: list[str]) -> int:
+    """Run `argv` as a child and wait for it; when `parent` dies first, SIGKILL every process below this one.
+    Returns (or re-raises) the program's exit status."""
+    program = os.fork()
+    if program == 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, KEEPER_SIGNALS)
+        try:
+            os.execvp(argv[0], argv)
+        except OSError as exc:
+            print(f"netns_child.py: {argv[0]}: {exc.strerror}", file=sys.stderr)
+        os._exit(127)
+    while True:
+        status = _reap(program)
+        if status is not None:
+            return _exit_as(status)
+        if os.getppid() != parent:
+            _kill_below(os.getpid())
+            return 137
+        signal.sigtimedwait(KEEPER_SIGNALS, 1.0)
+
+
+def _reap(program: int) -> int | None:
+    """Reap every exited child (the program and orphans reparented here); the program's wait status once it
+    exited."""
+    found = None
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return found
+        if pid == 0:
+            return found
+        if pid == program:
+            found = status
+
+
+def _exit_as(status: int) -> int:
+    """The program's exit code, or its signal raised on this process (its parent reads the same status)."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+        return 128 + sig  # not reached
+    return os.waitstatus_to_exitcode(status)
+
+
+def _kill_below(root: int) -> None:
+    """SIGKILL every live process below `root` until none is left (the killed ones' children are reparented
+    to `root`, the subreaper, and found in the next round)."""
+    for _ in range(200):
+        below = _descendants(root)
+        if not below:
+            return
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _reap(0)  # the killed children (no program is pid 0)
+        time.sleep(0.01)
+
+
+def _descendants(root: int) -> list[int]:
+    """Live (not zombie) processes below `root`, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found: list[int] = []
+    queue = list(children.get(root, []))
+    while queue:
+        pid = queue.pop()
+        found.append(pid)
+        queue += children.get(pid, [])
+    return found
 
 
 Parsed = tuple[int, int | None, list[tuple[str, str]], str | None, tuple[str, int] | None, bool, list[str]]
@@ -152,7 +254,7 @@ def main(args: list[str]) -> int:
         print(f"netns_child.py: {exc}", file=sys.stderr)
         return 2
     if parent is not None:
-        die_with_parent(parent)
+        become_keeper(parent)
     channel = socket.socket(fileno=fd)
     listeners: list[socket.socket] = []
     try:
@@ -176,6 +278,8 @@ def main(args: list[str]) -> int:
     for listener in listeners:
         listener.close()
     channel.close()
+    if parent is not None:
+        return keep(parent, argv)
     os.execvp(argv[0], argv)
     return 127  # not reached
 

@@ -14,7 +14,8 @@ What a sandboxed process gets (`bwrap` from Debian's `bubblewrap`, 0.8 or later;
 - on a root node, an unprivileged host uid (`user`): the session is not root outside. An outer bubblewrap
   (root, a mount namespace only) builds the allow-list root, `setpriv` drops to that uid, and the inner
   bubblewrap makes every namespace of the session inside it; so the uid needs no access to the node's
-  directories (a Python installation below /root works).
+  directories (a Python installation below /root works). A root shell between the two (`_ROOT_KEEPER`)
+  makes the inner one die with the outer, so a SIGKILLed node leaves no sandbox behind.
 
 bwrap reads its options from a descriptor (`--args`), so the sandbox's pid 1 shows none of them in its
 command line. Unprivileged user namespaces or root are needed; `available()` probes once with a real
@@ -176,7 +177,7 @@ class Sandbox:
                 outer = _args(_ROOT_BUILDER, mounts, fds)
                 uid, gid = (str(number) for number in self.user)
                 switch = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
-                argv = [self.binary, "--args", str(outer), "--", *switch, self.binary]
+                argv = [self.binary, "--args", str(outer), "--", *_ROOT_KEEPER, *switch, self.binary]
                 argv += ["--args", str(_args([*_INNER_ROOT, *inner], [], fds))]
         except BaseException:
             Prepared([], fds).close()
@@ -187,13 +188,22 @@ class Sandbox:
 # Kept as laid out (the skip below): bwrap options with their values, as bwrap reads them.
 _ROOT_BUILDER = [
     "--die-with-parent", "--bind", "/proc", "/proc", "--dev", "/dev",
-    "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+    "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL",
 ]  # fmt: skip
 """The outer bubblewrap of a root node (a mount namespace only): it builds the allow-list root as root (so
 installations the session uid could not reach, e.g. below /root, can be bound) and keeps only what
-`setpriv` needs to drop to the session uid. The host's /proc is bound (not a new one: bubblewrap would cover
-parts of it, and the kernel lets the inner one mount a fresh /proc only over a fully visible one); the inner
-sandbox's own /proc covers it."""
+`setpriv` needs to drop to the session uid, and CAP_KILL for `_ROOT_KEEPER`. The host's /proc is bound (not
+a new one: bubblewrap would cover parts of it, and the kernel lets the inner one mount a fresh /proc only
+over a fully visible one); the inner sandbox's own /proc covers it."""
+_ROOT_KEEPER = ["sh", "-c", '"$@"; exit $?', "sh"]
+"""Between the outer bubblewrap and `setpriv` on a root node: a root shell that stays the parent of the
+inner bubblewrap (not `exec`: the command is not its last). `--die-with-parent` is a PR_SET_PDEATHSIG, and
+the kernel sends a parent-death signal with the dying parent's credentials, as if that parent had called
+kill(2): the outer bubblewrap's monitor (root, every capability dropped) may not signal the inner one (the
+session uid), so without this the inner sandbox outlived a SIGKILLed node, reparented to init (issue 44,
+docs/chaos.md). The outer monitor may signal this shell (both root; the shell dies with it), and the shell
+holds CAP_KILL, so its death kills the inner bubblewrap, whose PID namespace ends with it. CAP_KILL does
+not reach the session: `setpriv` clears every capability when it changes the uid."""
 _INNER_ROOT = ["--bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
 """The inner bubblewrap's root: the outer's, whose read-only mounts stay read-only (locked)."""
 
