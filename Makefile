@@ -168,8 +168,10 @@ typecheck: venv
 pytest: venv
 	$(VENV)/bin/pytest -q -ra -m "not (docker or chaos)"
 
-## test-chaos: the short seeded chaos run (tests/e2e/test_chaos.py, docs/chaos.md); not yet in `make test`: it has
-## not passed on the 2-core machine (issue 44).
+## test-chaos: the short seeded chaos run (tests/e2e/test_chaos.py = bench/chaos.py --short --seed 44: one fault of
+## every kind, 4-6 min here at load 7-20; docs/chaos.md "The short version"). Not in `make test` (issue 44): its check
+## "pushed version served before rollout heard it" failed every run on a replica that registered during a push
+## (not routed to until it catches up, by design): the check's premise, to be decided (docs/chaos.md).
 test-chaos: setup
 	$(VENV)/bin/pytest -q -ra -m chaos
 
