@@ -169,7 +169,7 @@ pytest: venv
 	$(VENV)/bin/pytest -q -ra -m "not (docker or chaos)"
 
 ## test-chaos: the short seeded chaos run (tests/e2e/test_chaos.py = bench/chaos.py --short --seed 44: one fault of
-## every kind, 4-6 min here at load 7-20; docs/chaos.md "The short version"). Not in `make test` (issue 44): its check
+## every kind, 135 s here when quiet, 4-6 min at load 7-20; docs/chaos.md "The short version"). Not in `make test` (issue 44): its check
 ## "pushed version served before rollout heard it" failed every run on a replica that registered during a push
 ## (not routed to until it catches up, by design): the check's premise, to be decided (docs/chaos.md).
 test-chaos: setup
