@@ -24,6 +24,14 @@ ERROR_WINDOW_S = 60.0
 """An error logged within this long after a fault (or a restart it caused) is accounted for by it."""
 PUBLISHED = "policy version published"
 REGISTERED = "inference replica registered in etcd"
+PUSHED = (
+    "weights pushed",
+    "weights pushed (changed only)",
+    "resumed weights pushed",
+    "the run's versions were served past this state: its weights pushed past them",
+)
+"""The trainer's log lines of a finished push (weights/pushing.py; a resumed trainer's first push, control.py),
+each with the push's `seconds`."""
 GOOD_FINISH = (common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH, common_pb2.FINISH_REASON_STOP_SEQUENCE)
 
 
@@ -173,10 +181,24 @@ def _alive_at(proc: Proc, at: float) -> bool:
     return state
 
 
+def _push_starts(stack: ChaosStack) -> list[tuple[float, int]]:
+    """(time, version) at which each of the trainers' logged pushes began: its log line's time less its seconds."""
+    starts = []
+    for proc in stack.of_kind("trainer"):
+        for line in _json_lines(proc.log):
+            if line.get("event") in PUSHED and "seconds" in line:
+                starts.append((_stamp(line) - float(line["seconds"]), int(line["policy_version"])))
+    return sorted(starts)
+
+
 def _served_before_heard(stack: ChaosStack, heard: list[tuple[float, int]]) -> Check:
-    """At each report, every replica that was running and registered in etcd (so the trainer pushes to it and
-    nodes send calls to it) since its last start had published that version or a newer one."""
-    late = []
+    """At each report of v, every replica that was running and registered in etcd since its last start, before
+    the push of v began, had published v or newer. The trainer pushes to the replicas registered when a push
+    begins, so one that registered during the push is not in it: the nodes do not route to it until it serves the
+    fleet's version (lodestar_gateway/replica_watch.py) and the next push brings it up; whether any call was served
+    older than rollout knew is `_versions_forward`'s check on the calls themselves. Such replicas are counted."""
+    late, joined = [], 0
+    pushes = _push_starts(stack)
     for proc in stack.of_kind("inference"):
         lines = _json_lines(proc.log)
         published = [(_stamp(x), int(x["policy_version"])) for x in lines if x.get("event") == PUBLISHED]
@@ -186,9 +208,15 @@ def _served_before_heard(stack: ChaosStack, heard: list[tuple[float, int]]) -> C
             if not starts or not _alive_at(proc, at) or not any(starts[-1] <= w <= at for w in registered):
                 continue
             served = max((v for w, v in published if starts[-1] <= w <= at), default=0)
-            if served < version:
-                late.append(f"v{version} heard, {proc.name} served v{served}")
+            if served >= version:
+                continue
+            began = max((w for w, v in pushes if v == version and w <= at), default=None)
+            if began is not None and all(w > began for w in registered if starts[-1] <= w <= at):
+                joined += 1
+                continue
+            late.append(f"v{version} heard, {proc.name} served v{served}")
     found = f"{len(heard)} version reports; served late: {len(late)}" + (f" ({'; '.join(late[:3])})" if late else "")
+    found += f"; registered during the push reported (not in it, not yet routed to): {joined}"
     return Check("pushed version served before rollout heard it", not late and bool(heard), found)
 
 

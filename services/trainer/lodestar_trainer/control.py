@@ -257,15 +257,16 @@ class ControlPlane:
             return version
         weights = self._pushed()
         if self.parallel.is_main and self.publisher is not None:
-            self.publisher.publish(weights, target)
+            seconds = round(self.publisher.publish(weights, target).seconds, 3)
             if target == version:
-                _log.info("resumed weights pushed", policy_version=version)
+                _log.info("resumed weights pushed", policy_version=version, seconds=seconds)
             else:
                 _log.warning(
                     "the run's versions were served past this state: its weights pushed past them",
                     policy_version=target,
                     state_version=version,
                     newest_served=target - 1,
+                    seconds=seconds,
                 )
                 self._report_version(target)
         return int(target)
