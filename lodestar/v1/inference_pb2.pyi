@@ -63,6 +63,7 @@ class GenerateRequest(_message.Message):
     STREAM_FIELD_NUMBER: _builtins.int
     ENABLE_THINKING_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
+    MIN_POLICY_VERSION_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Caller-chosen id for logs and cancellation; the server generates one when empty."""
     model: _builtins.str
@@ -75,6 +76,12 @@ class GenerateRequest(_message.Message):
     """The caller's session (a gateway session id). A gateway with several inference replicas sends every
     call of a session to one replica, whose prefix cache holds the session's earlier calls; the server
     only logs it.
+    """
+    min_policy_version: _builtins.int
+    """The oldest policy version the caller accepts: a server serving an older one refuses the call with
+    UNAVAILABLE before it samples anything (0: any). A gateway sends the version it last saw this replica
+    serve, so a replica that restarted at its starting weights under the same address is not taken for the
+    one it replaced until the trainer's next push brings it up.
     """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]:
@@ -108,10 +115,11 @@ class GenerateRequest(_message.Message):
         stream: _builtins.bool = ...,
         enable_thinking: _builtins.bool | None = ...,
         session_id: _builtins.str = ...,
+        min_policy_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_enable_thinking", b"_enable_thinking", "continuation", b"continuation", "enable_thinking", b"enable_thinking", "sampling", b"sampling", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_enable_thinking", b"_enable_thinking", "continuation", b"continuation", "enable_thinking", b"enable_thinking", "messages", b"messages", "model", b"model", "request_id", b"request_id", "sampling", b"sampling", "session_id", b"session_id", "stream", b"stream", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_enable_thinking", b"_enable_thinking", "continuation", b"continuation", "enable_thinking", b"enable_thinking", "messages", b"messages", "min_policy_version", b"min_policy_version", "model", b"model", "request_id", b"request_id", "sampling", b"sampling", "session_id", b"session_id", "stream", b"stream", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__enable_thinking: _TypeAlias = _typing.Literal["enable_thinking"]  # noqa: Y015
     _WhichOneofArgType__enable_thinking: _TypeAlias = _typing.Literal["_enable_thinking", b"_enable_thinking"]  # noqa: Y015

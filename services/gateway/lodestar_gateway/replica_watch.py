@@ -13,6 +13,10 @@ fleet's version, so no session samples from a policy the run left behind. Once a
 key lives, also while it lags a version during a push (every replica does, briefly); one that falls further
 behind (it missed pushes: the trainer could not reach it) stops being routed to until it catches up. A key
 rewritten under a new lease is a restarted process: it is admitted again only once it has caught up.
+
+A replica killed and restarted faster than its lease expires may be called before its new registration is
+seen here: each routed replica's record version (and lease, its incarnation) goes to the ReplicaSet as the
+floor of its calls (`ReplicaSet.served`), which the restarted process refuses until it has caught up.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ class Admission:
         self._admitted: dict[str, _Admitted] = {}
         self.waiting: dict[str, int] = {}
         """Registered replicas not admitted yet: address -> the version they serve."""
+        self.routed: dict[str, RegisteredReplica] = {}
+        """The admitted replicas by address, as last registered (one per address: the newest lease)."""
 
     def update(self, replicas: Mapping[str, RegisteredReplica]) -> set[str]:
         """The addresses to route to, given every live replica by key."""
@@ -67,7 +73,10 @@ class Admission:
                 self._admitted[key] = _Admitted(replica.lease_id, replica.record.address)
             else:
                 self.waiting[replica.record.address] = replica.record.policy_version
-        return {admitted.address for admitted in self._admitted.values()}
+        self.routed = {}
+        for key in sorted(self._admitted, key=lambda key: live[key].lease_id):
+            self.routed[live[key].record.address] = live[key]
+        return set(self.routed)
 
 
 class ReplicaDiscovery:
@@ -94,6 +103,8 @@ class ReplicaDiscovery:
             self.replicas.add(address)
         for address in sorted(current - routed):
             await self.replicas.remove(address)
+        for address, replica in self.admission.routed.items():
+            self.replicas.served(address, replica.record.policy_version, incarnation=replica.lease_id)
         waiting = set(self.admission.waiting)
         if waiting - self._logged_waiting:
             _log.info(

@@ -13,6 +13,15 @@ session's earlier token ids as the continuation, so the prompt is token-faithful
 cut after it streamed tokens is not restarted elsewhere (its tokens were already sent to the harness): it
 fails as a retryable 503/529 and the harness's retry lands on another replica. Replicas set aside are
 tried again after `down_s`, or at once when every replica is set aside.
+
+Version floors. Every call carries `min_policy_version`: the newest version this gateway has seen its replica
+serve (its answers, and its etcd record with discovery) since that replica's process joined. A replica killed
+and restarted at the same address comes back with its starting weights, and the gateway may not have seen it
+leave (its etcd key outlives it by a lease TTL); its floor then makes it refuse the session's next call
+(UNAVAILABLE, before sampling), which fails over as above instead of sampling from a policy the run left
+behind. Discovery resets a replica's floor to its record's version when a new process registers at the
+address (`served(..., incarnation=)`), so a fleet restarted as a whole serves again. Replicas named by
+static addresses (`--inference a,b`) have no floor (0): nothing tells the gateway which process answers.
 """
 
 from __future__ import annotations
@@ -51,6 +60,9 @@ class ReplicaSet:
         """Removed replicas whose calls in flight have not ended yet."""
         self.failovers = 0
         """Calls moved to another replica before their first token (for status and tests)."""
+        self.floors: dict[str, int] = {}
+        """Per replica, the oldest policy version its calls accept (see the module docstring)."""
+        self._incarnations: dict[str, int] = {}
         for target in targets:
             self.add(target)
 
@@ -65,12 +77,28 @@ class ReplicaSet:
             self.router.add(target)
             _log.info("inference replica added", replica=target, replicas=len(self.clients))
 
+    def served(self, target: str, version: int, *, incarnation: int | None = None) -> None:
+        """`target` serves `version` (an answer said so, or its etcd record): its calls' floor rises to it. An
+        `incarnation` (the registration's lease) other than the last one seen is a new process at the
+        address: its floor starts again from `version`. Only replicas whose incarnation is known (discovery)
+        have a floor: a static address says nothing of which process answers it, and a floor that no
+        restarted process could meet before the next push would stall a run whose every replica restarted."""
+        if incarnation is not None and self._incarnations.get(target) != incarnation:
+            if target in self._incarnations:
+                _log.info("inference replica restarted", replica=target, policy_version=version)
+            self._incarnations[target] = incarnation
+            self.floors[target] = version
+        elif target in self._incarnations:
+            self.floors[target] = max(self.floors[target], version)
+
     async def remove(self, target: str) -> None:
         """A replica leaves: no call is placed on it any more; its calls in flight finish (a draining replica
         ends them) or fail on their own, and its channel closes after the last."""
         client = self.clients.pop(target, None)
         self.router.remove(target)
         self._down_until.pop(target, None)
+        self.floors.pop(target, None)
+        self._incarnations.pop(target, None)
         if client is not None:
             _log.info("inference replica removed", replica=target, replicas=len(self.clients))
             if self._inflight.get(target, 0):
@@ -105,9 +133,14 @@ class ReplicaSet:
             client, streamed = self.clients[replica], False
             self.router.started(replica)
             self._inflight[replica] = self._inflight.get(replica, 0) + 1
+            attempt = inference_pb2.GenerateRequest()
+            attempt.CopyFrom(request)
+            attempt.min_policy_version = self.floors.get(replica, 0)
             try:
-                async for response in client.generate(request):
+                async for response in client.generate(attempt):
                     streamed = True
+                    if response.HasField("final"):
+                        self.served(replica, response.final.policy_version)
                     yield response
                 return
             except UnavailableError as error:

@@ -1,10 +1,12 @@
 """The inference service's domain object: engine, tokenizer, chat template and policy versions, together.
 
 `InferenceService` answers the four RPCs with protobuf messages in and out (no grpc import): Generate via
-`Generation`, CountTokens via the chat template, UpdateWeights (one at a time: read the update within its
-limits (a checkpoint_path under --checkpoint-dirs, a stream of at most --max-weights-bytes), validate its
-tensors against the engine, swap, publish the version and record its writer), and GetModelInfo (which
-reports the served version's writer: `policy_writer`).
+`Generation` (refused, UNAVAILABLE, when the engine serves a version older than the call's
+`min_policy_version`: a replica restarted at its starting weights, not yet brought up by a push),
+CountTokens via the chat template, UpdateWeights (one at a time: read the update within its limits (a
+checkpoint_path under --checkpoint-dirs, a stream of at most --max-weights-bytes), validate its tensors
+against the engine, swap, publish the version and record its writer), and GetModelInfo (which reports the
+served version's writer: `policy_writer`).
 """
 
 from __future__ import annotations
@@ -110,6 +112,17 @@ class InferenceService:
 
     def generate(self, request: inference_pb2.GenerateRequest) -> AsyncIterator[inference_pb2.GenerateResponse]:
         self._check_ready()
+        if (served := self._engine.policy_version) < request.min_policy_version:
+            _log.info(
+                "refused a call that needs a newer policy version",
+                policy_version=served,
+                min_policy_version=request.min_policy_version,
+                session_id=request.session_id,
+            )
+            raise UnavailableError(
+                f"this replica serves policy version {served}, the call needs {request.min_policy_version} or "
+                "newer (a replica that restarted serves its starting weights until the trainer's next push)"
+            )
         return self._generation.run(request)
 
     async def count_tokens(self, request: inference_pb2.CountTokensRequest) -> inference_pb2.CountTokensResponse:

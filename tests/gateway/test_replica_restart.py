@@ -1,0 +1,96 @@
+"""A replica killed and restarted at its address faster than its etcd lease expires (found by bench/chaos.py:
+three calls served at v0 while the fleet served v7). The gateway still routes to the address: its key lives on
+under the dead process's lease. The session pinned there must not sample from the restarted process's starting
+weights: the call carries the version the gateway last saw that replica serve (`min_policy_version`), the new
+process refuses it, and the call fails over to the other replica before its first token.
+
+All real: etcd, two `lodestar inference serve` processes (the tiny model) registered in it, a gateway
+ReplicaSet following them through discovery, real weight pushes. Then the floor's bookkeeping on its own."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from bench.inference_servers import backend_python, run_server
+from lodestar.v1 import inference_pb2, inference_pb2_grpc
+from lodestar_app.local import free_port
+from lodestar_gateway.replica_watch import ReplicaDiscovery
+from lodestar_gateway.replicas import ReplicaSet
+from tests.inference.helpers import channel, push_weights, sampling, user
+from tests.waiting import eventually
+
+LEASE_TTL_S = 120
+"""Longer than the restart takes: the dead process's key is still there when the session calls."""
+REFUSED = "refused a call that needs a newer policy version"
+
+
+def _serve(model_dir: Path, port: int, name: str, etcd: tuple[str, str] | None) -> list[str]:
+    registration = ("--etcd", etcd[0], "--etcd-prefix", etcd[1], "--etcd-lease-ttl-s", str(LEASE_TTL_S)) if etcd else ()
+    return [
+        str(backend_python("transformers")), "-m", "lodestar_app.cli.main", "inference", "serve",
+        "--backend", "transformers", "--model", str(model_dir), "--port", str(port), "--replica-id", name,
+        "--log-json", *registration,
+    ]  # fmt: skip
+
+
+async def _call(replicas: ReplicaSet, session: str) -> inference_pb2.GenerateFinal:
+    request = inference_pb2.GenerateRequest(
+        session_id=session, messages=[user("hello")], sampling=sampling(max_tokens=3, temperature=0.0)
+    )
+    finals = [response.final async for response in replicas.generate(request) if response.HasField("final")]
+    return finals[-1]
+
+
+async def test_a_replica_restarted_within_its_lease_does_not_serve_its_pinned_session_old_weights(
+    tiny_model_dir: Path, tmp_path: Path, etcd_endpoint: str, etcd_prefix: str
+) -> None:
+    etcd, ports = (etcd_endpoint, etcd_prefix), {"a": free_port(), "b": free_port()}
+    replicas = ReplicaSet(())
+    discovery = ReplicaDiscovery(replicas, etcd_endpoint, prefix=etcd_prefix)
+    with (
+        run_server("a", _serve(tiny_model_dir, ports["a"], "a", etcd), ports["a"], tmp_path / "a.log", 90) as a,
+        run_server("b", _serve(tiny_model_dir, ports["b"], "b", etcd), ports["b"], tmp_path / "b.log", 90) as b,
+    ):
+        discovery.start()
+        try:
+            await eventually(lambda: set(replicas.clients) == {a.address, b.address}, 30, what="both routed")
+            weights = load_file(str(tiny_model_dir / "model.safetensors"))
+            for server in (a, b):  # the trainer's push: both serve v1
+                async with channel(server.address) as pushed:
+                    await push_weights(inference_pb2_grpc.InferenceServiceStub(pushed), weights, version=1)
+            await eventually(lambda: replicas.floors == {a.address: 1, b.address: 1}, 30, what="both seen at v1")
+            session = next(f"s{i}" for i in range(1000) if replicas.router.pick(f"s{i}") == a.address)
+            first = await _call(replicas, session)
+            assert (first.served_by, first.policy_version) == ("a", 1)
+
+            os.kill(a.process.pid, signal.SIGKILL)
+            a.process.wait()
+            restart = _serve(tiny_model_dir, ports["a"], "a", None)  # not registered yet: the window the nodes miss
+            with run_server("a", restart, ports["a"], tmp_path / "a-restarted.log", 90) as restarted:
+                assert a.address in replicas.clients, "the dead process's key outlives it: still routed to"
+                second = await _call(replicas, session)
+                assert (second.served_by, second.policy_version) == ("b", 1), (
+                    "the session's next call was served by the restarted replica's starting weights"
+                )
+                assert replicas.failovers == 1
+                assert REFUSED in restarted.log()
+        finally:
+            await discovery.stop()
+            await replicas.close()
+
+
+async def test_a_floor_rises_with_what_a_replica_serves_and_restarts_with_a_new_process() -> None:
+    replicas = ReplicaSet(["static:1"])
+    replicas.served("static:1", 5)
+    assert replicas.floors == {}, "a static address has no floor: nothing says which process answers it"
+    replicas.add("a:1")
+    replicas.served("a:1", 3, incarnation=11)
+    replicas.served("a:1", 4)  # an answer at v4
+    replicas.served("a:1", 2, incarnation=11)  # an older record of the same process does not lower it
+    assert replicas.floors["a:1"] == 4
+    replicas.served("a:1", 0, incarnation=12)  # a new process registered at the address (the whole fleet restarted)
+    assert replicas.floors["a:1"] == 0
