@@ -2,17 +2,20 @@
 
 Servers: `RpcInterceptor` turns a raised `LodestarError` into its status code with the error's message,
 turns any other exception into INTERNAL with a generic message (the details go to the log, never to the
-caller), and logs one line per RPC. Clients: `error_from_rpc` turns an `AioRpcError` back into the
-domain error, so the gateway can answer a harness in its own dialect.
+caller), and logs one line per RPC. A status that cannot be sent because the caller went away (a process
+killed mid-call) is one info line, not an error: `send_status` (also for servicers that abort themselves).
+Clients: `error_from_rpc` turns an `AioRpcError` back into the domain error, so the gateway can answer a
+harness in its own dialect.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 import grpc.aio
@@ -84,6 +87,28 @@ def error_from_status(code: grpc.StatusCode, details: str | None, metadata: Mapp
 
 STATUS_BY_NUMBER: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
 """google.rpc.Code numbers (as carried in a message, e.g. `GenerateError.code`) to status codes."""
+
+
+async def send_status(
+    context: grpc.aio.ServicerContext[Any, Any],
+    code: grpc.StatusCode,
+    message: str,
+    metadata: tuple[tuple[str, str], ...] = (),
+    *,
+    log: Any,
+    **fields: Any,
+) -> NoReturn:
+    """End the call with `code` (`context.abort`). When grpc cannot send it (ExecuteBatchError: the caller went
+    away before it was answered, e.g. a killed node), nothing is wrong here: one info line on `log` with
+    `fields`, and the call ends cancelled."""
+    try:
+        await context.abort(code, message, trailing_metadata=metadata)
+    except grpc.aio.AbortError:
+        raise  # the status is on its way
+    except Exception as error:
+        log.info("status not sent: the caller went away", code=code.name, error=type(error).__name__, **fields)
+        raise asyncio.CancelledError from error
+    raise AssertionError("abort returned")  # pragma: no cover
 
 
 def trailing_metadata(error: errors.LodestarError) -> tuple[tuple[str, str], ...]:
@@ -194,10 +219,12 @@ class RpcInterceptor(grpc.aio.ServerInterceptor):
         if isinstance(error, errors.LodestarError):
             code = status_for(error)
             self._log.info("rpc", method=method, code=code.name, duration_ms=duration_ms, error=error.message)
-            await context.abort(code, error.message, trailing_metadata=trailing_metadata(error))
+            await send_status(context, code, error.message, trailing_metadata(error), log=self._log, method=method)
         if isinstance(error, Exception) and not isinstance(error, grpc.aio.AbortError):
             self._log.error("rpc", method=method, code="INTERNAL", duration_ms=duration_ms, exc_info=error)
-            await context.abort(grpc.StatusCode.INTERNAL, "internal error (see server log)")
+            await send_status(
+                context, grpc.StatusCode.INTERNAL, "internal error (see server log)", log=self._log, method=method
+            )
         if isinstance(error, grpc.aio.AbortError):
             code = context.code()
             self._log.info("rpc", method=method, code=getattr(code, "name", str(code)), duration_ms=duration_ms)

@@ -10,7 +10,6 @@ and the call ends cancelled (not an INTERNAL error with a traceback: issue 44, d
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -19,6 +18,7 @@ import grpc.aio
 
 from lodestar.grpc.auth import check_node
 from lodestar.grpc.client import LEADER_METADATA_KEY
+from lodestar.grpc.errors import send_status
 from lodestar.logging import get_logger
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
 from lodestar_rollout.scheduler import Progress
@@ -42,16 +42,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         if leader:
             metadata.append((LEADER_METADATA_KEY, leader))
         where = f"the leader is at {leader}" if leader else "no leader is elected yet, retry shortly"
-        try:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"not the rollout leader: {where}", tuple(metadata))
-        except grpc.aio.AbortError:
-            raise  # the redirect is on its way
-        except Exception as error:
-            # grpc could not send the status (ExecuteBatchError): the call is over, the caller went away (a
-            # killed node) before it was answered. Nothing is wrong here: one line, and the call ends cancelled.
-            _log.info("redirect not sent: the caller went away", leader=leader or None, error=type(error).__name__)
-            raise asyncio.CancelledError from error
-        raise AssertionError("abort returned")  # pragma: no cover
+        await send_status(
+            context,
+            grpc.StatusCode.UNAVAILABLE,
+            f"not the rollout leader: {where}",
+            tuple(metadata),
+            log=_log,
+            leader=leader or None,
+        )
 
     async def CreateRun(self, request: rollout_pb2.CreateRunRequest, context: Context) -> rollout_pb2.CreateRunResponse:
         core = await self._leading(context)
