@@ -164,14 +164,13 @@ sizes: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-## pytest: the whole test suite but the Docker tests and the chaos run (needs what `make test` sets up); the 25
-## slowest listed.
+## pytest: the whole test suite but the Docker tests (needs what `make test` sets up); the 25 slowest listed.
 pytest: venv
-	$(VENV)/bin/pytest -q -ra --durations=25 -m "not (docker or chaos)"
+	$(VENV)/bin/pytest -q -ra --durations=25 -m "not docker"
 
-## test-chaos: the short seeded chaos run (tests/e2e/test_chaos.py = bench/chaos.py --short --seed 44: one fault of
-## every kind, every check; ~2.5 min here when quiet, 4-6 min at load 7-20; docs/chaos.md "The short version").
-## Not in `make test` yet: of its last two runs one failed "policy version never backwards" (docs/chaos.md).
+## test-chaos: only the short seeded chaos run (tests/e2e/test_chaos.py = bench/chaos.py --short --seed 44: one
+## fault of every kind, every check; ~2.5 min here when quiet, 4-6 min at load 7-20; docs/chaos.md "The short
+## version"). Also part of `make test`.
 test-chaos: setup
 	$(VENV)/bin/pytest -q -ra -m chaos
 

@@ -4,8 +4,8 @@ of every kind (SIGKILL and restart of each kind of process, SIGSTOP past a lease
 between a push and its report, at a checkpoint save and at a random moment, then resumed), and every check made
 afterwards from the store, the metrics and the logs must pass. The round is `short_round`: each trainer kill is
 followed by two other faults while the trainer restarts, 0.5-2 s apart; the run is as long as the trainer's
-moments take to come: 135 s on the quiet 2-core machine, 4-6 min loaded. Not in `make test` yet: docs/chaos.md
-("The short version") says why."""
+moments take to come: 135 s on the quiet 2-core machine, 4-6 min loaded. Part of `make test` (and alone:
+`make test-chaos`); docs/chaos.md ("The short version") has its runs and the defects it found."""
 
 from __future__ import annotations
 
