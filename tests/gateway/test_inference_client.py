@@ -96,6 +96,20 @@ async def ends_at_once(requests: Any, context: Any) -> AsyncIterator[inference_p
     yield inference_pb2.GenerateManyResponse()  # pragma: no cover (makes this an async generator)
 
 
+async def answers_once_then_breaks(requests: Any, context: Any) -> AsyncIterator[inference_pb2.GenerateManyResponse]:
+    """Answers the first generation; at the next the whole stream ends with INTERNAL, as the stream of a server
+    SIGKILLed under it can ("Internal error from Core", seen in tests/gateway/test_replica_restart.py)."""
+    answered = False
+    async for request in requests:
+        if request.WhichOneof("action") != "generate":
+            continue
+        if answered:
+            await context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
+        yield tagged(request.tag, _delta(request.tag))
+        yield tagged(request.tag, _final())
+        answered = True
+
+
 async def silent(requests: Any, context: Any) -> AsyncIterator[inference_pb2.GenerateManyResponse]:
     """Reads requests, answers one delta per generate, never a final (a long generation)."""
     async for request in requests:
@@ -175,6 +189,24 @@ async def test_a_stream_that_ends_before_delivering_anything_is_retried_whatever
     async with client_of(servicer) as client:
         assert [r.WhichOneof("event") for r in await run(client)] == ["delta", "final"]
         assert servicer.opened == 2
+
+
+async def test_a_stream_that_breaks_with_internal_after_answering_is_retried_on_a_new_one() -> None:
+    servicer = StandIn([answers_once_then_breaks, answers])
+    async with client_of(servicer) as client:
+        assert len(await run(client)) == 2
+        assert [r.WhichOneof("event") for r in await run(client)] == ["delta", "final"]  # on the second stream
+        assert servicer.opened == 2
+
+
+@pytest.mark.slow
+async def test_a_generation_whose_streams_all_break_is_unavailable_not_internal() -> None:
+    # UNAVAILABLE is what a ReplicaSet fails over on: the call never reached a live server.
+    servicer = StandIn([answers_once_then_breaks, ends_at_once])
+    async with client_of(servicer) as client:
+        assert len(await run(client)) == 2
+        with pytest.raises(UnavailableError):
+            await run(client)
 
 
 async def test_a_consumer_that_leaves_cancels_its_tag() -> None:

@@ -11,7 +11,10 @@ over the context length) reaches the harness as a 400, UNAVAILABLE as a retryabl
 (a bug) as a 500 that nobody retries. UNAVAILABLE before the first response (a server starting or
 draining, a broken stream) is retried like the channel's retry policy does for plain calls: 5 attempts,
 backoff from 0.1 s doubling; so is a generation whose stream ended before it delivered anything, whatever
-the code (that is the transport's failure, not the generation's). Every generation has a deadline
+the code (that is the transport's failure, not the generation's). A stream that breaks with INTERNAL or
+UNKNOWN (a server SIGKILLed under an open stream can end it with INTERNAL "Internal error from Core") fails
+the generations on it that had received nothing as UNAVAILABLE: retried on a new stream, then failed over
+by a ReplicaSet, never a 500 for a call the server never answered. Every generation has a deadline
 (`timeout_s`). Cancelling the consuming task (a client that went away) cancels the generation, which stops
 it and frees its slot.
 """
@@ -42,6 +45,8 @@ from lodestar.v1 import inference_pb2, inference_pb2_grpc
 _log = get_logger("gateway.inference")
 RETRY_BACKOFF_S: Final = (0.1, 0.2, 0.4, 0.8)
 """Waits before the 2nd..5th attempt of a generation refused UNAVAILABLE (as `connect()`'s retry policy)."""
+BROKEN_STREAM_CODES: Final = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
+"""Codes a whole GenerateMany stream can end with when its transport breaks (the server died)."""
 
 
 class GrpcInference:
@@ -240,6 +245,8 @@ class GenerateStreams:
             if not received and failure.code == grpc.StatusCode.UNIMPLEMENTED:
                 raise NotServedError(failure.details)
             unstarted = failure is stream.failure and not stream.delivered and failure.code != grpc.StatusCode.OK
+            if failure is stream.failure and not received and failure.code in BROKEN_STREAM_CODES:
+                failure = _Failure(grpc.StatusCode.UNAVAILABLE, failure.details, failure.metadata)  # see the module
             retry = not received and (failure.code == grpc.StatusCode.UNAVAILABLE or unstarted)
             if retry and backoff is not None and loop.time() + backoff < deadline:
                 await asyncio.sleep(backoff)

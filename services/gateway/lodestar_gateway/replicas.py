@@ -136,10 +136,12 @@ class ReplicaSet:
             attempt = inference_pb2.GenerateRequest()
             attempt.CopyFrom(request)
             attempt.min_policy_version = self.floors.get(replica, 0)
+            incarnation = self._incarnations.get(replica)
             try:
                 async for response in client.generate(attempt):
                     streamed = True
-                    if response.HasField("final"):
+                    if response.HasField("final") and self._incarnations.get(replica) == incarnation:
+                        # (an answer of a process replaced while it ran, e.g. draining, says nothing of the new one)
                         self.served(replica, response.final.policy_version)
                     yield response
                 return
