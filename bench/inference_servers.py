@@ -77,12 +77,13 @@ def _wait_serving(server: ServerProcess, timeout: float) -> None:
 
 @contextlib.contextmanager
 def serve_inference(
-    backend: str, model_dir: Path, log_dir: Path, *extra: str, repo: Path = REPO
+    backend: str, model_dir: Path, log_dir: Path, *extra: str, repo: Path = REPO, port: int | None = None
 ) -> Iterator[ServerProcess]:
     """Run `lodestar inference serve` as a subprocess until the block ends (SIGTERM, then kill). `repo`: the
-    checkout whose code runs (benchmarks compare against another commit's worktree)."""
+    checkout whose code runs (benchmarks compare against another commit's worktree); `port`: a free one unless
+    given (a restart at the same address)."""
     python = backend_python(backend)
-    port = free_port()
+    port = free_port() if port is None else port
     command = [
         str(python),
         "-m",

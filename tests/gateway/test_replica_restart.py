@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import os
 import signal
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from safetensors.torch import load_file
 
-from bench.inference_servers import backend_python, run_server
+from bench.inference_servers import ServerProcess, serve_inference
 from lodestar.v1 import inference_pb2, inference_pb2_grpc
 from lodestar_app.local import free_port
 from lodestar_gateway.replica_watch import ReplicaDiscovery
@@ -26,15 +27,12 @@ from tests.waiting import eventually
 LEASE_TTL_S = 120
 """Longer than the restart takes: the dead process's key is still there when the session calls."""
 REFUSED = "refused a call that needs a newer policy version"
+ServeContext = AbstractContextManager[ServerProcess]
 
 
-def _serve(model_dir: Path, port: int, name: str, etcd: tuple[str, str] | None) -> list[str]:
+def _serve(model_dir: Path, log_dir: Path, port: int, name: str, etcd: tuple[str, str] | None) -> ServeContext:
     registration = ("--etcd", etcd[0], "--etcd-prefix", etcd[1], "--etcd-lease-ttl-s", str(LEASE_TTL_S)) if etcd else ()
-    return [
-        str(backend_python("transformers")), "-m", "lodestar_app.cli.main", "inference", "serve",
-        "--backend", "transformers", "--model", str(model_dir), "--port", str(port), "--replica-id", name,
-        "--log-json", *registration,
-    ]  # fmt: skip
+    return serve_inference("transformers", model_dir, log_dir, "--replica-id", name, *registration, port=port)
 
 
 async def _call(replicas: ReplicaSet, session: str) -> inference_pb2.GenerateFinal:
@@ -52,8 +50,8 @@ async def test_a_replica_restarted_within_its_lease_does_not_serve_its_pinned_se
     replicas = ReplicaSet(())
     discovery = ReplicaDiscovery(replicas, etcd_endpoint, prefix=etcd_prefix)
     with (
-        run_server("a", _serve(tiny_model_dir, ports["a"], "a", etcd), ports["a"], tmp_path / "a.log", 90) as a,
-        run_server("b", _serve(tiny_model_dir, ports["b"], "b", etcd), ports["b"], tmp_path / "b.log", 90) as b,
+        _serve(tiny_model_dir, tmp_path, ports["a"], "a", etcd) as a,
+        _serve(tiny_model_dir, tmp_path, ports["b"], "b", etcd) as b,
     ):
         discovery.start()
         try:
@@ -69,8 +67,8 @@ async def test_a_replica_restarted_within_its_lease_does_not_serve_its_pinned_se
 
             os.kill(a.process.pid, signal.SIGKILL)
             a.process.wait()
-            restart = _serve(tiny_model_dir, ports["a"], "a", None)  # not registered yet: the window the nodes miss
-            with run_server("a", restart, ports["a"], tmp_path / "a-restarted.log", 90) as restarted:
+            restart = _serve(tiny_model_dir, tmp_path, ports["a"], "a", None)  # unregistered: the window the nodes miss
+            with restart as restarted:
                 assert a.address in replicas.clients, "the dead process's key outlives it: still routed to"
                 second = await _call(replicas, session)
                 assert (second.served_by, second.policy_version) == ("b", 1), (

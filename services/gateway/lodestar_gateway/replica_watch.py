@@ -50,7 +50,7 @@ class Admission:
         self.waiting: dict[str, int] = {}
         """Registered replicas not admitted yet: address -> the version they serve."""
         self.routed: dict[str, RegisteredReplica] = {}
-        """The admitted replicas by address, as last registered (one per address: the newest lease)."""
+        """The admitted replicas by address, as last registered (keys that share an address: the last by key)."""
 
     def update(self, replicas: Mapping[str, RegisteredReplica]) -> set[str]:
         """The addresses to route to, given every live replica by key."""
@@ -73,9 +73,7 @@ class Admission:
                 self._admitted[key] = _Admitted(replica.lease_id, replica.record.address)
             else:
                 self.waiting[replica.record.address] = replica.record.policy_version
-        self.routed = {}
-        for key in sorted(self._admitted, key=lambda key: live[key].lease_id):
-            self.routed[live[key].record.address] = live[key]
+        self.routed = {live[key].record.address: live[key] for key in sorted(self._admitted)}
         return set(self.routed)
 
 

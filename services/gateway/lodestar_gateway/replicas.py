@@ -133,7 +133,7 @@ class ReplicaSet:
             client, streamed = self.clients[replica], False
             self.router.started(replica)
             self._inflight[replica] = self._inflight.get(replica, 0) + 1
-            attempt = inference_pb2.GenerateRequest()
+            attempt = inference_pb2.GenerateRequest()  # a copy: the caller's request is read on the store's thread
             attempt.CopyFrom(request)
             attempt.min_policy_version = self.floors.get(replica, 0)
             incarnation = self._incarnations.get(replica)
