@@ -26,6 +26,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.chaos_task import chaos_spec
 from lodestar.v1 import rollout_pb2, rollout_pb2_grpc
 from lodestar_app.local import child_env, find_etcd, free_port
 from lodestar_rollout.spec import load_spec_file
@@ -223,7 +224,7 @@ class ChaosStack:
         )
 
     def _create_run(self) -> str:
-        spec = load_spec_file(QUICKSTART / "run.yaml")
+        spec = chaos_spec(load_spec_file(QUICKSTART / "run.yaml"))
         leader = self.leader()
         assert leader is not None
         with grpc.insecure_channel(f"127.0.0.1:{leader.port}") as channel:
