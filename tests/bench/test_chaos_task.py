@@ -1,4 +1,4 @@
-"""The chaos run's task (bench/chaos_task.py): the quickstart's score step with the damping coin, run by bash as
+"""The chaos run's task (bench/chaos_task.py): the quickstart's score step with the capping coin, run by bash as
 the command verifier runs it, and the spec's tasks copied under new ids."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos_task import COPIES, DAMPING, chaos_spec, damped_score
+from bench.chaos_task import CAP, COPIES, capped_score, chaos_spec
 from lodestar_rollout.spec import load_spec_file, validate_spec
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart" / "run.yaml"
@@ -26,13 +26,13 @@ def _score(step: str, answer: str, tmp_path: Path, runs: int) -> Counter[float]:
     return found
 
 
-def test_the_coin_damps_about_one_score_in_four(tmp_path: Path) -> None:
-    step = damped_score(load_spec_file(QUICKSTART).verifier.config.fields["score"].string_value)
+def test_the_coin_caps_about_one_score_in_four(tmp_path: Path) -> None:
+    step = capped_score(load_spec_file(QUICKSTART).verifier.config.fields["score"].string_value)
     found = _score(step, "SHOUT!THE-SEA-IS-100%-LOUD!!", tmp_path, runs=80)
-    assert set(found) == {1.0, DAMPING}, found
-    assert 8 <= found[DAMPING] <= 36, found  # 1 in 4 of 80: 20 expected, outside this 1e-4 likely
-    half = _score(step, "shout! the sea is loud", tmp_path, runs=20)  # 1 of 24 counted characters
-    assert set(half) <= {round(1 / 24, 6), round(DAMPING / 24, 6)}, half
+    assert set(found) == {1.0, CAP}, found
+    assert 8 <= found[CAP] <= 36, found  # 1 in 4 of 80: 20 expected, outside this 1e-4 likely
+    low = _score(step, "shout! the sea is loud", tmp_path, runs=20)  # 1 of 24 counted characters: below the cap
+    assert set(low) == {round(1 / 24, 6)}, low
 
 
 def test_the_spec_keeps_the_quickstart_and_copies_its_tasks() -> None:
@@ -48,4 +48,4 @@ def test_the_spec_keeps_the_quickstart_and_copies_its_tasks() -> None:
 
 def test_a_changed_quickstart_score_is_refused() -> None:
     with pytest.raises(ValueError, match="changed"):
-        damped_score("echo 1 > $LODESTAR_REWARD_FILE")
+        capped_score("echo 1 > $LODESTAR_REWARD_FILE")
