@@ -7,8 +7,8 @@ fault schedule, and the checks made afterwards from durable state (docs/chaos.md
 The stack (bench/chaos_stack.py): three etcd members, two inference replicas found through etcd, two rollout
 instances on one store, two gateway nodes, the trainer. Faults start once the trainer has done its first step
 and go on for `--duration` seconds, one after another (bench/chaos_faults.py); `--short` does one round of
-`short_round` instead. After the last fault the run waits for the trainer's first step since its last restart,
-then the stack is stopped and
+`short_round` instead. After the last fault the run waits for the trainer's first step after it (and after its
+last restart), then the stack is stopped and
 the checks run (bench/chaos_checks.py); the fault schedule and a table of what each check found are printed,
 and the exit status is 1 when a check failed.
 """
@@ -51,11 +51,14 @@ class Report:
         return bool(self.checks) and all(c.ok for c in self.checks)
 
 
-def _step_since_start(stack: ChaosStack, timeout: float) -> None:
-    """Wait until the trainer has logged a step since it last started (a restarted trainer imports torch again
-    and resumes: on a loaded machine minutes); raises when it exits first or none comes in `timeout`."""
+def _last_start(stack: ChaosStack) -> float:
+    return max(when for when, event in stack.procs["trainer"].timeline if event == "start")
+
+
+def _step_since(stack: ChaosStack, started: float, timeout: float) -> None:
+    """Wait until the trainer has logged a step after `started` (a restarted trainer imports torch again and
+    resumes: on a loaded machine minutes); raises when it exits first or none comes in `timeout`."""
     metrics = stack.run_dir / "metrics.jsonl"
-    started = max(when for when, event in stack.procs["trainer"].timeline if event == "start")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         text = metrics.read_text() if metrics.exists() else ""
@@ -87,7 +90,7 @@ def run(
     faults = short_round(seed) if short else schedule(seed, len(kinds) * (rounds or 100_000), kinds)
     try:
         stack.start(model=model)
-        _step_since_start(stack, FIRST_STEP_TIMEOUT_S)
+        _step_since(stack, _last_start(stack), FIRST_STEP_TIMEOUT_S)
         injector = Injector(stack, seed)
         end = time.monotonic() + (duration_s or float("inf"))
         for fault in faults:
@@ -97,8 +100,9 @@ def run(
             injector.inject(fault)
             report.faults.append(fault)
             out(_fault_line(len(report.faults), fault))
+        last = max([_last_start(stack), *(fault.at for fault in report.faults)])
         with contextlib.suppress(RuntimeError):  # the check "trainer kept training" says what was missing
-            _step_since_start(stack, FIRST_STEP_TIMEOUT_S)
+            _step_since(stack, last, FIRST_STEP_TIMEOUT_S)
         time.sleep(SETTLE_S)
     finally:
         stopped_at = time.time()

@@ -5,6 +5,7 @@ the trainer's metrics.jsonl and checkpoints, the services' JSON logs and the pro
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -56,7 +57,7 @@ def run_checks(stack: ChaosStack, faults: list[Fault], stopped_at: float) -> lis
     heard = _heard(stack)
     checks += [_served_before_heard(stack, heard), _versions_forward(results, heard)]
     checks += [
-        _trainer_trains(stack),
+        _trainer_trains(stack, faults),
         _reward_rises(stack),
         _nothing_left(stack),
         _errors_accounted(stack, faults, stopped_at),
@@ -234,8 +235,10 @@ def _versions_forward(results: list[rollout_pb2.SessionResult], heard: list[tupl
     return Check("policy version never backwards", backwards == 0 and behind == 0, found + "than rollout already knew")
 
 
-def _trainer_trains(stack: ChaosStack) -> Check:
-    """The trainer never failed, trained after its last start, and how long its kills kept it from a step."""
+def _trainer_trains(stack: ChaosStack, faults: list[Fault]) -> Check:
+    """The trainer never failed, trained after its last start and after the last fault (a trainer that waits
+    for ever, alive, fails this: the chaos hour's deadlock, docs/chaos.md), the longest it went without a step,
+    and how long its kills kept it from a step."""
     trainer = stack.procs["trainer"]
     failed = [str(x.get("error", ""))[:100] for x in _json_lines(trainer.log) if x.get("event") == "trainer failed"]
     metrics = stack.run_dir / "metrics.jsonl"
@@ -244,9 +247,13 @@ def _trainer_trains(stack: ChaosStack) -> Check:
     idle = sum(next((t for t in times if t > kill), kill) - kill for kill in kills)
     starts = [when for when, event in trainer.timeline if event == "start"]
     after = [t for t in times if t > starts[-1]] if starts else []
-    found = f"{len(failed)} failures{f' ({failed[0]})' if failed else ''}, {len(after)} steps after its last start; "
+    last_fault = max((fault.at for fault in faults), default=0.0)
+    after_faults = [t for t in times if t > last_fault]
+    longest = max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+    found = f"{len(failed)} failures{f' ({failed[0]})' if failed else ''}, {len(after)} steps after its last start, "
+    found += f"{len(after_faults)} after the last fault; longest without a step {longest:.0f} s; "
     found += f"{len(kills)} kills cost {idle:.0f} s until the next step"
-    return Check("trainer kept training", not failed and bool(after), found)
+    return Check("trainer kept training", not failed and bool(after) and bool(after_faults), found)
 
 
 def _reward_rises(stack: ChaosStack) -> Check:

@@ -76,6 +76,10 @@ class Proxy:
         self.unanswered: dict[str, Unanswered] = {}
         """Per session: the calls that failed since its last answered call. The node lifecycle reads it to
         tell "inference was down" from a harness that simply finished or overflowed its context."""
+        self.in_flight: dict[str, int] = {}
+        """Per session: calls begun and not yet answered or failed. A harness that gave up on a call (its own
+        timeout) and exited leaves it here: `take_unanswered` counts it as failed (the chaos hour scored a
+        session from its first call while its second waited: docs/chaos.md)."""
 
     @property
     def chains(self) -> ChainIndex:
@@ -112,6 +116,7 @@ class Proxy:
 
         begun = asyncio.ensure_future(self._store.begin(response_id, request_half))
         answered = False
+        self.in_flight[session.session_id] = self.in_flight.get(session.session_id, 0) + 1
         try:
             call_ids: dict[int, str] = {}
             sent = time.perf_counter()
@@ -144,13 +149,32 @@ class Proxy:
                 return
             raise UnavailableError("inference ended the stream without a final result")
         except LodestarError as error:
-            failed = self.unanswered.get(session.session_id, Unanswered()).failed
-            refused = isinstance(error, InvalidArgumentError)
-            self.unanswered[session.session_id] = Unanswered(failed + 1, error.message, refused)
+            self._unanswered(session.session_id, error.message, refused=isinstance(error, InvalidArgumentError))
+            raise
+        except asyncio.CancelledError:  # the caller went away before the answer (its own timeout, a kill)
+            if not answered:
+                self._unanswered(session.session_id, "the caller went away before the answer")
             raise
         finally:
+            left = self.in_flight.pop(session.session_id, 1) - 1
+            if left > 0:
+                self.in_flight[session.session_id] = left
             if not answered:
                 self._discard(begun, response_id)
+
+    def _unanswered(self, session_id: str, why: str, *, refused: bool = False) -> None:
+        failed = self.unanswered.get(session_id, Unanswered()).failed
+        self.unanswered[session_id] = Unanswered(failed + 1, why, refused)
+
+    def take_unanswered(self, session_id: str) -> Unanswered:
+        """The session's calls that failed since its last answered one, and those still waiting for an answer
+        (counted as failed: the harness that made them has finished); forgets the failures."""
+        unanswered = self.unanswered.pop(session_id, Unanswered())
+        waiting = self.in_flight.get(session_id, 0)
+        if not waiting:
+            return unanswered
+        why = f"{waiting} call(s) still waiting for inference when the harness finished"
+        return Unanswered(unanswered.failed + waiting, why, refused=False)
 
     def _match(self, session_id: str, context: bytes, keys: list[MessageKey], request: CanonicalRequest) -> ChainMatch:
         """The chain this call continues, if any; a call that starts a new chain (other than the session's first)

@@ -6,9 +6,10 @@
 - Checkpoints (`save`): one process gathers the full state, torchrun ranks write their shards (sharded.py);
   with LoRA the adapter alone (lora.py), and each version pushed is the adapter alone too.
 - Publishing: each new version to inference (publish.py), synchronously or overlapping the next step
-  (pushing.py), rollout told the version inference serves; before the first step, the trainer's weights
-  pushed when the replicas serve other versions (`sync_inference`: a resumed run's version to replicas
-  behind it, or past its own run's versions served beyond its checkpoint: weights/versions.py).
+  (pushing.py), rollout told the version inference serves; before the first step and while the trainer
+  waits for groups, the trainer's weights pushed when the replicas serve other versions (`sync_inference`:
+  its version to replicas behind it, restarted ones, or past its own run's versions served beyond its
+  checkpoint: weights/versions.py).
 
 Status itself is the StatusBoard (status.py), which the loop and this plane update and GetStatus reads.
 """
@@ -23,7 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
-from lodestar.errors import DeadlineExceededError, FailedPreconditionError, LodestarError
+from lodestar.errors import DeadlineExceededError, FailedPreconditionError, LodestarError, UnavailableError
 from lodestar.logging import get_logger
 from lodestar.v1 import rollout_pb2
 from lodestar_trainer.checkpoint import TrainState, save_checkpoint, step_dir
@@ -243,23 +244,37 @@ class ControlPlane:
 
     # -- publishing ----------------------------------------------------------------------------------------
 
-    def sync_inference(self) -> int:
-        """Before the first step: push the trainer's weights when the replicas serve other versions, as the
-        version `start_version` names (weights/versions.py: the state's own version to replicas behind it, or
-        past the newest version when replicas serve this run's versions past it); returns the policy version
-        the trainer goes on from (the state's, or the one pushed)."""
+    def sync_inference(self, *, waiting: bool = False) -> int:
+        """Push the trainer's weights when the replicas serve other versions, as the version `start_version`
+        names (weights/versions.py: the state's own version to replicas behind it, or past the newest version
+        when replicas serve this run's versions past it); returns the policy version the trainer goes on from
+        (the state's, or the one pushed). Before the first step, and (`waiting`) whenever the trainer has waited
+        for groups for a while: replicas restarted since the last push serve an older version, and no push
+        comes while the trainer waits; when all of them restarted, rollout drops every group they sample as
+        stale and the trainer would wait forever (the chaos hour, docs/chaos.md). While waiting, replicas that
+        cannot be asked or pushed to are left for the next wait."""
         version = self.state().policy_version
         target = None
         if self.parallel.is_main and self.publisher is not None:
-            target = start_version(version, self._served(version), self.publisher.writer)
+            if waiting:
+                self.finish_pushes()  # a version on its way is not a replica behind
+            served = self._served(version, waiting=waiting)
+            target = start_version(version, served, self.publisher.writer) if served else None
         target = self.parallel.broadcast(target)
         if target is None:
             return version
         weights = self._pushed()
         if self.parallel.is_main and self.publisher is not None:
-            seconds = round(self.publisher.publish(weights, target).seconds, 3)
+            try:
+                seconds = round(self.publisher.publish(weights, target).seconds, 3)
+            except UnavailableError as error:
+                if not waiting:
+                    raise
+                _log.warning("replicas behind not caught up", policy_version=target, error=error.message)
+                return version
             if target == version:
-                _log.info("resumed weights pushed", policy_version=version, seconds=seconds)
+                event = "replicas behind caught up" if waiting else "resumed weights pushed"
+                _log.info(event, policy_version=version, seconds=seconds)
             else:
                 _log.warning(
                     "the run's versions were served past this state: its weights pushed past them",
@@ -271,14 +286,14 @@ class ControlPlane:
                 self._report_version(target)
         return int(target)
 
-    def _served(self, version: int) -> dict[str, ServedVersion]:
-        """What the replicas serve; none when a fresh trainer (`version` 0) cannot ask yet (its first push will
-        tell), an error when a resumed one cannot."""
+    def _served(self, version: int, *, waiting: bool) -> dict[str, ServedVersion]:
+        """What the replicas serve; none when a fresh trainer (`version` 0) or a waiting one cannot ask (its next
+        push, or its next wait, will tell), an error when a resumed one cannot."""
         assert self.publisher is not None
         try:
             return self.publisher.served_versions()
         except LodestarError:
-            if version:
+            if version and not waiting:
                 raise
             return {}
 
@@ -297,6 +312,13 @@ class ControlPlane:
                 self._pusher = BackgroundPush(self.publisher, self._report_version)
             return self._pusher.submit(weights, version, copy=shares_memory(weights, self.model))
         result = self.publisher.publish(weights, version) if self.publisher else None
+        if result is not None:  # as the background push logs it (bench/chaos_checks.py reads when pushes began)
+            _log.info(
+                "weights pushed",
+                policy_version=version,
+                seconds=round(result.seconds, 3),
+                payload_bytes=result.payload_bytes,
+            )
         self._report_version(version)
         return (result.payload_bytes, result.seconds) if result else (0, 0.0)
 

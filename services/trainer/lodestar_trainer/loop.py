@@ -6,6 +6,8 @@ One step:
    groups.py turns each into Samples with group-relative advantages). A bad group (another run, no scored
    session, a call whose ids and logprobs differ in length) skips the step: its groups are not trained on, the reason
    goes to the log, to GetStatus.error and to skipped_steps.
+   While it waits, every 15 s the replicas are asked which version they serve: restarted ones get the
+   weights (control.py `sync_inference`).
 2. Build training sequences per group (builders/: per_request, prefix_merging or tree) and pack them into
    micro-batches of at most `batch.micro_batch_tokens` tokens (pack.py); a longer sequence is split into parts
    that recompute their context, with the same loss and gradient (split.py).
@@ -150,10 +152,7 @@ class Trainer:
             device = self._device()
             if device.type == "cuda":  # the current CUDA device is per thread: set it in the one that trains
                 torch.cuda.set_device(device)
-            version = self.control.sync_inference()  # newer than the state's: past the run's own served versions
-            if version != self.state.policy_version:
-                self._advance(steps=0, version=version - self.state.policy_version, read=0)
-                self.board.update(policy_version=version)
+            self._sync_inference(waiting=False)
             if self.parallel.is_main:
                 self.control.open_inbox()
             last = self.state.step + self.settings.steps if self.settings.steps else None
@@ -161,7 +160,8 @@ class Trainer:
                 self.board.update(phase=Phase.WAITING)
                 plan = self.parallel.broadcast(self._next_plan() if self.parallel.is_main else None)
                 assert plan is not None
-                if plan.keepalive:
+                if plan.keepalive:  # a quiet wait for groups: replicas restarted meanwhile get the weights
+                    self._sync_inference(waiting=True)
                     continue
                 if plan.checkpoint is not None:
                     self.control.serve_requested(plan.checkpoint)
@@ -192,6 +192,14 @@ class Trainer:
             self.control.close()
             if self.metrics is not None:
                 self.metrics.close()
+
+    def _sync_inference(self, *, waiting: bool) -> None:
+        """Replicas that serve other versions get the weights (control.py `sync_inference`); a version pushed past
+        the run's own served ones is where the trainer goes on from."""
+        version = self.control.sync_inference(waiting=waiting)
+        if version != self.state.policy_version:
+            self._advance(steps=0, version=version - self.state.policy_version, read=0)
+            self.board.update(policy_version=version)
 
     def _next_plan(self) -> Plan:
         """Rank 0: what every rank does next: the planner's groups, a stop, or a request between steps."""

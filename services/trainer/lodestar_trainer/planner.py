@@ -29,8 +29,10 @@ from lodestar_trainer.step.advantages import AdvantageKind
 
 _log = get_logger("trainer")
 
-KEEPALIVE_S = COLLECTIVE_TIMEOUT.total_seconds() / 6
-"""Longest wait of rank 0 for a group before it tells the other ranks (waiting in a collective) to wait on."""
+KEEPALIVE_S = min(15.0, COLLECTIVE_TIMEOUT.total_seconds() / 6)
+"""Longest wait of rank 0 for a group before the loop looks up: it tells the other ranks (waiting in a
+collective) to wait on, and brings replicas that serve an older version than the trainer's up to it
+(loop.py `_sync_inference`; one GetModelInfo per replica when none is behind)."""
 
 
 @dataclass

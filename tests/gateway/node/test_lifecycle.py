@@ -161,6 +161,25 @@ def test_silent_failures_are_infra_failures(node_factory: NodeFactory, standin: 
     assert len(unanswered.calls) == 1
 
 
+QUICKSTART_AGENT = str(Path(__file__).resolve().parents[3] / "examples" / "quickstart" / "agent.py")
+
+
+def test_a_call_the_harness_gave_up_on_is_an_infra_failure(node_factory: NodeFactory, standin: RolloutStandIn):
+    """The chaos hour scored a session from its first call while its second still waited for inference: the
+    agent gave up on it (its own 120 s timeout) and exited 1, and the node, seeing one answered call and no
+    failed one, scored the first call's answer (docs/chaos.md). A call still waiting when the harness finishes
+    is a call without an answer."""
+    long = {"text": "a long second answer that streams one slow token after another, 0.4 s each"}
+    node_factory({"select": "sequence", "replies": [{"text": "OK"}], "default": long, "token_delay_s": 0.4})
+    agent = ["{python}", QUICKSTART_AGENT, "--timeout", "3", "{prompt}"]  # 2 tokens answer; 16 do not
+    standin.offer(assignment("gave-up", command=agent))
+    (result,) = standin.wait_results(1, timeout=60)
+    assert result.outcome == INFRA, standin.describe(result)
+    assert "got no answer" in result.error  # its caller went away (or, had the node been first: still waiting)
+    assert result.reward == 0.0
+    assert len(result.calls) == 1
+
+
 def test_inference_down_is_an_infra_failure(node_factory: NodeFactory, standin: RolloutStandIn):
     node_factory(inference=False)
     standin.offer(assignment("down", command=HANG_AGENT, env={"PIDFILE": "/dev/null"}))

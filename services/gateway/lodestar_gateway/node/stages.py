@@ -122,7 +122,7 @@ class SessionStages:
             await self._sessions.close(attempt.gateway_session_id)
         self._proxy.chains.drop(attempt.gateway_session_id)
         attempt.calls = await self._store.calls(attempt.gateway_session_id)
-        return self._proxy.unanswered.pop(attempt.gateway_session_id, Unanswered())
+        return self._proxy.take_unanswered(attempt.gateway_session_id)
 
     async def post(self, attempt: Attempt) -> Outcome:
         """Collect the calls, apply the silent-failure rules, then score with the verifier."""

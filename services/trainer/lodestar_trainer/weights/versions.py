@@ -1,7 +1,8 @@
 """The version a starting trainer pushes its weights as, from what the replicas serve and who published it.
 
-A trainer starts (afresh, or `--resume` of a checkpoint at policy version v) while the replicas may serve
-other versions, and a replica refuses any version not newer than the one it serves. Each replica says which
+A trainer starts (afresh, or `--resume` of a checkpoint at policy version v), or waits for groups, while the
+replicas may serve other versions (restarted ones serve their base model), and a replica refuses any version
+not newer than the one it serves. Each replica says which
 version it serves and who published it (GetModelInfo `policy_version` and `policy_writer`: the `writer` of
 the push, a trainer's run id); the trainer's own pushes carry its run id. `start_version` decides:
 
@@ -32,7 +33,8 @@ class ForeignWriterError(FailedPreconditionError):
 
 
 def start_version(version: int, served: Mapping[str, ServedVersion], writer: str) -> int | None:
-    """The version to push the trainer's weights (at `version`) as before its first step, None for no push;
+    """The version to push the trainer's weights (at `version`) as, before its first step or while it waits for
+    groups; None for no push;
     `served`: each answering replica's version and writer; `writer`: the identity the trainer's pushes carry
     (its run id; empty: none, so no served version is its own). Raises ForeignWriterError (see the module
     docstring)."""
