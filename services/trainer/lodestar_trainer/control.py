@@ -37,7 +37,7 @@ from lodestar_trainer.planner import Plan
 from lodestar_trainer.settings import LoraSettings
 from lodestar_trainer.status import StatusBoard, StopReason
 from lodestar_trainer.weights.publish import PublishResult, ServedVersion
-from lodestar_trainer.weights.pushing import BackgroundPush, shares_memory
+from lodestar_trainer.weights.pushing import BackgroundPush, push, shares_memory
 from lodestar_trainer.weights.versions import start_version
 
 _log = get_logger("trainer")
@@ -258,8 +258,7 @@ class ControlPlane:
         if self.parallel.is_main and self.publisher is not None:
             if waiting:
                 self.finish_pushes()  # a version on its way is not a replica behind
-            served = self._served(version, waiting=waiting)
-            target = start_version(version, served, self.publisher.writer) if served else None
+            target = start_version(version, self._served(version, waiting=waiting), self.publisher.writer)
         target = self.parallel.broadcast(target)
         if target is None:
             return version
@@ -311,14 +310,7 @@ class ControlPlane:
             if self._pusher is None:
                 self._pusher = BackgroundPush(self.publisher, self._report_version)
             return self._pusher.submit(weights, version, copy=shares_memory(weights, self.model))
-        result = self.publisher.publish(weights, version) if self.publisher else None
-        if result is not None:  # as the background push logs it (bench/chaos_checks.py reads when pushes began)
-            _log.info(
-                "weights pushed",
-                policy_version=version,
-                seconds=round(result.seconds, 3),
-                payload_bytes=result.payload_bytes,
-            )
+        result = push(self.publisher, weights, version) if self.publisher else None
         self._report_version(version)
         return (result.payload_bytes, result.seconds) if result else (0, 0.0)
 

@@ -131,15 +131,23 @@ class BackgroundPush:
         return result
 
     def _push(self, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
-        result = self._publisher.publish(state, version)
+        result = push(self._publisher, state, version)
         self._on_served(version)
+        return result
+
+
+def push(publisher: StatePublisher, state: Mapping[str, torch.Tensor], version: int) -> PublishResult:
+    """Publish `state` as `version` and log the push once, with its `seconds` (bench/chaos_checks.py reads when
+    each push began from it): a changed-only publisher logs its own line, any other gets "weights pushed"."""
+    result = publisher.publish(state, version)
+    if not isinstance(publisher, ChangedOnlyPublisher):
         _log.info(
             "weights pushed",
             policy_version=version,
             seconds=round(result.seconds, 3),
             payload_bytes=result.payload_bytes,
         )
-        return result
+    return result
 
 
 class DeltaPublisher(Protocol):
