@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -83,7 +84,41 @@ async def test_swaps_with_nothing_running_keep_one_copy_of_the_weights(
     files, metas = read_checkpoint_meta(tiny_model_dir)
     for version in (1, 2, 3):
         await engine.update_weights(WeightUpdate(tiny_model_dir, tuple(metas), version, tuple(files)))
-    assert [group.version for group in engine._groups] == [3]
+    await eventually(
+        lambda: [group.version for group in engine._groups], 5, what="one version held", until=lambda v: v == [3]
+    )
+
+
+async def test_a_swap_during_a_prefill_leaves_that_request_decoding(
+    engine: TransformersEngine, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the chaos hour: a call arriving as a push lands is prefilled on the old weights while the
+    swap publishes the new ones. The swap dropped the old group (no sequence in it yet), the request joined
+    it after its prefill, got its first id and was never decoded again: its caller waited until it gave up."""
+    entered, release = threading.Event(), threading.Event()
+    prefill = engine._prefill
+
+    def held_prefill(model: object, prompt: tuple[int, ...]) -> object:
+        entered.set()
+        assert release.wait(10), "the test never released the prefill"
+        return prefill(model, prompt)
+
+    monkeypatch.setattr(engine, "_prefill", held_prefill)
+
+    async def steps() -> list[EngineStep]:
+        return [step async for step in engine.generate(engine_request((5, 6, 7), max_tokens=6, seed=7))]
+
+    call = asyncio.create_task(steps())
+    assert await asyncio.to_thread(entered.wait, 10), "the prefill never began"
+    files, metas = read_checkpoint_meta(tiny_model_dir)
+    await engine.update_weights(WeightUpdate(tiny_model_dir, tuple(metas), 1, tuple(files)))  # lands meanwhile
+    release.set()
+    done = await asyncio.wait_for(call, 15)  # hung after the first id before the fix
+    assert done[-1].finish_reason in ("length", "stop")
+    assert {step.policy_version for step in done} == {0}  # sampled by the weights it was prefilled on
+    await eventually(
+        lambda: [group.version for group in engine._groups], 5, what="the old version freed", until=lambda v: v == [1]
+    )
 
 
 def _mapped_from(tensor: torch.Tensor, path: Path) -> bool:

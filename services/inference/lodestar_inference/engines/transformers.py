@@ -207,9 +207,10 @@ class TransformersEngine:
         base = self._current
         model = await asyncio.to_thread(self._load_update, base.model, update)
         group = _Group(version=update.version, model=model)
-        # The groups no sequence runs on go now: the scheduler prunes only while something runs, and swaps
-        # with nothing running (pushes between rollout batches) kept every version's weights alive.
-        self._groups = [old for old in self._groups if old.sequences] + [group]
+        # Only the scheduler removes groups (woken here, it frees the ones no sequence runs on): a request it
+        # is prefilling joins the group that was current when its prefill began, after the swap if one lands
+        # meanwhile, and that group must still be decoded then (dropped here, its request hung after one id).
+        self._groups.append(group)
         self._current = group
         self._wake.set()
         _log.info("weights swapped", policy_version=update.version, tensors=len(update.tensors))
@@ -256,7 +257,12 @@ class TransformersEngine:
                 for group in list(self._groups):
                     if group.sequences:
                         await self._decode(group)
-                self._groups = [group for group in self._groups if group.sequences or group is self._current]
+                self._free_idle_groups()
+            self._free_idle_groups()  # a swap with nothing running (pushes between rollout batches)
+
+    def _free_idle_groups(self) -> None:
+        """Drop the old versions no sequence decodes on (their weights go with them)."""
+        self._groups = [group for group in self._groups if group.sequences or group is self._current]
 
     def _running(self) -> int:
         return sum(len(group.sequences) for group in self._groups)
