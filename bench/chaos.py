@@ -8,9 +8,9 @@ The stack (bench/chaos_stack.py): three etcd members, two inference replicas fou
 instances on one store, two gateway nodes, the trainer. Faults start once the trainer has done its first step
 and go on for `--duration` seconds, one after another (bench/chaos_faults.py); `--short` does one round of
 `short_round` instead. After the last fault the run waits for the trainer's first step after it (and after its
-last restart), then the stack is stopped and
-the checks run (bench/chaos_checks.py); the fault schedule and a table of what each check found are printed,
-and the exit status is 1 when a check failed.
+last restart), then the stack is stopped and the checks run (bench/chaos_checks.py), the last of them against an
+unbroken twin of the trainer (bench/chaos_twin.py); the fault schedule and a table of what each check found are
+printed, and the exit status is 1 when a check failed.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ if __package__ in (None, ""):
 from bench.chaos_checks import Check, run_checks
 from bench.chaos_faults import KINDS, Fault, Injector, schedule, short_round
 from bench.chaos_stack import ChaosStack
+from bench.chaos_twin import unbroken_twin
 
 FIRST_STEP_TIMEOUT_S = 600.0
 SETTLE_S = 5.0
@@ -109,7 +110,7 @@ def run(
         stack.stop()
         timelines = {name: proc.timeline for name, proc in stack.procs.items()}
         (work / "timelines.json").write_text(json.dumps(timelines) + "\n")  # when each process lived
-    report.checks = run_checks(stack, report.faults, stopped_at)
+    report.checks = [*run_checks(stack, report.faults, stopped_at), unbroken_twin(stack)]
     report.wall_s = round(time.monotonic() - started, 1)
     report.duration_s = round(report.duration_s or stopped_at - SETTLE_S - report.faults[0].at, 1)
     return report

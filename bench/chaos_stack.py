@@ -36,6 +36,7 @@ QUICKSTART = REPO / "examples" / "quickstart"
 LEASE_TTL_S = 5
 """etcd lease TTL of replicas, nodes' sessions and the rollout leader: a SIGSTOP pause is longer than this."""
 CHECKPOINT_EVERY = 3
+SERVING = health_pb2.HealthCheckResponse.SERVING
 STEP_DIR = re.compile(r"^step-\d{6}$")
 
 
@@ -119,7 +120,8 @@ def healthy(port: int, timeout: float = 1.0) -> int:
         return int(reply.status)
 
 
-def _wait(what: str, ready: object, timeout: float, proc: Proc | None = None) -> None:
+def wait_until(what: str, ready: object, timeout: float, proc: Proc | None = None) -> None:
+    """Poll `ready()` until true; raises when `proc` exits first or `timeout` passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if callable(ready) and ready():
@@ -170,15 +172,10 @@ class ChaosStack:
     def _start_etcd(self, timeout: float) -> None:
         cluster = ",".join(f"etcd-{i + 1}=http://127.0.0.1:{p}" for i, p in enumerate(self._peers))
         for i, url in enumerate(self.etcd_urls):
-            peer = f"http://127.0.0.1:{self._peers[i]}"
-            argv = [find_etcd(), "--name", f"etcd-{i + 1}", "--data-dir", str(self.work / f"etcd-{i + 1}")]
-            argv += ["--listen-client-urls", url, "--advertise-client-urls", url]
-            argv += ["--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer]
-            argv += ["--initial-cluster", cluster, "--initial-cluster-state", "new"]
-            argv += ["--initial-cluster-token", "chaos", "--heartbeat-interval", "250", "--election-timeout", "2500"]
-            self._proc(f"etcd-{i + 1}", "etcd", argv).start()
+            name, peer = f"etcd-{i + 1}", f"http://127.0.0.1:{self._peers[i]}"
+            self._proc(name, "etcd", etcd_argv(name, self.work / name, url, peer, cluster)).start()
         for proc, url in zip(self.of_kind("etcd"), self.etcd_urls, strict=True):
-            _wait(proc.name, lambda url=url: _etcd_healthy(url), timeout, proc)
+            wait_until(proc.name, lambda url=url: etcd_healthy(url), timeout, proc)
 
     def _serve(self, command: str, port: int, args: list[str]) -> list[str]:
         base = [sys.executable, "-m", "lodestar_app.cli.main", command, "serve", "--port", str(port), "--log-json"]
@@ -196,8 +193,8 @@ class ChaosStack:
             args = ["--etcd", self.etcd, "--store", str(self.store), "--leader-ttl-s", ttl]
             self._proc(f"rollout-{i}", "rollout", self._serve("rollout", port, args), port).start()
         for proc in self.of_kind("inference"):
-            _wait(proc.name, lambda p=proc: healthy(p.port) == health_pb2.HealthCheckResponse.SERVING, timeout, proc)
-        _wait("a rollout leader", lambda: self.leader() is not None, timeout)
+            wait_until(proc.name, lambda p=proc: healthy(p.port) == SERVING, timeout, proc)
+        wait_until("a rollout leader", lambda: self.leader() is not None, timeout)
         self.run_id = self._create_run()
         self._start_trainer(resume=None)
         for i in (1, 2):
@@ -218,9 +215,8 @@ class ChaosStack:
 
     def leader(self) -> Proc | None:
         """The rollout instance that reports SERVING (the standby reports NOT_SERVING), if any."""
-        serving = health_pb2.HealthCheckResponse.SERVING
         return next(
-            (p for p in self.of_kind("rollout") if p.alive and not p.paused and healthy(p.port) == serving), None
+            (p for p in self.of_kind("rollout") if p.alive and not p.paused and healthy(p.port) == SERVING), None
         )
 
     def _create_run(self) -> str:
@@ -277,7 +273,16 @@ class ChaosStack:
                 list(pool.map(Proc.terminate, procs))
 
 
-def _etcd_healthy(url: str) -> bool:
+def etcd_argv(name: str, data_dir: Path, url: str, peer: str, cluster: str) -> list[str]:
+    """One etcd member serving `url`, of the cluster `cluster` (name=peer-url,...)."""
+    argv = [find_etcd(), "--name", name, "--data-dir", str(data_dir)]
+    argv += ["--listen-client-urls", url, "--advertise-client-urls", url]
+    argv += ["--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer]
+    argv += ["--initial-cluster", cluster, "--initial-cluster-state", "new"]
+    return [*argv, "--initial-cluster-token", "chaos", "--heartbeat-interval", "250", "--election-timeout", "2500"]
+
+
+def etcd_healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=1.0) as reply:
             return b'"true"' in reply.read()
