@@ -36,9 +36,14 @@ each with the push's `seconds`."""
 GOOD_FINISH = (common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH, common_pb2.FINISH_REASON_STOP_SEQUENCE)
 
 
-MIN_STEPS_FOR_REWARD = 12
-"""The quickstart's reward takes off between steps 6 and 15 (tests/e2e/test_quickstart.py): fewer steps in the
-final lineage judge nothing (the check says n/a)."""
+TAKE_OFF = 0.8
+"""A step's mean reward from which the quickstart's policy has taken off (0.1-0.4 before, 0.95 after; the chaos
+task's coin caps rewards at 0.8, so it changes nothing below)."""
+QUICKSTART_TAKE_OFF = (4, 15)
+"""The steps the quickstart's reward took off at: step 4 at the earliest in a dozen runs, 6-15 in six runs whose
+step was noted (tests/e2e/test_quickstart.py)."""
+MIN_STEPS_FOR_REWARD = QUICKSTART_TAKE_OFF[1] + 1
+"""Fewer steps in the final lineage judge nothing (the check says n/a): the take-off may come at step 15."""
 
 
 @dataclass
@@ -58,7 +63,7 @@ def run_checks(stack: ChaosStack, faults: list[Fault], stopped_at: float) -> lis
     checks += [_served_before_heard(stack, heard), _versions_forward(results, heard)]
     checks += [
         _trainer_trains(stack, faults),
-        _reward_rises(stack),
+        reward_rises([float(r["reward_mean"]) for r in lineage(stack.run_dir / "metrics.jsonl")]),
         _nothing_left(stack),
         _errors_accounted(stack, faults, stopped_at),
     ]
@@ -256,16 +261,20 @@ def _trainer_trains(stack: ChaosStack, faults: list[Fault]) -> Check:
     return Check("trainer kept training", not failed and bool(after) and bool(after_faults), found)
 
 
-def _reward_rises(stack: ChaosStack) -> Check:
-    rewards = [float(r["reward_mean"]) for r in lineage(stack.run_dir / "metrics.jsonl")]
+def reward_rises(rewards: list[float]) -> Check:
+    """The final lineage's step rewards against the quickstart's rise: up, and its take-off (the first step at
+    `TAKE_OFF` or more) no later than the quickstart's latest."""
     rise = reward_rise(rewards)
-    found = (
-        f"{len(rewards)} steps, reward {rewards[0]:.2f} -> {rewards[-1]:.2f}, rise {rise:+.2f}"
-        if rewards
-        else "no step"
-    )
+    take_off = next((step for step, reward in enumerate(rewards, 1) if reward >= TAKE_OFF), None)
+    earliest, latest = QUICKSTART_TAKE_OFF
+    found = "no step"
+    if rewards:
+        found = f"{len(rewards)} steps, reward {rewards[0]:.2f} -> {rewards[-1]:.2f}, rise {rise:+.2f}; "
+        found += f"take-off ({TAKE_OFF}) at step {take_off}" if take_off else f"never at {TAKE_OFF}"
+        found += f" (the quickstart's: steps {earliest}-{latest})"
     judged = len(rewards) >= MIN_STEPS_FOR_REWARD
-    return Check("reward still rises", rise > 0 or not judged, found, judged=judged)
+    ok = rise > 0 and take_off is not None and take_off <= latest
+    return Check("reward rises as the quickstart's", ok or not judged, found, judged=judged)
 
 
 SANDBOX_MARK = "lodestar_gateway/node/harnesses/"
