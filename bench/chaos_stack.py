@@ -177,21 +177,17 @@ class ChaosStack:
         for proc, url in zip(self.of_kind("etcd"), self.etcd_urls, strict=True):
             wait_until(proc.name, lambda url=url: etcd_healthy(url), timeout, proc)
 
-    def _serve(self, command: str, port: int, args: list[str]) -> list[str]:
-        base = [sys.executable, "-m", "lodestar_app.cli.main", command, "serve", "--port", str(port), "--log-json"]
-        return [*base, *args]
-
     def _start_services(self, timeout: float) -> None:
         ttl = str(LEASE_TTL_S)
         for i in (1, 2):
             port = free_port()
             args = ["--backend", "transformers", "--model", str(self.model), "--replica-id", f"inference-{i}"]
             args += ["--etcd", self.etcd, "--etcd-lease-ttl-s", ttl]
-            self._proc(f"inference-{i}", "inference", self._serve("inference", port, args), port).start()
+            self._proc(f"inference-{i}", "inference", serve_argv("inference", port, args), port).start()
         for i in (1, 2):
             port = free_port()
             args = ["--etcd", self.etcd, "--store", str(self.store), "--leader-ttl-s", ttl]
-            self._proc(f"rollout-{i}", "rollout", self._serve("rollout", port, args), port).start()
+            self._proc(f"rollout-{i}", "rollout", serve_argv("rollout", port, args), port).start()
         for proc in self.of_kind("inference"):
             wait_until(proc.name, lambda p=proc: healthy(p.port) == SERVING, timeout, proc)
         wait_until("a rollout leader", lambda: self.leader() is not None, timeout)
@@ -203,7 +199,7 @@ class ChaosStack:
             args += ["--inference", self.inference, "--inference-discovery", "etcd"]
             args += ["--data-dir", str(self.work / f"gateway-{i}"), "--slots", str(self.slots), "--ready-buffer", "2"]
             args += ["--node-id", f"gateway-{i}", "--etcd-lease-ttl-s", ttl]
-            self._proc(f"gateway-{i}", "gateway", self._serve("gateway", port, args), port).start()
+            self._proc(f"gateway-{i}", "gateway", serve_argv("gateway", port, args), port).start()
 
     @property
     def rollout(self) -> str:
@@ -250,7 +246,7 @@ class ChaosStack:
         args += ["--run-dir", str(self.run_dir), "--steps", "0", "--rollout", self.rollout]
         args += ["--inference", self.inference, "--inference-discovery", "etcd", "--etcd", self.etcd]
         args += [] if resume is None else ["--resume", str(resume)]
-        argv = self._serve("trainer", port, args)
+        argv = serve_argv("trainer", port, args)
         if "trainer" in self.procs:
             self.procs["trainer"].start(argv)
         else:
@@ -271,6 +267,12 @@ class ChaosStack:
             procs = self.of_kind(kind)
             with ThreadPoolExecutor(max(1, len(procs))) as pool:
                 list(pool.map(Proc.terminate, procs))
+
+
+def serve_argv(command: str, port: int, args: list[str]) -> list[str]:
+    """`lodestar COMMAND serve` on `port` with JSON logs (what the checks read), plus `args`."""
+    base = [sys.executable, "-m", "lodestar_app.cli.main", command, "serve", "--port", str(port), "--log-json"]
+    return [*base, *args]
 
 
 def etcd_argv(name: str, data_dir: Path, url: str, peer: str, cluster: str) -> list[str]:

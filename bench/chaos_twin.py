@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load_file
 
 from bench.chaos_checks import Check, lineage
-from bench.chaos_stack import SERVING, ChaosStack, Proc, etcd_argv, etcd_healthy, healthy, wait_until
+from bench.chaos_stack import SERVING, ChaosStack, Proc, etcd_argv, etcd_healthy, healthy, serve_argv, wait_until
 from lodestar_app.local import child_env, free_port
 
 NAME = "weights equal an unbroken run's"
@@ -70,19 +70,16 @@ def _train_twin(stack: ChaosStack, twin: Path, step: int, timeout: float) -> Pat
         procs.append(proc)
         return proc
 
-    def serve(command: str, port: int, args: list[str]) -> list[str]:
-        return [sys.executable, "-m", "lodestar_app.cli.main", command, "serve", "--port", str(port), *args]
-
     deadline = time.monotonic() + timeout
     try:
         etcd = start("etcd", "etcd", etcd_argv("twin", twin / "etcd", url, peer, f"twin={peer}"))
         wait_until("the twin's etcd", lambda: etcd_healthy(url), deadline - time.monotonic(), etcd)
         port = free_port()
-        rollout = start("rollout", "rollout", serve("rollout", port, ["--etcd", url, "--store", str(store)]), port)
+        rollout = start("rollout", "rollout", serve_argv("rollout", port, ["--etcd", url, "--store", str(store)]), port)
         wait_until("the twin's rollout", lambda: healthy(port) == SERVING, deadline - time.monotonic(), rollout)
         args = ["--config", str(stack.trainer_config()), "--run", stack.run_id, "--model", str(stack.model)]
         args += ["--run-dir", str(twin / "runs"), "--steps", str(step), "--rollout", f"127.0.0.1:{port}"]
-        trainer = start("trainer", "trainer", serve("trainer", free_port(), [*args, "--inference", ""]))
+        trainer = start("trainer", "trainer", serve_argv("trainer", free_port(), [*args, "--inference", ""]))
         written = twin / "runs" / "checkpoints" / f"step-{step:06d}"
         wait_until(f"the twin's step {step}", written.is_dir, deadline - time.monotonic(), trainer)
         return written
