@@ -65,7 +65,7 @@ async def test_overflow_mid_run(case: Case, gateway_stack: GatewayStack, launche
     result = await run
     calls = gateway_stack.calls(session.session_id)
     assert gateway_stack.node is not None
-    failed, message, refused = gateway_stack.node.proxy.unanswered.get(session.session_id, Unanswered())
+    failed, message, refused, _ = gateway_stack.node.proxy.unanswered.get(session.session_id, Unanswered())
     # It stopped by itself, soon, saying why in its own words; no crash, no endless retries.
     assert not result.timed_out, describe(result, calls)
     assert result.returncode == 1, describe(result, calls)

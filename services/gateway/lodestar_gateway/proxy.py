@@ -37,6 +37,15 @@ class Unanswered(NamedTuple):
     refused: bool = False
     """The last failure was inference refusing the request itself (INVALID_ARGUMENT: a prompt over the
     context length): the agent's doing, not an outage."""
+    abandoned: int = 0
+    """Streamed answers the caller stopped reading while they still flowed (a delta sent to it less than
+    `STALL_S` before it left): the harness's own choice, not an outage (Gemini CLI cancels a stream its loop
+    detection flags, then exits 0). Not failures; no record (the tokens it read are not trained on)."""
+
+
+STALL_S = 5.0
+"""A streamed answer that sent its caller nothing for this long has stalled: a caller that leaves it gave up
+waiting (an infrastructure failure); one that leaves an answer still flowing stopped reading by choice."""
 
 
 class InferenceBackend(Protocol):
@@ -61,6 +70,7 @@ class Proxy:
         chains: ChainIndex | None = None,
         *,
         unknown_fields: UnknownFields | None = None,
+        stall_s: float = STALL_S,
     ) -> None:
         self._inference = inference
         self._store = store
@@ -71,15 +81,19 @@ class Proxy:
         self._background: set[asyncio.Future[None]] = set()
         self.chain_breaks = 0
         """Calls that drifted: they share conversation with an earlier call but do not extend it."""
+        self.streams_abandoned = 0
+        """Streamed answers their caller stopped reading while they flowed (`Unanswered.abandoned`)."""
         self.branches = 0
         """Calls that started a new conversation in a session with earlier calls (compaction, sub-agents)."""
         self.unanswered: dict[str, Unanswered] = {}
         """Per session: the calls that failed since its last answered call. The node lifecycle reads it to
         tell "inference was down" from a harness that simply finished or overflowed its context."""
-        self.in_flight: dict[str, int] = {}
-        """Per session: calls begun and not yet answered or failed. A harness that gave up on a call (its own
-        timeout) and exited leaves it here: `take_unanswered` counts it as failed (the chaos hour scored a
+        self.in_flight: dict[str, dict[str, float]] = {}
+        """Per session: calls begun and not yet answered or failed, each with the monotonic time a streamed
+        delta last went to its caller (0.0: none yet, or not streamed). A harness that gave up on a call (its
+        own timeout) and exited leaves it here: `take_unanswered` counts it as failed (the chaos hour scored a
         session from its first call while its second waited: docs/chaos.md)."""
+        self.stall_s = stall_s
 
     @property
     def chains(self) -> ChainIndex:
@@ -116,7 +130,8 @@ class Proxy:
 
         begun = asyncio.ensure_future(self._store.begin(response_id, request_half))
         answered = False
-        self.in_flight[session.session_id] = self.in_flight.get(session.session_id, 0) + 1
+        waiting = self.in_flight.setdefault(session.session_id, {})
+        waiting[response_id] = 0.0
         try:
             call_ids: dict[int, str] = {}
             sent = time.perf_counter()
@@ -128,6 +143,8 @@ class Proxy:
                         if call.id or call.index not in call_ids:
                             call.id = call_ids.setdefault(call.index, call.id or new_id("call_"))
                     yield event.delta
+                    if request.stream:
+                        waiting[response_id] = time.monotonic()  # it reached the caller: the answer flows
                     continue
                 arrived = time.perf_counter()
                 final = event.final
@@ -151,30 +168,49 @@ class Proxy:
         except LodestarError as error:
             self._unanswered(session.session_id, error.message, refused=isinstance(error, InvalidArgumentError))
             raise
-        except asyncio.CancelledError:  # the caller went away before the answer (its own timeout, a kill)
+        except (asyncio.CancelledError, GeneratorExit):  # the caller went away before the answer
             if not answered:
-                self._unanswered(session.session_id, "the caller went away before the answer")
+                self._went_away(session.session_id, waiting[response_id])
             raise
         finally:
-            left = self.in_flight.pop(session.session_id, 1) - 1
-            if left > 0:
-                self.in_flight[session.session_id] = left
+            waiting.pop(response_id, None)
+            if not waiting and self.in_flight.get(session.session_id) is waiting:
+                del self.in_flight[session.session_id]
             if not answered:
                 self._discard(begun, response_id)
 
+    def _flowing(self, delivered_at: float) -> bool:
+        """Whether a streamed answer last delivered at `delivered_at` was still flowing to its caller."""
+        return bool(delivered_at) and time.monotonic() - delivered_at < self.stall_s
+
+    def _went_away(self, session_id: str, delivered_at: float) -> None:
+        """A caller left before its answer: by choice from a flowing stream, else it gave up (its own timeout,
+        a kill) and the call failed."""
+        if not self._flowing(delivered_at):
+            self._unanswered(session_id, "the caller went away before the answer")
+            return
+        unanswered = self.unanswered.get(session_id, Unanswered())
+        self.unanswered[session_id] = unanswered._replace(abandoned=unanswered.abandoned + 1)
+        self.streams_abandoned += 1
+        _log.info("caller stopped reading", session_id=session_id, since_delta_s=time.monotonic() - delivered_at)
+
     def _unanswered(self, session_id: str, why: str, *, refused: bool = False) -> None:
-        failed = self.unanswered.get(session_id, Unanswered()).failed
-        self.unanswered[session_id] = Unanswered(failed + 1, why, refused)
+        unanswered = self.unanswered.get(session_id, Unanswered())
+        self.unanswered[session_id] = Unanswered(unanswered.failed + 1, why, refused, unanswered.abandoned)
 
     def take_unanswered(self, session_id: str) -> Unanswered:
         """The session's calls that failed since its last answered one, and those still waiting for an answer
-        (counted as failed: the harness that made them has finished); forgets the failures."""
+        (counted as failed: the harness that made them has finished, unless it was reading a flowing stream:
+        abandoned); forgets them."""
         unanswered = self.unanswered.pop(session_id, Unanswered())
-        waiting = self.in_flight.get(session_id, 0)
-        if not waiting:
+        waiting = list(self.in_flight.get(session_id, {}).values())
+        flowing = sum(map(self._flowing, waiting))
+        stalled = len(waiting) - flowing
+        unanswered = unanswered._replace(abandoned=unanswered.abandoned + flowing)
+        if not stalled:
             return unanswered
-        why = f"{waiting} call(s) still waiting for inference when the harness finished"
-        return Unanswered(unanswered.failed + waiting, why, refused=False)
+        why = f"{stalled} call(s) still waiting for inference when the harness finished"
+        return Unanswered(unanswered.failed + stalled, why, False, unanswered.abandoned)
 
     def _match(self, session_id: str, context: bytes, keys: list[MessageKey], request: CanonicalRequest) -> ChainMatch:
         """The chain this call continues, if any; a call that starts a new chain (other than the session's first)

@@ -180,6 +180,45 @@ def test_a_call_the_harness_gave_up_on_is_an_infra_failure(node_factory: NodeFac
     assert len(result.calls) == 1
 
 
+STOPS_READING = """import sys
+from openai import OpenAI
+client = OpenAI(max_retries=0)
+if sys.argv[1] == "answered-first":
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+again = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "OK"}, {"role": "user", "content": "go"}]
+stream = client.chat.completions.create(model="m", messages=again, stream=True)
+for _, _chunk in zip(range(3), stream):
+    pass
+stream.close()
+"""
+"""A harness that stops reading a streamed answer after three chunks and exits 0, as Gemini CLI does when its
+loop detection flags the text (a CI run of the Gemini CLI training test failed on it as infrastructure)."""
+
+
+def test_a_harness_that_stops_reading_a_stream_is_scored(node_factory: NodeFactory, standin: RolloutStandIn):
+    """Stopping to read a flowing answer is the harness's choice, never an outage: the session is scored from the
+    calls it completed, or with the lowest reward when it completed none (else a policy that loops would turn
+    its low rewards into INFRA_FAILED, retried and dropped). The abandoned call leaves no record."""
+    long = {"text": "a long answer that streams one token after another, 0.3 s each, for several seconds"}
+    node_factory({"replies": [{"text": "OK"}], "default": long, "token_delay_s": 0.3})  # a chat's first answer
+    pays = {"kind": "command", "config": {"score": "echo 0.5 > $LODESTAR_REWARD_FILE", "reward_range": [-1, 1]}}
+    standin.offer(
+        *(
+            assignment(case, command=["{python}", "-c", STOPS_READING, case], verifier=pays)
+            for case in ("answered-first", "nothing-answered")
+        )
+    )
+    results = {r.session_id: r for r in standin.wait_results(2, timeout=60)}
+    first, nothing = results["answered-first"], results["nothing-answered"]
+    assert first.outcome == SCORED, standin.describe(first)
+    assert first.reward == 0.5, "the verifier scored it"
+    assert [call.completion.content[0].text.text for call in first.calls] == ["OK"]
+    assert nothing.outcome == SCORED, standin.describe(nothing)
+    assert nothing.reward == -1.0, "the low end of the range; the verifier does not run"
+    assert "stopped reading all 1 answer(s)" in nothing.verifier_details["agent_failure"]
+    assert not nothing.calls
+
+
 def test_inference_down_is_an_infra_failure(node_factory: NodeFactory, standin: RolloutStandIn):
     node_factory(inference=False)
     standin.offer(assignment("down", command=HANG_AGENT, env={"PIDFILE": "/dev/null"}))

@@ -126,10 +126,12 @@ class SessionStages:
 
     async def post(self, attempt: Attempt) -> Outcome:
         """Collect the calls, apply the silent-failure rules, then score with the verifier."""
-        failed, last_error, refused = await self.collect(attempt)
+        failed, last_error, refused, abandoned = await self.collect(attempt)
         harness = attempt.harness
         assert harness is not None, "POST runs after RUN"
         runtime = _runtime(attempt)
+        if not attempt.calls and abandoned and not failed:
+            return _agent_scored(attempt, f"the harness stopped reading all {abandoned} answer(s) streamed to it")
         if not attempt.calls:
             why = f"; {failed} model call(s) failed, last: {last_error}" if failed else ""
             limit = " (killed at its time limit)" if harness.timed_out else ""
