@@ -39,8 +39,34 @@ def test_admission_routes_a_newcomer_only_once_it_serves_the_fleets_version() ->
     assert admission.update(dict([_replica("a", 6), _replica("b", 6), _replica("c", 6, lease=2)])) == {
         "a:1", "b:1", "c:1"
     }  # fmt: skip
-    assert admission.update(dict([_replica("c", 0, lease=3)])) == {"c:1"}, "the only replica left is routed to"
     assert admission.update({}) == set()
+
+
+def test_the_fleets_version_holds_while_no_live_replica_serves_it() -> None:
+    """The chaos hour: one replica restarted at v0 while the only one at the run's version paused past its lease;
+    the fleet's version fell to 0 and the restarted one served 14 calls at v0. Now the fleet's version stays
+    for a grace: a replica that comes back, or catches up, is routed to; only after the grace does the newest
+    any live one serves become the fleet's (a fleet restarted as a whole serves again)."""
+    admission = Admission(grace_s=30)
+    assert admission.update(dict([_replica("a", 456), _replica("b", 456)]), now=0) == {"a:1", "b:1"}
+    assert admission.update(dict([_replica("a", 0, lease=2), _replica("b", 456)]), now=1) == {"b:1"}
+    assert admission.update(dict([_replica("a", 0, lease=2)]), now=2) == set(), "b's key expired: a stays unrouted"
+    assert admission.waiting == {"a:1": 0}
+    assert admission.recheck_in == 30
+    assert admission.update(dict([_replica("a", 0, lease=2), _replica("b", 456, lease=3)]), now=8) == {"b:1"}, (
+        "b resumed and registered again at the fleet's version"
+    )
+    assert admission.recheck_in is None
+
+    assert admission.update(dict([_replica("a", 0, lease=2)]), now=9) == set()
+    assert admission.update(dict([_replica("a", 457, lease=2)]), now=20) == {"a:1"}, "the trainer's push reached a"
+
+    assert admission.update(dict([_replica("c", 0, lease=4)]), now=21) == set()
+    assert admission.update(dict([_replica("c", 0, lease=4)]), now=21 + 29.9) == set()
+    assert admission.update(dict([_replica("c", 0, lease=4)]), now=21 + 30) == {"c:1"}, (
+        "after the grace the newest a live replica serves is the fleet's"
+    )
+    assert admission.floor == 0
 
 
 async def test_a_replica_set_follows_the_replicas_registered_in_etcd(etcd_endpoint: str, etcd_prefix: str) -> None:

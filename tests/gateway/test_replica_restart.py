@@ -9,6 +9,7 @@ ReplicaSet following them through discovery, real weight pushes. Then the floor'
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from contextlib import AbstractContextManager
@@ -30,8 +31,10 @@ REFUSED = "refused a call that needs a newer policy version"
 ServeContext = AbstractContextManager[ServerProcess]
 
 
-def _serve(model_dir: Path, log_dir: Path, port: int, name: str, etcd: tuple[str, str] | None) -> ServeContext:
-    registration = ("--etcd", etcd[0], "--etcd-prefix", etcd[1], "--etcd-lease-ttl-s", str(LEASE_TTL_S)) if etcd else ()
+def _serve(
+    model_dir: Path, log_dir: Path, port: int, name: str, etcd: tuple[str, str] | None, ttl: int = LEASE_TTL_S
+) -> ServeContext:
+    registration = ("--etcd", etcd[0], "--etcd-prefix", etcd[1], "--etcd-lease-ttl-s", str(ttl)) if etcd else ()
     return serve_inference("transformers", model_dir, log_dir, "--replica-id", name, *registration, port=port)
 
 
@@ -76,6 +79,51 @@ async def test_a_replica_restarted_within_its_lease_does_not_serve_its_pinned_se
                 )
                 assert replicas.failovers == 1
                 assert REFUSED in restarted.log()
+        finally:
+            await discovery.stop()
+            await replicas.close()
+
+
+async def test_a_replica_restarted_while_the_other_paused_past_its_lease_waits_and_the_call_is_held(
+    tiny_model_dir: Path, tmp_path: Path, etcd_endpoint: str, etcd_prefix: str
+) -> None:
+    """The chaos hour's second version fault: replica a restarted (v0, registered, waiting to catch up) while b,
+    the only one at the run's version, was SIGSTOPped past its lease. The fleet's version fell to 0 and a
+    served 14 calls at v0. Now nothing is routed while the fleet's version holds (Admission's grace), a call
+    made then is held (ReplicaSet), and b, back and registered again, serves it at v1."""
+    etcd, ports = (etcd_endpoint, etcd_prefix), {"a": free_port(), "b": free_port()}
+    replicas = ReplicaSet(())
+    discovery = ReplicaDiscovery(replicas, etcd_endpoint, prefix=etcd_prefix)
+    with (
+        _serve(tiny_model_dir, tmp_path, ports["a"], "a", etcd, ttl=2) as a,
+        _serve(tiny_model_dir, tmp_path, ports["b"], "b", etcd, ttl=2) as b,
+    ):
+        discovery.start()
+        try:
+            await eventually(lambda: set(replicas.clients) == {a.address, b.address}, 30, what="both routed")
+            weights = load_file(str(tiny_model_dir / "model.safetensors"))
+            for server in (a, b):
+                async with channel(server.address) as pushed:
+                    await push_weights(inference_pb2_grpc.InferenceServiceStub(pushed), weights, version=1)
+            await eventually(lambda: replicas.floors == {a.address: 1, b.address: 1}, 30, what="both seen at v1")
+
+            os.kill(a.process.pid, signal.SIGKILL)
+            a.process.wait()
+            with _serve(tiny_model_dir, tmp_path, ports["a"], "a", etcd, ttl=2):
+                await eventually(lambda: discovery.admission.waiting == {a.address: 0}, 30, what="a back at v0")
+                os.kill(b.process.pid, signal.SIGSTOP)
+                try:
+                    await eventually(lambda: not replicas.clients, 30, what="b's key expired")
+                    assert discovery.admission.waiting == {a.address: 0}, "a at v0 is not the fleet's version"
+                    held = asyncio.ensure_future(_call(replicas, "s-held"))
+                    await asyncio.sleep(1.0)
+                    assert not held.done(), "no replica routed: the call waits"
+                    assert replicas.held == 1
+                finally:
+                    os.kill(b.process.pid, signal.SIGCONT)
+                final = await asyncio.wait_for(held, 60)
+                assert (final.served_by, final.policy_version) == ("b", 1)
+                assert a.address not in replicas.clients
         finally:
             await discovery.stop()
             await replicas.close()

@@ -22,10 +22,17 @@ leave (its etcd key outlives it by a lease TTL); its floor then makes it refuse 
 behind. Discovery resets a replica's floor to its record's version when a new process registers at the
 address (`served(..., incarnation=)`), so a fleet restarted as a whole serves again. Replicas named by
 static addresses (`--inference a,b`) have no floor (0): nothing tells the gateway which process answers.
+
+No replica routed. While the set is empty (discovery holds every live replica back until one serves the
+fleet's version, or none has registered yet) a call waits up to `hold_s` for one to be added, then fails
+as UNAVAILABLE: a replica that paused past its lease is back, or caught up, within seconds, and a call held
+that long costs the harness less than a 503 it may give up on.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Iterable
 
@@ -37,6 +44,8 @@ from lodestar_gateway.routing import DEFAULT_LOAD_FACTOR, AffinityRouter
 
 _log = get_logger("gateway.replicas")
 DOWN_S = 5.0
+HOLD_S = 30.0
+"""How long a call waits for a replica while none is routed (see the module docstring)."""
 
 
 class ReplicaSet:
@@ -49,9 +58,14 @@ class ReplicaSet:
         timeout_s: float = 600.0,
         load_factor: float = DEFAULT_LOAD_FACTOR,
         down_s: float = DOWN_S,
+        hold_s: float = HOLD_S,
     ) -> None:
         self._timeout_s = timeout_s
         self._down_s = down_s
+        self._hold_s = hold_s
+        self._added = asyncio.Event()
+        self.held = 0
+        """Calls that waited for a replica because none was routed (for status and tests)."""
         self.router = AffinityRouter(load_factor=load_factor)
         self.clients: dict[str, GrpcInference] = {}
         self._down_until: dict[str, float] = {}
@@ -75,6 +89,7 @@ class ReplicaSet:
         if target not in self.clients:
             self.clients[target] = GrpcInference(target, timeout_s=self._timeout_s)
             self.router.add(target)
+            self._added.set()
             _log.info("inference replica added", replica=target, replicas=len(self.clients))
 
     def served(self, target: str, version: int, *, incarnation: int | None = None) -> None:
@@ -117,6 +132,17 @@ class ReplicaSet:
         down = {target for target, until in self._down_until.items() if until > now}
         return down if len(down) < len(self.clients) else set()
 
+    async def _routed(self) -> None:
+        """Wait up to `hold_s` while no replica is routed at all."""
+        if self.clients:
+            return
+        self.held += 1
+        deadline = time.monotonic() + self._hold_s
+        while not self.clients and (left := deadline - time.monotonic()) > 0:
+            self._added.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._added.wait(), left)
+
     def _pick(self, key: str, failed: set[str]) -> str:
         replica = self.router.pick(key, exclude=failed | self._set_aside())
         if replica is None:
@@ -128,6 +154,7 @@ class ReplicaSet:
     async def generate(self, request: inference_pb2.GenerateRequest) -> AsyncIterator[inference_pb2.GenerateResponse]:
         key = request.session_id or request.request_id
         failed: set[str] = set()
+        await self._routed()
         while True:
             replica = self._pick(key, failed)
             client, streamed = self.clients[replica], False
@@ -169,11 +196,13 @@ class ReplicaSet:
                 await client.close()
 
     async def count_tokens(self, request: inference_pb2.CountTokensRequest) -> int:
+        await self._routed()
         return await self.clients[self._pick("count-tokens", set())].count_tokens(request)
 
     async def model_info(self) -> inference_pb2.GetModelInfoResponse:
         """The model info of a live replica (every replica serves the same model)."""
         failed: set[str] = set()
+        await self._routed()
         while True:
             replica = self._pick("model-info", failed)
             try:

@@ -33,6 +33,7 @@ from lodestar_gateway.http_tls import exposure_warning, ssl_context
 from lodestar_gateway.inference_client import GrpcInference
 from lodestar_gateway.membership import Membership, NodeRecord
 from lodestar_gateway.node.harnesses import Launcher
+from lodestar_gateway.node.harnesses.run_groups import RunGroups
 from lodestar_gateway.node.harnesses.sandbox import node_sandbox
 from lodestar_gateway.node.lifecycle import LifecycleConfig, NodeLifecycle
 from lodestar_gateway.node.rollout_client import GrpcRollout, RetryPolicy, RolloutLink
@@ -120,6 +121,7 @@ class GatewayNode:
             if settings.host_sandbox == "bwrap"
             else None,
             relay_connections=settings.relay_max_connections,
+            groups=RunGroups(settings.data_dir / "run-groups"),
         )
         if launcher.sandbox is None:
             _log.warning("host sessions run without the sandbox (host_sandbox = namespaces): not for untrusted agents")

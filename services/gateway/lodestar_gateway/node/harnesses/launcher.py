@@ -34,6 +34,7 @@ from lodestar_gateway.node.harnesses.netns import (
     receive_setup,
     wrap,
 )
+from lodestar_gateway.node.harnesses.run_groups import RunGroups
 from lodestar_gateway.node.harnesses.sandbox import Limits, Prepared, Sandbox
 
 log = get_logger("gateway.harnesses.launcher")
@@ -76,14 +77,21 @@ class Launcher:
         max_output_bytes: int = 8 * 1024 * 1024,
         sandbox: Sandbox | None = None,
         relay_connections: int = DEFAULT_RELAY_CONNECTIONS,
+        groups: RunGroups | None = None,
     ) -> None:
-        """`relay_connections`: connections a run may hold open to the gateway at once (more are closed)."""
+        """`relay_connections`: connections a run may hold open to the gateway at once (more are closed);
+        `groups`: where each run's process group is recorded while it runs (run_groups.py)."""
+        self.groups = groups
         self.isolation = NetworkIsolation(enabled=isolate_network)
         self.relay_connections = relay_connections
         self.mounts = MountIsolation(enabled=mount_namespaces)
         self.max_output_bytes = max_output_bytes
         self.sandbox = sandbox
         """When set, every run is sandboxed (or refused); the namespace settings above are then unused."""
+
+    def kill_leftovers(self) -> int:
+        """Kill what is left of the runs of an earlier node process (killed mid-run); returns the processes."""
+        return self.groups.kill_leftovers() if self.groups is not None else 0
 
     async def fixed_paths(self) -> bool:
         """Whether runs can see a session's directories at fixed paths (bind mounts)."""
@@ -120,6 +128,9 @@ class Launcher:
         async with contextlib.AsyncExitStack() as outliving, contextlib.AsyncExitStack() as running:
             outliving.push_async_callback(pipes.settle)
             proc, channel = await self._start(invocation, wrapping, running)
+            if self.groups is not None:
+                self.groups.started(proc.pid)
+                running.callback(self.groups.ended, proc.pid)  # once the group is ended (the next callback)
             processes = _RunProcesses(proc)
             running.push_async_callback(processes.end)
             pipes.read(proc)

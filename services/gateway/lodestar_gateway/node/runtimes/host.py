@@ -124,7 +124,9 @@ class HostBackend:
         )
 
     async def remove_leftovers(self) -> int:
-        """Remove session directories left by an earlier node process (killed before its cleanup)."""
+        """Kill the processes, then remove the session directories, an earlier node process left (killed before
+        its cleanup)."""
+        await asyncio.to_thread(self._launcher.kill_leftovers)
         if not self.sessions_dir.is_dir():
             return 0
         leftovers = [path for path in self.sessions_dir.iterdir() if path.is_dir()]
