@@ -34,7 +34,7 @@ from lodestar_gateway.node.harnesses.netns import (
     receive_setup,
     wrap,
 )
-from lodestar_gateway.node.harnesses.run_groups import RunGroups
+from lodestar_gateway.node.harnesses.run_groups import RunGroups, live_processes
 from lodestar_gateway.node.harnesses.sandbox import Limits, Prepared, Sandbox
 
 log = get_logger("gateway.harnesses.launcher")
@@ -423,15 +423,4 @@ def _group_alive(pgid: int) -> bool:
         except (ProcessLookupError, PermissionError):
             return False
         return True
-    for entry in proc_root.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so split after the last ')'.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-            return True
-    return False
+    return any(group == pgid for _, group, _ in live_processes())

@@ -53,7 +53,7 @@ class RunGroups:
                     recorded.add(int(path.name))
                 path.unlink()
         killed = 0
-        for pid, pgid, sid in _processes():
+        for pid, pgid, sid in live_processes():
             if pgid in recorded and sid == pgid:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
@@ -70,7 +70,7 @@ def _boot_id() -> str:
         return ""
 
 
-def _processes() -> Iterator[tuple[int, int, int]]:
+def live_processes() -> Iterator[tuple[int, int, int]]:
     """(pid, process group, session) of every live (non-zombie) process this node can see."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
