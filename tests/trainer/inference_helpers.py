@@ -24,9 +24,8 @@ class InferenceThread:
     """A transformers-backend inference server on 127.0.0.1:<free port>, served from a background thread."""
 
     def __init__(self, model_dir: Path, spool_dir: Path, **settings: Any) -> None:
-        self.settings = InferenceSettings(
-            port=0, backend="transformers", model=model_dir, max_new_tokens=64, weights_spool_dir=spool_dir, **settings
-        )
+        defaults = {"port": 0, "backend": "transformers", "model": model_dir, "max_new_tokens": 64}
+        self.settings = InferenceSettings(**{**defaults, "weights_spool_dir": spool_dir, **settings})
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="inference", daemon=True)
         self._service: InferenceService | None = None

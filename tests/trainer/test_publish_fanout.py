@@ -4,6 +4,7 @@ skipped while another takes it; a refusal stops the push."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,35 @@ def test_one_push_reaches_every_replica_and_a_dead_one_is_skipped(trainer_model_
     finally:
         nobody.close()
     assert isinstance(publisher_for("127.0.0.1:1"), WeightPublisher)
+
+
+def test_a_replica_back_at_its_address_gets_the_next_push_though_its_old_channel_backs_off(
+    trainer_model_dir: Path, tmp_path: Path
+) -> None:
+    """The re-run chaos hour: a replica SIGKILLed and restarted at its address missed three pushes after it had
+    registered again (its versions reported to rollout all the same): the trainer's channel to the address was
+    in gRPC's reconnect backoff, failing every push at once with the dead process's "connection refused". Here
+    the replica is down for 12 s of pushes (a channel kept for the address backs off to several seconds between
+    connection attempts), then a real replica starts at the address, and the next push must reach it."""
+    state = dedupe_tied(load_model(trainer_model_dir), dict(load_model(trainer_model_dir).state_dict()))
+    port = free_port()
+    late = f"127.0.0.1:{port}"
+    with InferenceThread.start(trainer_model_dir, tmp_path / "a") as a:
+        publisher = FanoutPublisher([a.address, late], timeout_s=10, attempts=1)
+        try:
+            version = publisher.served_version()
+            down_until = time.monotonic() + 12
+            while time.monotonic() < down_until:  # the trainer keeps stepping: each push misses `late`
+                version += 1
+                publisher.publish(state, version)
+                time.sleep(0.3)
+            assert served_version(a.address) == version
+            with InferenceThread.start(trainer_model_dir, tmp_path / "late", port=port) as back:
+                assert back.address == late
+                publisher.publish(state, version + 1)
+                assert served_version(late) == version + 1, "the replica back at its address missed the push"
+        finally:
+            publisher.close()
 
 
 def test_weights_travel_in_the_dtype_inference_serves(trainer_model_dir: Path, tmp_path: Path) -> None:

@@ -21,8 +21,10 @@ returns when every replica serves the version. A replica that refuses connection
 wait-for-ready) and one that stays unreachable through every retry is skipped with an error log (it is dead,
 and the gateway routes no session to it; a replica that comes back is brought up to date by the next push)
 as long as one replica took the version; it gets a single attempt at later pushes until it takes one again,
-so a dead replica costs a push milliseconds, not its retries. A refusal from any replica stops training as
-with one.
+so a dead replica costs a push milliseconds, not its retries. That try goes over a new channel: the old one
+may sit in gRPC's reconnect backoff, failing at once with the dead process's "connection refused" for seconds
+after a new process listens at the address (the re-run chaos hour reported three versions to rollout that a
+restarted, registered replica had not been sent). A refusal from any replica stops training as with one.
 
 Changed-only sync (`publish_delta`, weights/changes.py): the tensors that changed go to each replica with
 their base version in the header; a replica that does not serve the base refuses (FAILED_PRECONDITION,
@@ -325,6 +327,12 @@ class FanoutPublisher(PayloadPublisher):
     def _tries(self, target: str) -> int | None:
         return 1 if target in self._missed else None
 
+    def _push_publishers(self) -> list[WeightPublisher]:
+        """The live publishers, a new one (a new channel) for each replica that missed the last push."""
+        for target in self._missed & set(self._by_target):
+            self._by_target.pop(target).close()
+        return self._live_publishers()
+
     def close(self) -> None:
         for publisher in self._by_target.values():
             publisher.close()
@@ -358,7 +366,7 @@ class FanoutPublisher(PayloadPublisher):
         """To every replica at once."""
         futures = {
             p.target: self._pool.submit(p.publish_payload, payload, tensors, version, started, self._tries(p.target))
-            for p in self._live_publishers()
+            for p in self._push_publishers()
         }
         results = self._collect(futures, version)
         return PublishResult(
@@ -373,7 +381,7 @@ class FanoutPublisher(PayloadPublisher):
         payloads = Payloads(delta)
         futures = {
             p.target: self._pool.submit(push_delta, p, payloads, self._tries(p.target), p.target not in self._missed)
-            for p in self._live_publishers()
+            for p in self._push_publishers()
         }
         results = self._collect(futures, delta.version)
         full = tuple(target for result in results for target in result.full_replicas)
