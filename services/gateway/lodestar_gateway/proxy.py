@@ -210,7 +210,7 @@ class Proxy:
         if not stalled:
             return unanswered
         why = f"{stalled} call(s) still waiting for inference when the harness finished"
-        return Unanswered(unanswered.failed + stalled, why, False, unanswered.abandoned)
+        return unanswered._replace(failed=unanswered.failed + stalled, last_error=why, refused=False)
 
     def _match(self, session_id: str, context: bytes, keys: list[MessageKey], request: CanonicalRequest) -> ChainMatch:
         """The chain this call continues, if any; a call that starts a new chain (other than the session's first)

@@ -130,9 +130,9 @@ class SessionStages:
         harness = attempt.harness
         assert harness is not None, "POST runs after RUN"
         runtime = _runtime(attempt)
-        if not attempt.calls and abandoned and not failed:
-            return _agent_scored(attempt, f"the harness stopped reading all {abandoned} answer(s) streamed to it")
         if not attempt.calls:
+            if abandoned and not failed:
+                return _agent_scored(attempt, f"the harness stopped reading all {abandoned} answer(s) streamed to it")
             why = f"; {failed} model call(s) failed, last: {last_error}" if failed else ""
             limit = " (killed at its time limit)" if harness.timed_out else ""
             return infra(f"harness exited {harness.returncode}{limit} without any answered model call{why}")

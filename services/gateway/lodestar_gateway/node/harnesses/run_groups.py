@@ -32,10 +32,10 @@ class RunGroups:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        self.directory.mkdir(parents=True, exist_ok=True)
         self._boot = _boot_id()
 
     def started(self, pgid: int) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / str(pgid)).write_text(self._boot)
 
     def ended(self, pgid: int) -> None:
@@ -44,8 +44,6 @@ class RunGroups:
     def kill_leftovers(self) -> int:
         """SIGKILL every process left in a group recorded this boot and never ended; forget every record.
         Returns how many processes were signalled."""
-        if not self.directory.is_dir():
-            return 0
         recorded: set[int] = set()
         for path in self.directory.iterdir():
             with contextlib.suppress(OSError):
